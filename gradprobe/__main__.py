@@ -1,0 +1,3 @@
+from gradprobe.cli import main
+
+main()

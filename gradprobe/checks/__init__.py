@@ -1,0 +1,69 @@
+"""The diagnostic library: plain functions on live objects (model, batch, loss, optimizer).
+
+Works wherever the model lives (the sandboxed child, a notebook, pytest):
+
+    from gradprobe.checks import trace_grad_path
+    report = trace_grad_path(model, batch, loss_fn=my_loss)
+
+Every function returns a report dict: tool, ok, findings (errors first), summary, facts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gradprobe.checks.registration import inspect_parameters
+
+__all__ = [
+    "inspect_parameters",
+    "check_optimizer_coverage",
+    "trace_grad_path",
+    "run_gradcheck",
+    "verify_prompt_tuning",
+    "diagnose",
+    "run_tool",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # the heavier checks import on first use, so `inspect_parameters` stays cheap
+    if name == "check_optimizer_coverage":
+        from gradprobe.checks.optimizer import check_optimizer_coverage as fn
+    elif name == "trace_grad_path":
+        from gradprobe.checks.trace import trace_grad_path as fn
+    elif name == "run_gradcheck":
+        from gradprobe.checks.gradcheck import run_gradcheck as fn
+    elif name == "verify_prompt_tuning":
+        from gradprobe.checks.prompt_tuning import verify_prompt_tuning as fn
+    elif name == "diagnose":
+        from gradprobe.checks.diagnose import diagnose as fn
+    else:
+        raise AttributeError(name)
+    return fn
+
+
+def run_tool(tool: str, loaded, options: dict) -> dict:
+    """Run one tool on a loaded target (see gradprobe.loading), as the sandboxed child does."""
+    if tool == "inspect_parameters":
+        return inspect_parameters(loaded.model, loaded.record, loaded.info)
+    if tool == "check_optimizer_coverage":
+        from gradprobe.checks.optimizer import optimizer_report
+
+        return optimizer_report(loaded, step=options.get("step", True))
+    if tool == "trace_grad_path":
+        from gradprobe.checks.trace import trace_report
+
+        return trace_report(loaded, parameters=options.get("parameters"))
+    if tool == "run_gradcheck":
+        from gradprobe.checks.gradcheck import gradcheck_report
+
+        return gradcheck_report(loaded, **options)
+    if tool == "verify_prompt_tuning":
+        from gradprobe.checks.prompt_tuning import prompt_report
+
+        return prompt_report(loaded, prompt=options.get("prompt"))
+    if tool == "diagnose":
+        from gradprobe.checks.diagnose import diagnose_report
+
+        return diagnose_report(loaded, **options)
+    raise ValueError(f"unknown tool {tool!r}")

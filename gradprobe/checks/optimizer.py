@@ -1,0 +1,339 @@
+"""GP2xx: does the optimizer hold exactly the model's trainable parameters, and does a step move them?
+
+Coverage is by tensor identity, never by counts: a deep-copied or rebuilt model
+has the same counts and shapes but none of the same tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from gradprobe.checks._step import module_of, param_names, run_step
+from gradprobe.findings import Finding, make_finding
+from gradprobe.report import make_report
+
+RULES = {
+    "GP201": {
+        "name": "param-not-in-optimizer", "severity": "error",
+        "summary": "A trainable parameter of the model is in no param group.",
+        "why": "optimizer.step() only updates the tensors it was given: the parameter gets a gradient and never changes.",
+        "example": "opt = Adam(self.parameters())  # in __init__, before a subclass adds value_head",
+        "fix": "Build the optimizer after the model is complete: opt = Adam(model.parameters())",
+    },
+    "GP202": {
+        "name": "stale-optimizer-reference", "severity": "error",
+        "summary": "The optimizer holds tensors that are not the model's current parameters.",
+        "why": "After a model is rebuilt, deep-copied, reloaded or a parameter replaced, the optimizer keeps updating the old tensors; the live model never changes.",
+        "example": "agent.online = copy.deepcopy(pretrained)  # after the optimizer was built",
+        "fix": "Load weights in place (agent.online.load_state_dict(pretrained.state_dict())) or rebuild the optimizer after replacing modules.",
+    },
+    "GP203": {
+        "name": "frozen-param-in-optimizer", "severity": "info",
+        "summary": "The optimizer holds parameters with requires_grad=False.",
+        "why": "Harmless by itself (they get no gradient), but weight decay may still change them in some optimizers, and it often means the freeze happened after the optimizer was built.",
+        "example": "opt = AdamW(model.parameters()); model.backbone.requires_grad_(False)",
+        "fix": "Pass only trainable parameters: AdamW(p for p in model.parameters() if p.requires_grad)",
+    },
+    "GP204": {
+        "name": "duplicate-param-in-optimizer", "severity": "error",
+        "summary": "One parameter in several param groups.",
+        "why": "Recent PyTorch refuses it; older versions update the tensor twice per step with different hyperparameters.",
+        "example": "Adam([{'params': model.parameters()}, {'params': model.head.parameters(), 'lr': 1e-2}])",
+        "fix": "Partition the parameters so each appears in exactly one group.",
+    },
+    "GP205": {
+        "name": "zero-learning-rate", "severity": "warning",
+        "summary": "A param group with lr == 0.",
+        "why": "Its parameters get gradients but never move.",
+        "example": "{'params': model.encoder.parameters(), 'lr': 0.0}",
+        "fix": "Give the group a positive lr, or freeze those parameters explicitly with requires_grad_(False).",
+    },
+    "GP206": {
+        "name": "non-leaf-in-optimizer", "severity": "error",
+        "summary": "A non-leaf tensor handed to the optimizer.",
+        "why": "Non-leaf tensors never receive .grad, so the optimizer cannot update them (torch refuses them).",
+        "example": "SGD([w.cuda()], lr=0.1)  # w.cuda() is a copy with a grad_fn",
+        "fix": "Optimize the leaf: w = nn.Parameter(x.cuda()); SGD([w], lr=0.1)",
+    },
+    "GP207": {
+        "name": "param-not-updated", "severity": "error",
+        "summary": "After one real step a parameter with a nonzero gradient did not change.",
+        "why": "Something between backward() and step() lost the update: zero lr, zero_grad between backward and step, a skipped GradScaler step, or the parameter missing from the optimizer.",
+        "example": "loss.backward(); optimizer.zero_grad(); optimizer.step()",
+        "fix": "Call optimizer.zero_grad() before backward(), then optimizer.step() right after backward().",
+    },
+    "GP208": {
+        "name": "empty-optimizer", "severity": "error",
+        "summary": "The optimizer holds no parameters.",
+        "why": "Nothing is updated; often a generator (model.parameters()) consumed twice, or a name filter that matched nothing.",
+        "example": "params = model.parameters(); n = len(list(params)); Adam(params)",
+        "fix": "Materialise the parameters once: params = list(model.parameters()); Adam(params)",
+    },
+}
+
+
+def _opt_site(loaded_record, optimizer):
+    if loaded_record is None:
+        return None, None
+    hit = loaded_record.optimizer_sites.get(id(optimizer))
+    return hit if hit else (None, None)
+
+
+def _replacement_site(record, model: nn.Module, name: str, after_seq: int | None):
+    """The user line that assigned a module on `name`'s path after the optimizer was built."""
+    if record is None:
+        return None
+    parts = name.split(".")
+    best = None
+    for i in range(len(parts) - 1, 0, -1):
+        owner_path, attr = ".".join(parts[: i - 1]), parts[i - 1]
+        try:
+            owner = model.get_submodule(owner_path) if owner_path else model
+        except AttributeError:
+            continue
+        hit = record.setattr_sites.get((id(owner), attr))
+        if hit and (after_seq is None or hit[0] > after_seq):
+            best = hit[1]
+    return best
+
+
+def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Finding], list[dict]]:
+    """Identity comparison of optimizer groups with the model's parameters."""
+    findings: list[Finding] = []
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        findings.append(make_finding(
+            "GP100", f"The optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer: its coverage cannot be checked.",
+            evidence={"type": f"{type(optimizer).__module__}.{type(optimizer).__name__}"},
+            fix="make_optimizer(model) must return a torch.optim.Optimizer (e.g. torch.optim.AdamW(model.parameters())).",
+        ))
+        return findings, []
+    names = param_names(model)
+    seq, site = _opt_site(record, optimizer)
+    groups, seen, dupes, stale, frozen, nonleaf = [], {}, [], [], [], []
+    for gi, group in enumerate(optimizer.param_groups):
+        gnames = []
+        for t in group["params"]:
+            n = names.get(id(t), [None])[0]
+            gnames.append(n or f"<tensor {tuple(t.shape)} not in the model>")
+            if id(t) in seen and seen[id(t)] != gi:
+                dupes.append((n or str(tuple(t.shape)), seen[id(t)], gi))
+            seen.setdefault(id(t), gi)
+            if n is None:
+                stale.append(t)
+            elif not t.requires_grad:
+                frozen.append(n)
+            if not t.is_leaf:
+                nonleaf.append(n or str(tuple(t.shape)))
+        groups.append({"index": gi, "lr": group.get("lr"), "weight_decay": group.get("weight_decay"),
+                       "tensors": len(group["params"]), "names": gnames})
+        if group.get("lr") == 0:
+            findings.append(make_finding(
+                "GP205", f"param group {gi} has lr=0: its {len(group['params'])} tensors never move.",
+                parameters=[g for g in gnames if not g.startswith("<")], location=site,
+                evidence={"group": gi, "lr": 0},
+            ))
+    total = sum(len(g["params"]) for g in optimizer.param_groups)
+    if total == 0:
+        findings.append(make_finding(
+            "GP208", f"{type(optimizer).__name__} holds no parameters.", location=site,
+            evidence={"param_groups": len(optimizer.param_groups)},
+        ))
+    trainable = [(n[0], p) for n, p in ((names[id(p)], p) for p in model.parameters()) if p.requires_grad]
+    missing = [(n, p) for n, p in trainable if id(p) not in seen]
+    if stale:
+        # pair each stale tensor with the missing parameter it most likely was: same shape, same order
+        pool = list(missing)
+        guesses = []
+        for t in stale:
+            match = next((m for m in pool if tuple(m[1].shape) == tuple(t.shape)), None)
+            if match is not None:
+                pool.remove(match)
+            guesses.append({"shape": list(t.shape), "likely_was": match[0] if match else None})
+        replaced = [g["likely_was"] for g in guesses if g["likely_was"]]
+        loc = next((loc for loc in (_replacement_site(record, model, n, seq) for n in replaced) if loc), None)
+        findings.append(make_finding(
+            "GP202",
+            f"{type(optimizer).__name__} holds {len(stale)} tensor(s) that are not the model's current parameters; "
+            + (f"by shape and order they were {', '.join(replaced[:6])}{'...' if len(replaced) > 6 else ''}, "
+               "which the model has since replaced (rebuilt, deep-copied or reloaded)." if replaced else "the model was rebuilt or a parameter replaced."),
+            parameters=replaced, location=loc or site,
+            evidence={"stale_tensors": guesses, "optimizer_created_at": site},
+        ))
+        missing_stale = {n for n in replaced}
+    else:
+        missing_stale = set()
+    rest = [(n, p) for n, p in missing if n not in missing_stale]
+    if rest or (missing and not stale):
+        by_module: dict[str, int] = {}
+        for n, p in rest:
+            by_module[module_of(n)] = by_module.get(module_of(n), 0) + p.numel()
+        findings.append(make_finding(
+            "GP201",
+            f"{len(rest)} trainable parameter(s) are in no param group of {type(optimizer).__name__}: "
+            f"{', '.join(n for n, _ in rest[:6])}{'...' if len(rest) > 6 else ''}. They get gradients but step() never updates them.",
+            parameters=[n for n, _ in rest], location=site,
+            evidence={"missing": len(rest), "missing_numel_by_module": by_module, "optimizer_created_at": site,
+                      "optimizer_tensors": total, "model_trainable": len(trainable)},
+            fix="Build the optimizer after the model is complete, from model.parameters() "
+                "(or add a group: optimizer.add_param_group({'params': module.parameters()})).",
+        ))
+    elif missing and stale:
+        # every missing parameter is explained by GP202; keep GP201 as its consequence
+        findings[-1]["evidence"]["related"] = [{"code": "GP201", "parameters": [n for n, _ in missing]}]
+    if dupes:
+        findings.append(make_finding(
+            "GP204", f"{len(dupes)} parameter(s) appear in more than one param group.",
+            parameters=[d[0] for d in dupes], location=site,
+            evidence={"duplicates": [{"name": d[0], "groups": [d[1], d[2]]} for d in dupes]},
+        ))
+    if frozen:
+        findings.append(make_finding(
+            "GP203", f"The optimizer holds {len(frozen)} frozen parameter(s) (requires_grad=False).",
+            parameters=frozen, location=site, evidence={"frozen": len(frozen)},
+        ))
+    if nonleaf:
+        findings.append(make_finding(
+            "GP206", f"The optimizer holds {len(nonleaf)} non-leaf tensor(s); they never receive .grad.",
+            parameters=nonleaf, location=site, evidence={"non_leaf": nonleaf},
+        ))
+    return findings, groups
+
+
+class StepObserver:
+    """Records zero_grad/step calls and each parameter's gradient at step() time."""
+
+    def __init__(self, model: nn.Module, optimizer):
+        self.model, self.optimizer = model, optimizer
+        self.events: list[str] = []
+        self.grad_at_step: dict[int, float] = {}
+        self.grad_after_backward: dict[int, float] = {}
+
+    def __enter__(self):
+        self._orig_zero = torch.optim.Optimizer.zero_grad
+        self._orig_mzero = nn.Module.zero_grad
+        obs = self
+
+        def opt_zero(opt, *a, **k):
+            obs.events.append("optimizer.zero_grad")
+            return obs._orig_zero(opt, *a, **k)
+
+        def mod_zero(mod, *a, **k):
+            obs.events.append("model.zero_grad")
+            return obs._orig_mzero(mod, *a, **k)
+
+        torch.optim.Optimizer.zero_grad = opt_zero
+        nn.Module.zero_grad = mod_zero
+        self._hooks = []
+        if isinstance(self.optimizer, torch.optim.Optimizer):
+            self._hooks.append(self.optimizer.register_step_pre_hook(self._pre_step))
+        for p in self.model.parameters():
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulated))
+        return self
+
+    def _accumulated(self, p):
+        if "backward" not in self.events[-1:]:
+            self.events.append("backward")
+        self.grad_after_backward[id(p)] = float(p.grad.abs().max()) if p.grad is not None and p.grad.numel() else 0.0
+
+    def _pre_step(self, opt, args, kwargs):
+        self.events.append("optimizer.step")
+        for p in self.model.parameters():
+            self.grad_at_step[id(p)] = float(p.grad.abs().max()) if p.grad is not None and p.grad.numel() else 0.0
+
+    def __exit__(self, *exc):
+        torch.optim.Optimizer.zero_grad = self._orig_zero
+        nn.Module.zero_grad = self._orig_mzero
+        for h in self._hooks:
+            h.remove()
+        return False
+
+
+def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
+    """Run one real step and report parameters with a nonzero gradient that did not change (GP207)."""
+    model, optimizer = loaded.model, loaded.optimizer
+    names = param_names(model)
+    before = {id(p): p.detach().clone() for p in model.parameters() if p.requires_grad}
+    with StepObserver(model, optimizer) as obs:
+        result = run_step(loaded, optimizer_step=True)
+    facts = {"events": obs.events[:50], "step_error": f"{type(result['error']).__name__}: {result['error']}" if result["error"] else None}
+    if result["error"] is not None:
+        return [], facts
+    in_opt = {id(t) for g in optimizer.param_groups for t in g["params"]}
+    lr_of = {id(t): g.get("lr") for g in optimizer.param_groups for t in g["params"]}
+    already = {n for f in coverage if f["code"] in ("GP201", "GP202") for n in f["parameters"]}
+    stuck: dict[str, list[str]] = {}
+    stepped = "optimizer.step" in obs.events
+    for p in model.parameters():
+        if id(p) not in before:
+            continue
+        g = obs.grad_after_backward.get(id(p), 0.0)
+        if g <= 0.0 or not torch.equal(before[id(p)], p.detach()):
+            continue
+        name = names[id(p)][0]
+        if name in already:
+            continue
+        if id(p) not in in_opt:
+            reason = "not in the optimizer"
+        elif not stepped:
+            reason = "optimizer.step() was not called (or a GradScaler skipped it after inf/NaN gradients)"
+        elif lr_of.get(id(p)) == 0:
+            reason = "its param group has lr=0"
+        elif obs.grad_at_step.get(id(p), 0.0) == 0.0:
+            reason = "its gradient was zeroed between backward() and step()"
+        else:
+            reason = "step() ran with a nonzero gradient but the value did not change"
+        stuck.setdefault(reason, []).append(name)
+    findings = []
+    for reason, params in stuck.items():
+        findings.append(make_finding(
+            "GP207", f"{len(params)} parameter(s) had a nonzero gradient after backward() but did not change in one real step: {reason}.",
+            parameters=params, evidence={"reason": reason, "call_order": obs.events[:30]},
+        ))
+    return findings, facts
+
+
+def check_optimizer_coverage(model: nn.Module, optimizer, batch=None, loss_fn=None, train_step=None, step: bool = True) -> dict:
+    """Library entry: coverage by identity, plus one real step when a batch or train_step is given."""
+    from gradprobe.loading import BuildRecord, Loaded
+    from gradprobe.userframes import UserCode
+
+    loaded = Loaded(model=model, batch=batch, loss_fn=loss_fn, optimizer=optimizer, make_optimizer=None,
+                    train_step=train_step, user=UserCode(None), record=BuildRecord(), device="cpu")
+    return optimizer_report(loaded, step=step and (batch is not None or train_step is not None))
+
+
+def optimizer_findings(loaded, step: bool = True) -> tuple[list[Finding], dict]:
+    if loaded.optimizer_error is not None:
+        exc = loaded.optimizer_error
+        text = str(exc.cause or exc)
+        loc = loaded.user.innermost_of_traceback(exc.cause) if exc.cause is not None else None
+        if "empty parameter list" in text:
+            return [make_finding("GP208", f"make_optimizer failed: the optimizer got an empty parameter list ({text}).", location=loc,
+                                 evidence={"error": text})], {}
+        if "non-leaf" in text:
+            return [make_finding("GP206", f"make_optimizer failed: {text}", location=loc, evidence={"error": text})], {}
+        return [make_finding("GP100", f"make_optimizer failed: {text}", location=loc,
+                             evidence={"traceback": loaded.user.trimmed_traceback(exc.cause) if exc.cause else text})], {}
+    if loaded.optimizer is None:
+        return [], {"note": "the target has no optimizer: only registration-level facts apply"}
+    findings, groups = check_coverage(loaded.model, loaded.optimizer, loaded.record)
+    facts = {"optimizer": type(loaded.optimizer).__name__, "param_groups": groups}
+    if step and isinstance(loaded.optimizer, torch.optim.Optimizer) and (loaded.batch is not None or loaded.train_step is not None):
+        more, step_facts = check_step(loaded, findings)
+        findings += more
+        facts["step"] = step_facts
+    return findings, facts
+
+
+def optimizer_report(loaded, step: bool = True) -> dict:
+    findings, facts = optimizer_findings(loaded, step)
+    summary = []
+    if "note" in facts:
+        summary.append("No optimizer in the target: give `optimizer` (a callable taking the model) or define make_optimizer.")
+    elif "param_groups" in facts:
+        groups = facts["param_groups"]
+        summary.append(f"{facts['optimizer']} with {len(groups)} group(s): " + "; ".join(
+            f"lr={g['lr']} wd={g['weight_decay']} tensors={g['tensors']}" for g in groups))
+    return make_report("check_optimizer_coverage", findings, summary, **facts)

@@ -1,0 +1,334 @@
+"""GP1xx: is every tensor that should learn registered, a leaf, and trainable?
+
+Walks every module's `__dict__` for what `named_parameters()` cannot see:
+plain tensors that require grad, parameters and modules in Python containers,
+non-leaf "parameters", `module.requires_grad = ...` attributes, learnable
+buffers, and grad mode switched off; and lists tied and frozen parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from gradprobe.report import make_report
+from gradprobe.findings import Finding, make_finding
+
+RULES = {
+    "GP100": {
+        "name": "target-load-failed", "severity": "error",
+        "summary": "The target could not be imported or built.",
+        "why": "Nothing can be measured on a model that does not load; the traceback shows the user's failing line.",
+        "example": "build_model() raises, a syntax error in case.py, an import of a missing package, a timeout.",
+        "fix": "Fix the error in the traceback (user frames only), then call the tool again.",
+    },
+    "GP101": {
+        "name": "unregistered-tensor", "severity": "error",
+        "summary": "A module attribute is a plain tensor with requires_grad=True, not an nn.Parameter.",
+        "why": "Plain tensors are not in parameters(), so optimizers built from model.parameters() never update them, .to() does not move them and state_dict() does not save them.",
+        "example": "self.logit_scale = torch.tensor(2.6, requires_grad=True)",
+        "fix": "Wrap it: self.logit_scale = nn.Parameter(torch.tensor(2.6))",
+    },
+    "GP102": {
+        "name": "parameter-in-plain-container", "severity": "error",
+        "summary": "nn.Parameters held in a Python list, tuple or dict attribute.",
+        "why": "nn.Module registers only attributes that are Parameters or Modules themselves; a list of Parameters is invisible to parameters() and the optimizer.",
+        "example": "self.weights = [nn.Parameter(torch.ones(1)) for _ in range(3)]",
+        "fix": "Use nn.ParameterList (or nn.ParameterDict): self.weights = nn.ParameterList(nn.Parameter(torch.ones(1)) for _ in range(3))",
+    },
+    "GP103": {
+        "name": "module-in-plain-container", "severity": "error",
+        "summary": "nn.Modules held in a Python list, tuple or dict attribute.",
+        "why": "Submodules in a plain container are not registered: their parameters are missing from parameters(), the optimizer and state_dict(), and .to()/.train() do not reach them.",
+        "example": "self.blocks = [Block(d) for _ in range(4)]",
+        "fix": "Use nn.ModuleList (or nn.ModuleDict): self.blocks = nn.ModuleList(Block(d) for _ in range(4))",
+    },
+    "GP104": {
+        "name": "learnable-buffer", "severity": "warning",
+        "summary": "A buffer requires grad, or a weight-like tensor was registered as a buffer.",
+        "why": "Buffers are state, not parameters: no optimizer built from parameters() updates them.",
+        "example": "self.register_buffer('scale', torch.ones(d, requires_grad=True))",
+        "fix": "Make it a parameter: self.scale = nn.Parameter(torch.ones(d))",
+    },
+    "GP105": {
+        "name": "frozen-parameters", "severity": "info",
+        "summary": "Parameters with requires_grad=False.",
+        "why": "Frozen parameters get no gradient; fine when meant (a frozen backbone), a bug when not.",
+        "example": "model.backbone.requires_grad_(False)",
+        "fix": "If they should learn: module.requires_grad_(True), and rebuild the optimizer.",
+    },
+    "GP106": {
+        "name": "missing-super-init", "severity": "error",
+        "summary": "A module class never called super().__init__().",
+        "why": "nn.Module.__init__ creates the registries for parameters and submodules; without it assigning a submodule or parameter fails.",
+        "example": "class Net(nn.Module):\n    def __init__(self):\n        self.fc = nn.Linear(2, 2)",
+        "fix": "Call super().__init__() first in __init__.",
+    },
+    "GP107": {
+        "name": "requires-grad-attribute", "severity": "error",
+        "summary": "module.requires_grad = ... set as a plain attribute.",
+        "why": "nn.Module has no requires_grad property: the assignment creates an unrelated attribute and the parameters keep their flag.",
+        "example": "block.requires_grad = True",
+        "fix": "Call the method: block.requires_grad_(True)",
+    },
+    "GP108": {
+        "name": "tied-parameters", "severity": "info",
+        "summary": "One Parameter reachable under several names (weight tying).",
+        "why": "Tied weights are trained once and get the sum of both gradients; freezing one name freezes both.",
+        "example": "self.decoder.weight = self.encoder.weight",
+        "fix": "Nothing to fix if the tie is meant.",
+    },
+    "GP109": {
+        "name": "non-leaf-parameter", "severity": "error",
+        "summary": "A tensor meant to be learned is not a leaf.",
+        "why": "nn.Parameter(x).to(...) / .cuda() / .half() return a new non-leaf tensor: it is not registered, and its .grad stays None; the real leaf is lost.",
+        "example": "self.w = nn.Parameter(torch.zeros(3)).to(torch.float64)",
+        "fix": "Convert first, wrap last: self.w = nn.Parameter(torch.zeros(3, dtype=torch.float64))",
+    },
+    "GP110": {
+        "name": "no-trainable-parameters", "severity": "error",
+        "summary": "The model has no parameter with requires_grad=True.",
+        "why": "Nothing can learn; backward raises 'element 0 of tensors does not require grad'.",
+        "example": "model.requires_grad_(False) before building the optimizer",
+        "fix": "Unfreeze what should learn: module.requires_grad_(True)",
+    },
+    "GP111": {
+        "name": "grad-mode-disabled", "severity": "error",
+        "summary": "Gradient recording is off when the forward runs.",
+        "why": "Under no_grad / inference_mode no graph is recorded, so nothing reaches the parameters.",
+        "example": "torch.set_grad_enabled(False) at import, or @torch.no_grad() on forward",
+        "fix": "Remove the global switch or the decorator from the training path; keep no_grad for evaluation only.",
+    },
+}
+
+_MODULE_INTERNALS = set(vars(nn.Module()).keys())
+_WEIGHT_WORDS = {"weight", "bias", "scale", "logit_scale", "temperature", "gamma", "beta", "alpha", "embedding", "prompt"}
+
+
+def _grad_mode_decorator(fn) -> str | None:
+    """If fn is wrapped by torch's no_grad/inference_mode decorator, the context's name."""
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_name != "decorate_context" or not code.co_filename.endswith("_contextlib.py"):
+        return None
+    for cell in fn.__closure__ or ():
+        try:
+            val = cell.cell_contents
+        except ValueError:
+            continue
+        ctx = getattr(val, "__self__", val)
+        if isinstance(ctx, (torch.no_grad, torch.inference_mode)):
+            return type(ctx).__name__
+        if isinstance(ctx, torch.set_grad_enabled) and not getattr(ctx, "mode", True):
+            return "set_grad_enabled(False)"
+    return None
+
+
+def _container_items(value):
+    if isinstance(value, (list, tuple)):
+        return [(str(i), v) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return [(str(k), v) for k, v in value.items()]
+    return None
+
+
+def parameter_table(model: nn.Module) -> tuple[list[dict], list[dict]]:
+    aliases: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    rows = []
+    for name, p in model.named_parameters():
+        rows.append({
+            "name": name, "shape": list(p.shape), "dtype": str(p.dtype).replace("torch.", ""),
+            "device": str(p.device), "requires_grad": p.requires_grad, "is_leaf": p.is_leaf,
+            "numel": p.numel(), "tied_aliases": [a for a in aliases[id(p)] if a != name],
+        })
+    buffers = [
+        {"name": n, "shape": list(b.shape), "dtype": str(b.dtype).replace("torch.", ""),
+         "device": str(b.device), "requires_grad": b.requires_grad}
+        for n, b in model.named_buffers()
+    ]
+    return rows, buffers
+
+
+def check_registration(model: nn.Module, build_record=None, info: dict | None = None) -> list[Finding]:
+    """All GP1xx findings (but GP100/GP106, which arise while loading) on a live model."""
+    info = info or {}
+    site = (lambda m, a: build_record.site_of(m, a)) if build_record is not None else (lambda m, a: None)
+    findings: list[Finding] = []
+    registered = {id(p) for p in model.parameters()}
+
+    for mod_name, module in model.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        for attr, value in vars(module).items():
+            if attr in _MODULE_INTERNALS:
+                continue
+            path = prefix + attr
+            if isinstance(value, torch.Tensor):
+                if not value.requires_grad:
+                    continue
+                if value.is_leaf:
+                    findings.append(make_finding(
+                        "GP101",
+                        f"`{path}` is a plain tensor with requires_grad=True stored on {type(module).__name__}, "
+                        "not an nn.Parameter: parameters(), the optimizer and state_dict() never see it.",
+                        parameters=[path], location=site(module, attr),
+                        evidence={"attribute": path, "shape": list(value.shape), "dtype": str(value.dtype), "is_leaf": True},
+                        fix=f"self.{attr} = nn.Parameter(<the same initial value>)  # registers it",
+                    ))
+                else:
+                    op = type(value.grad_fn).__name__ if value.grad_fn is not None else None
+                    findings.append(make_finding(
+                        "GP109",
+                        f"`{path}` is a non-leaf tensor (made by {op}) stored on {type(module).__name__}: "
+                        "it is not registered and its .grad stays None; the leaf Parameter it came from is lost.",
+                        parameters=[path], location=site(module, attr),
+                        evidence={"attribute": path, "grad_fn": op, "shape": list(value.shape), "dtype": str(value.dtype)},
+                        fix=f"Create the tensor with the final dtype/device, then wrap it: self.{attr} = nn.Parameter(torch.full(..., dtype=..., device=...))",
+                    ))
+                continue
+            if _container_items(value) is not None:
+                _check_container(module, attr, path, value, registered, site, findings)
+                continue
+            if attr == "requires_grad" and isinstance(value, bool):
+                names = [prefix + n for n, _ in module.named_parameters()]
+                flags = sorted({p.requires_grad for p in module.parameters()})
+                findings.append(make_finding(
+                    "GP107",
+                    f"`{path} = {value}` sets a plain attribute on {type(module).__name__}; its "
+                    f"{len(names)} parameters keep requires_grad={flags[0] if len(flags) == 1 else flags}.",
+                    parameters=names, location=site(module, attr),
+                    evidence={"module": mod_name or "(root)", "attribute_value": value, "parameter_requires_grad": flags},
+                    fix=f"{mod_name.rpartition('.')[2] or 'module'}.requires_grad_({value})  # the method, not an attribute",
+                ))
+        for bname, buf in module._buffers.items():
+            if buf is None:
+                continue
+            path = prefix + bname
+            if buf.requires_grad or (bname in _WEIGHT_WORDS and buf.is_floating_point() and "running" not in bname):
+                findings.append(make_finding(
+                    "GP104",
+                    f"buffer `{path}` " + ("requires grad" if buf.requires_grad else "is named like a learned weight")
+                    + ": buffers are never optimized.",
+                    parameters=[path], location=site(module, bname),
+                    evidence={"buffer": path, "requires_grad": buf.requires_grad, "shape": list(buf.shape)},
+                ))
+        kind = _grad_mode_decorator(type(module).forward)
+        if kind:
+            names = [prefix + n for n, _ in module.named_parameters()]
+            fwd = type(module).forward
+            wrapped = getattr(fwd, "__wrapped__", fwd)
+            code = getattr(wrapped, "__code__", None)
+            loc = None
+            if code is not None:
+                import linecache
+
+                loc = {"file": code.co_filename, "line": code.co_firstlineno, "function": code.co_name,
+                       "code": linecache.getline(code.co_filename, code.co_firstlineno).strip()}
+            findings.append(make_finding(
+                "GP111",
+                f"{type(module).__name__}.forward is decorated with {kind}: its {len(names)} parameters never get a gradient.",
+                parameters=names, location=loc, evidence={"module": mod_name or "(root)", "decorator": kind},
+            ))
+
+    if info.get("grad_enabled_after_build") is False:
+        findings.append(make_finding(
+            "GP111",
+            "Gradient recording is globally off after importing and building the target "
+            "(torch.set_grad_enabled(False) or a no_grad context left open).",
+            parameters=[n for n, p in model.named_parameters() if p.requires_grad],
+            evidence={"torch.is_grad_enabled()": False},
+        ))
+
+    params = list(model.named_parameters())
+    frozen = [n for n, p in params if not p.requires_grad]
+    if params and len(frozen) == len(params):
+        findings.append(make_finding(
+            "GP110",
+            f"None of the model's {len(params)} parameters requires grad: nothing can learn.",
+            parameters=frozen[:50], evidence={"parameters": len(params), "frozen": len(frozen)},
+        ))
+    elif frozen:
+        findings.append(make_finding(
+            "GP105",
+            f"{len(frozen)} of {len(params)} parameters are frozen (requires_grad=False).",
+            parameters=frozen,
+            evidence={"frozen": len(frozen), "total": len(params),
+                      "frozen_numel": sum(p.numel() for n, p in params if not p.requires_grad)},
+        ))
+    aliases: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    for names in aliases.values():
+        if len(names) > 1:
+            findings.append(make_finding(
+                "GP108", f"One Parameter is reachable as {', '.join(names)} (tied): trained once, with both gradients summed.",
+                parameters=names, evidence={"names": names},
+            ))
+    if not params and not any(f["code"] in ("GP101", "GP102", "GP103", "GP109") for f in findings):
+        findings.append(make_finding("GP110", "The model has no parameters at all.", evidence={"parameters": 0}))
+    return findings
+
+
+def _check_container(module, attr, path, value, registered, site, findings):
+    items = _container_items(value)
+    stray_params, stray_modules, stray_tensors = [], [], []
+    for key, v in items:
+        if isinstance(v, nn.Parameter):
+            if id(v) not in registered:
+                stray_params.append(f"{path}.{key}")
+        elif isinstance(v, nn.Module):
+            inner = [(f"{path}.{key}.{n}", p) for n, p in v.named_parameters()]
+            if any(id(p) not in registered for _, p in inner):
+                stray_modules.append((f"{path}.{key}", type(v).__name__, [n for n, p in inner if id(p) not in registered]))
+        elif isinstance(v, torch.Tensor) and v.requires_grad:
+            stray_tensors.append(f"{path}.{key}")
+    kind = type(value).__name__
+    if stray_params:
+        repl = "nn.ParameterDict" if kind == "dict" else "nn.ParameterList"
+        findings.append(make_finding(
+            "GP102",
+            f"`{path}` is a Python {kind} holding {len(stray_params)} nn.Parameter(s) that {type(module).__name__} "
+            "does not register: the optimizer never updates them.",
+            parameters=stray_params, location=site(module, attr),
+            evidence={"attribute": path, "container": kind, "count": len(stray_params)},
+            fix=f"self.{attr} = {repl}(...)  # instead of a plain {kind}",
+        ))
+    if stray_modules:
+        repl = "nn.ModuleDict" if kind == "dict" else "nn.ModuleList"
+        names = [n for _, _, ps in stray_modules for n in ps]
+        findings.append(make_finding(
+            "GP103",
+            f"`{path}` is a Python {kind} holding {len(stray_modules)} module(s) "
+            f"({', '.join(sorted({t for _, t, _ in stray_modules}))}) whose {len(names)} parameters are not registered.",
+            parameters=names, location=site(module, attr),
+            evidence={"attribute": path, "container": kind, "modules": [m for m, _, _ in stray_modules],
+                      "unregistered_parameters": len(names)},
+            fix=f"self.{attr} = {repl}(...)  # instead of a plain {kind}",
+        ))
+    if stray_tensors:
+        findings.append(make_finding(
+            "GP101",
+            f"`{path}` is a Python {kind} holding {len(stray_tensors)} plain tensor(s) with requires_grad=True: not registered.",
+            parameters=stray_tensors, location=site(module, attr),
+            evidence={"attribute": path, "container": kind},
+            fix=f"self.{attr} = nn.ParameterList(nn.Parameter(t) for t in ...)",
+        ))
+
+
+def inspect_parameters(model: nn.Module, build_record=None, info: dict | None = None) -> dict:
+    """The registration report: findings GP101-GP111 plus the parameter and buffer tables."""
+    findings = check_registration(model, build_record, info)
+    rows, buffers = parameter_table(model)
+    trainable = {id(p): p for p in model.parameters() if p.requires_grad}
+    total = {id(p): p for p in model.parameters()}
+    summary = [
+        f"{len(rows)} parameters ({sum(p.numel() for p in total.values()):,} values), "
+        f"{len(trainable)} trainable ({sum(p.numel() for p in trainable.values()):,} values), {len(buffers)} buffers."
+    ]
+    return make_report(
+        "inspect_parameters", findings, summary,
+        parameters=rows, buffers=buffers,
+        counts={"parameters": len(rows), "trainable": len(trainable),
+                "numel": sum(p.numel() for p in total.values()),
+                "trainable_numel": sum(p.numel() for p in trainable.values())},
+    )

@@ -1,0 +1,97 @@
+"""Command line: `gradprobe serve` for MCP hosts, `gradprobe diagnose` and friends for people and CI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+TOOLS = ("diagnose", "inspect_parameters", "check_optimizer_coverage", "trace_grad_path", "run_gradcheck", "verify_prompt_tuning")
+
+
+def _target_from_args(args) -> dict:
+    """Flags to a target: FILE's directory is the project unless --project-dir says otherwise."""
+    import os
+
+    project = os.path.abspath(args.project_dir or (os.path.dirname(os.path.abspath(args.file)) if args.file else "."))
+    rel = os.path.relpath(os.path.abspath(args.file), project) if args.file else None
+
+    def ref(name: str | None) -> str | None:
+        if name is None or ":" in name or rel is None:
+            return name
+        return f"{rel}:{name}"
+
+    target = {"project_dir": project, "model": ref(args.model) if args.model else rel, "device": args.device,
+              "seed": args.seed, "timeout_s": args.timeout, "setup": args.setup, "python": args.python}
+    for field in ("inputs", "loss", "optimizer", "train_step"):
+        target[field] = ref(getattr(args, field))
+    return {k: v for k, v in target.items() if v is not None}
+
+
+def _run_check(args) -> int:
+    import anyio
+
+    from gradprobe.render import render_text
+    from gradprobe.sandbox.execute import execute
+    from gradprobe.sandbox.runner import ToolInputError
+    from gradprobe.target import Target
+
+    try:
+        target = Target.model_validate(_target_from_args(args))
+    except Exception as exc:
+        print(f"gradprobe: bad target: {exc}", file=sys.stderr)
+        return 2
+    options = {}
+    if args.command == "check_optimizer_coverage":
+        options["step"] = not args.no_step
+    try:
+        report = anyio.run(execute, args.command, target, options)
+    except ToolInputError as exc:
+        print(f"gradprobe: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(render_text(report, color=sys.stdout.isatty() and not args.no_color))
+        mermaid = (report.get("facts") or {}).get("mermaid")
+        if mermaid and args.mermaid:
+            print("\n" + mermaid)
+    return 0 if report.get("ok") else 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="gradprobe", description="Measure why gradients do not flow in PyTorch code.")
+    sub = parser.add_subparsers(dest="command")
+    serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
+    serve.add_argument("--max-concurrent", type=int, default=None, help="checks running at once (default: cores)")
+    sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")
+    for tool in TOOLS:
+        p = sub.add_parser(tool, help=f"run {tool} on a target and print the report")
+        p.add_argument("file", nargs="?", help="the user's file (e.g. train.py); its directory is the project")
+        p.add_argument("--project-dir", default=None)
+        p.add_argument("--model", default=None, help="callable in FILE building the model (default: build_model)")
+        p.add_argument("--inputs", default=None)
+        p.add_argument("--loss", default=None)
+        p.add_argument("--optimizer", default=None)
+        p.add_argument("--train-step", dest="train_step", default=None)
+        p.add_argument("--setup", default=None, help="inline Python defining model/inputs/...")
+        p.add_argument("--python", default=None)
+        p.add_argument("--device", default="cpu")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--timeout", type=float, default=120.0)
+        p.add_argument("--json", action="store_true", help="print the report as JSON")
+        p.add_argument("--no-color", action="store_true")
+        p.add_argument("--mermaid", action="store_true", help="also print the Mermaid flowchart (diagnose)")
+        if tool == "check_optimizer_coverage":
+            p.add_argument("--no-step", action="store_true")
+    args = parser.parse_args(argv)
+    if args.command in (None, "serve"):
+        from gradprobe.server.app import serve_stdio
+
+        serve_stdio(max_concurrent=getattr(args, "max_concurrent", None))
+        return
+    if args.command == "demo":
+        from gradprobe.demo import run_demo
+
+        sys.exit(run_demo())
+    sys.exit(_run_check(args))

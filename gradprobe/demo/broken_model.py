@@ -1,0 +1,43 @@
+"""A small classifier whose residual blocks never learn: they sit in a plain Python list."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return x + F.relu(self.fc(x))
+
+
+class Classifier(nn.Module):
+    def __init__(self, dim=16, depth=2, n_classes=3):
+        super().__init__()
+        self.embed = nn.Linear(8, dim)
+        self.blocks = [Block(dim) for _ in range(depth)]  # BUG: not registered
+        self.head = nn.Linear(dim, n_classes)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def build_model():
+    return Classifier()
+
+
+def make_inputs():
+    return {"x": torch.randn(4, 8), "y": torch.randint(0, 3, (4,))}
+
+
+def loss_fn(logits, batch):
+    return F.cross_entropy(logits, batch["y"])
+
+
+def make_optimizer(model):
+    return torch.optim.Adam(model.parameters(), lr=1e-3)

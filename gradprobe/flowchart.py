@@ -1,0 +1,69 @@
+"""A picture of the gradient flow: Mermaid text and a dependency-free SVG of the same graph.
+
+The graph is plain data built by the checks: the loss, then one node per module
+group of parameters, each "ok", "broken" (with the op and line that cut it),
+"unused", "frozen" or "zero".
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+_STYLE = {
+    "ok": ("#e8f5e9", "#2e7d32"),
+    "broken": ("#ffebee", "#c62828"),
+    "zero": ("#fff8e1", "#f9a825"),
+    "unused": ("#f5f5f5", "#9e9e9e"),
+    "frozen": ("#eceff1", "#607d8b"),
+}
+
+
+def _id(text: str) -> str:
+    return "n_" + re.sub(r"\W", "_", text)
+
+
+def flow_mermaid(graph: dict) -> str:
+    lines = ["flowchart LR", f'    loss(["{graph.get("loss", "loss")}"])']
+    for g in graph.get("groups", []):
+        nid = _id(g["module"])
+        label = f'{g["module"]}<br/>{g["count"]} param(s): {g["status"]}'
+        lines.append(f'    {nid}["{label}"]')
+        brk = g.get("break")
+        if g["status"] == "broken" and brk:
+            lines.append(f'    loss -. "{brk["code"]} {brk["op"]} at line {brk.get("line", "?")}" .-x {nid}')
+        elif g["status"] in ("unused", "frozen"):
+            lines.append(f"    loss ~~~ {nid}")
+        else:
+            lines.append(f"    loss --> {nid}")
+        lines.append(f"    class {nid} {g['status']}")
+    for status, (fill, stroke) in _STYLE.items():
+        lines.append(f"    classDef {status} fill:{fill},stroke:{stroke}")
+    return "\n".join(lines)
+
+
+def flow_svg(graph: dict) -> str:
+    groups = graph.get("groups", [])
+    row_h, width = 46, 720
+    height = 70 + row_h * max(1, len(groups))
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="13">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<rect x="10" y="{height // 2 - 18}" width="90" height="36" rx="18" fill="#e3f2fd" stroke="#1565c0"/>',
+        f'<text x="55" y="{height // 2 + 5}" text-anchor="middle">{html.escape(graph.get("loss", "loss"))}</text>',
+    ]
+    for i, g in enumerate(groups):
+        y = 40 + i * row_h
+        fill, stroke = _STYLE.get(g["status"], _STYLE["ok"])
+        dash = ' stroke-dasharray="6,4"' if g["status"] != "ok" else ""
+        parts.append(f'<line x1="100" y1="{height // 2}" x2="360" y2="{y + 16}" stroke="{stroke}" stroke-width="2"{dash}/>')
+        brk = g.get("break")
+        if g["status"] == "broken" and brk:
+            mx, my = 230, (height // 2 + y + 16) // 2
+            parts.append(f'<text x="{mx}" y="{my - 4}" fill="{stroke}" text-anchor="middle" font-size="11">'
+                         f'✗ {html.escape(brk["code"] + " " + brk["op"])} line {brk.get("line", "?")}</text>')
+        parts.append(f'<rect x="360" y="{y}" width="340" height="32" rx="4" fill="{fill}" stroke="{stroke}"/>')
+        label = f'{g["module"]} ({g["count"]}): {g["status"]}'
+        parts.append(f'<text x="370" y="{y + 21}">{html.escape(label[:48])}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)

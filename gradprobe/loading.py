@@ -1,0 +1,312 @@
+"""Load a target in the child: import the user's code, build model, batch, loss, optimizer, step.
+
+While the user's code builds the model and optimizer, `BuildRecorder` notes
+where each module attribute and each optimizer was created, so that findings
+can point at the user's line (`self.blocks = [...]`, `Adam(self.parameters())`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import linecache
+import os
+import random
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from gradprobe.userframes import SETUP_FILENAME, UserCode
+
+CONVENTIONAL = {
+    "model": "build_model",
+    "inputs": "make_inputs",
+    "loss": "loss_fn",
+    "optimizer": "make_optimizer",
+    "train_step": "train_step",
+}
+SETUP_NAMES = {"model": "model", "inputs": "inputs", "loss": "loss_fn", "optimizer": "optimizer", "train_step": "train_step"}
+
+
+class TargetError(Exception):
+    """The target cannot be loaded; `phase` says where, `cause` is the user's exception if any."""
+
+    def __init__(self, phase: str, message: str, cause: BaseException | None = None, code: str = "GP100"):
+        super().__init__(message)
+        self.phase = phase
+        self.cause = cause
+        self.code = code
+
+
+class TargetRefError(ValueError):
+    """A reference that names nothing: the caller must change the target."""
+
+
+@dataclass
+class BuildRecord:
+    """Where the user's code set module attributes and created optimizers, in order."""
+
+    seq: int = 0
+    setattr_sites: dict = field(default_factory=dict)  # (id(module), name) -> (seq, location)
+    optimizer_sites: dict = field(default_factory=dict)  # id(optimizer) -> (seq, location)
+    keep: list = field(default_factory=list)  # keeps recorded objects alive so ids stay unique
+
+    def site_of(self, module: nn.Module, name: str) -> dict | None:
+        hit = self.setattr_sites.get((id(module), name))
+        return hit[1] if hit else None
+
+
+class BuildRecorder:
+    """Context manager that records user lines of `module.attr = ...` and optimizer creation."""
+
+    def __init__(self, user: UserCode, record: BuildRecord):
+        self.user, self.record = user, record
+
+    def __enter__(self):
+        user, rec = self.user, self.record
+        self._setattr = orig_setattr = nn.Module.__setattr__
+        self._opt_init = orig_init = torch.optim.Optimizer.__init__
+
+        def recording_setattr(module, name, value):
+            loc = user.innermost(skip=1)
+            if loc is not None:
+                rec.seq += 1
+                rec.setattr_sites[(id(module), name)] = (rec.seq, loc)
+                rec.keep.append(module)
+            return orig_setattr(module, name, value)
+
+        def recording_init(opt, *args, **kwargs):
+            loc = user.innermost(skip=1)
+            rec.seq += 1
+            rec.optimizer_sites[id(opt)] = (rec.seq, loc)
+            rec.keep.append(opt)
+            return orig_init(opt, *args, **kwargs)
+
+        nn.Module.__setattr__ = recording_setattr
+        torch.optim.Optimizer.__init__ = recording_init
+        return self
+
+    def __exit__(self, *exc):
+        nn.Module.__setattr__ = self._setattr
+        torch.optim.Optimizer.__init__ = self._opt_init
+        return False
+
+
+@dataclass
+class Loaded:
+    """Live objects of a loaded target, plus what was recorded while building them."""
+
+    model: nn.Module
+    batch: Any
+    loss_fn: Callable | None
+    optimizer: Any
+    make_optimizer: Callable | None
+    train_step: Callable | None
+    user: UserCode
+    record: BuildRecord
+    device: str
+    optimizer_error: TargetError | None = None
+    info: dict = field(default_factory=dict)
+
+
+def _import_file(path: str) -> Any:
+    stem = os.path.splitext(os.path.basename(path))[0]
+    name = stem if stem.isidentifier() and stem not in sys.modules else f"_gradprobe_user_{abs(hash(path))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TargetRefError(f"cannot import {path!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # so pickling by reference (multiprocessing) finds it
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+class Resolver:
+    """Turns `FILE_OR_MODULE:CALLABLE` references into objects, importing each file once."""
+
+    def __init__(self, project_dir: str):
+        self.project_dir = project_dir
+        self.modules: dict[str, Any] = {}
+
+    def module(self, mod: str) -> Any:
+        if mod not in self.modules:
+            try:
+                if mod.endswith(".py"):
+                    path = os.path.join(self.project_dir, mod)
+                    if not os.path.isfile(path):
+                        raise TargetRefError(f"file {mod!r} not found in {self.project_dir}")
+                    self.modules[mod] = _import_file(path)
+                else:
+                    self.modules[mod] = importlib.import_module(mod)
+            except TargetRefError:
+                raise
+            except ModuleNotFoundError as exc:
+                if exc.name == mod.split(".")[0]:
+                    raise TargetRefError(f"module {mod!r} is not importable from {self.project_dir}") from exc
+                raise TargetError("importing", f"importing {mod} failed: {exc}", exc) from exc
+            except BaseException as exc:
+                raise TargetError("importing", f"importing {mod} failed: {type(exc).__name__}: {exc}", exc) from exc
+        return self.modules[mod]
+
+    def resolve(self, ref: str, what: str) -> Any:
+        mod, _, name = ref.partition(":")
+        module = self.module(mod)
+        if not name:
+            name = CONVENTIONAL[what]
+        obj = module
+        for part in name.split("."):
+            if not hasattr(obj, part):
+                raise TargetRefError(f"{what}: {mod!r} has no attribute {name!r}")
+            obj = getattr(obj, part)
+        return obj
+
+    def conventional(self, ref: str, what: str) -> Any | None:
+        """The conventional name (e.g. make_inputs) from the model's file, if it defines it."""
+        mod, _, name = ref.partition(":")
+        return getattr(self.module(mod), CONVENTIONAL[what], None)
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise TargetError("building", f"device {device!r} was asked for but this child sees no CUDA device")
+    return device
+
+
+def move_batch(batch: Any, device: str) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, tuple):
+        return tuple(move_batch(b, device) for b in batch)
+    if isinstance(batch, list):
+        return [move_batch(b, device) for b in batch]
+    if isinstance(batch, dict):
+        return {k: move_batch(v, device) for k, v in batch.items()}
+    return batch
+
+
+def _call_user(phase: str, fn: Callable, *args) -> Any:
+    try:
+        return fn(*args)
+    except TargetError:
+        raise
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt,)):
+            raise
+        raise TargetError(phase, f"{phase}: {type(exc).__name__}: {exc}", exc) from exc
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+def load_target(target: dict, progress: Callable[[str], None] = lambda phase: None) -> Loaded:
+    """Import and build everything a target names. Raises TargetError / TargetRefError."""
+    project_dir = os.path.realpath(target["project_dir"])
+    user = UserCode(project_dir)
+    record = BuildRecord()
+    if project_dir not in sys.path:
+        sys.path.insert(0, project_dir)
+    seed_everything(int(target.get("seed") or 0))
+    device = target.get("device") or "cpu"
+    meta = device == "meta"
+    if not meta:
+        device = resolve_device(device)
+
+    resolver = Resolver(project_dir)
+    found: dict[str, Any] = {}
+
+    progress("importing")
+    setup = target.get("setup")
+    if setup:
+        namespace: dict[str, Any] = {"torch": torch, "nn": nn, "__name__": "__gradprobe_setup__"}
+        lines = setup.splitlines(keepends=True)
+        linecache.cache[SETUP_FILENAME] = (len(setup), None, lines, SETUP_FILENAME)
+        try:
+            code = compile(setup, SETUP_FILENAME, "exec")
+        except SyntaxError as exc:
+            raise TargetError("importing", f"setup code has a syntax error: {exc}", exc) from exc
+        with BuildRecorder(user, record):
+            _call_user("running setup", exec, code, namespace)
+        for what, name in SETUP_NAMES.items():
+            if name in namespace:
+                found[what] = namespace[name]
+
+    model_ref = target.get("model")
+    for what in CONVENTIONAL:
+        ref = target.get(what)
+        if ref:
+            found[what] = resolver.resolve(ref, what)
+        elif model_ref and what != "model" and what not in found:
+            conv = resolver.conventional(model_ref, what)
+            if conv is not None:
+                found[what] = conv
+
+    progress("building")
+    model = found.get("model")
+    if model is None:
+        raise TargetRefError("no model: give `model` or define `model` in setup")
+    if not isinstance(model, nn.Module):
+        if not callable(model):
+            raise TargetError("building", f"model is a {type(model).__name__}, not an nn.Module or a callable returning one")
+        with BuildRecorder(user, record):
+            if meta:
+                with torch.device("meta"):
+                    model = _call_user("building the model", model)
+            else:
+                model = _call_user("building the model", model)
+    if not isinstance(model, nn.Module):
+        raise TargetError("building", f"the model callable returned a {type(model).__name__}, not an nn.Module")
+
+    info: dict[str, Any] = {"device": device, "grad_enabled_after_build": torch.is_grad_enabled()}
+    batch = None
+    inputs = found.get("inputs")
+    if inputs is not None and not meta:
+        batch = _call_user("making the inputs", inputs) if callable(inputs) and not isinstance(inputs, torch.Tensor) else inputs
+    if not meta and device != "cpu":
+        model = model.to(device)
+        batch = move_batch(batch, device)
+        info["moved_to"] = device
+
+    make_optimizer = found.get("optimizer")
+    optimizer = None
+    optimizer_error = None
+    if make_optimizer is not None and not meta:
+        if isinstance(make_optimizer, torch.optim.Optimizer) or not callable(make_optimizer):
+            optimizer, make_optimizer = make_optimizer, None
+        else:
+            try:
+                with BuildRecorder(user, record):
+                    optimizer = _call_user("making the optimizer", make_optimizer, model)
+            except TargetError as exc:
+                optimizer_error = exc
+    loss_fn = found.get("loss")
+    train_step = found.get("train_step")
+    return Loaded(
+        model=model,
+        batch=batch,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        make_optimizer=make_optimizer,
+        train_step=train_step,
+        user=user,
+        record=record,
+        device=device,
+        optimizer_error=optimizer_error,
+        info=info,
+    )

@@ -1,0 +1,1 @@
+"""The process boundary: the user's code runs only in a child process started here."""

@@ -1,0 +1,58 @@
+"""One tool call end to end on the parent side: validate paths, run the child, turn its fate into a report."""
+
+from __future__ import annotations
+
+from gradprobe.findings import make_finding
+from gradprobe.report import make_report
+from gradprobe.sandbox.runner import Limits, ProgressFn, ToolInputError, describe_exit, run_child
+from gradprobe.target import Target
+
+
+async def execute(
+    tool: str,
+    target: Target,
+    options: dict | None = None,
+    *,
+    progress: ProgressFn | None = None,
+    limits: Limits | None = None,
+) -> dict:
+    """Run `tool` on `target` in a fresh sandboxed child. Raises ToolInputError for caller mistakes."""
+    try:
+        target.check_paths()
+    except ValueError as exc:
+        raise ToolInputError(str(exc)) from exc
+    job = {"tool": tool, "target": target.model_dump(), "options": options or {}}
+    outcome = await run_child(job, python=target.python, timeout_s=target.timeout_s, limits=limits, progress=progress)
+    sandbox = {
+        "seconds": round(outcome.seconds, 3),
+        "phases": outcome.events,
+        "returncode": outcome.returncode,
+        "stdout_tail": outcome.stdout[-2000:],
+        "stderr_tail": outcome.stderr[-4000:],
+        "isolation": {"process": "separate child, own process group", "environment": "allow-list",
+                      "limits": "rlimits (address space on CPU, CPU time, file size, open files)",
+                      "timeout_s": target.timeout_s},
+    }
+    if outcome.tool_error is not None:
+        if outcome.tool_error.startswith("this interpreter cannot run"):
+            raise ToolInputError(f"python {target.python or '(server interpreter)'}: {outcome.tool_error}")
+        raise ToolInputError(outcome.tool_error)
+    if outcome.report is not None and not outcome.timed_out:
+        report = outcome.report
+        report.setdefault("facts", {})["sandbox"] = sandbox
+        return report
+    if outcome.timed_out:
+        msg = f"The target did not finish within {target.timeout_s:g} s (it was in phase '{outcome.phase}'); its process tree was killed."
+        fix = "Look for an endless loop or a very slow step in that phase, or raise target.timeout_s."
+    else:
+        msg = f"The child process {describe_exit(outcome.returncode)} in phase '{outcome.phase}' without a result."
+        fix = "See evidence.stderr_tail for the crash (a segfault in an extension, os._exit, an out-of-memory kill)."
+    finding = make_finding(
+        "GP100", msg,
+        evidence={"phase": outcome.phase, "timed_out": outcome.timed_out, "returncode": outcome.returncode,
+                  "stderr_tail": outcome.stderr[-4000:], "stdout_tail": outcome.stdout[-1000:]},
+        fix=fix,
+    )
+    report = make_report(tool, [finding], ["The target could not be checked."])
+    report["facts"]["sandbox"] = sandbox
+    return report

@@ -1,0 +1,238 @@
+"""Parent side of the process boundary: start a child per call, limit it, stream progress, kill it.
+
+The server never imports torch or user code; it only starts
+`gradprobe/sandbox/child.py` with a scrubbed environment, a scratch HOME/cwd,
+rlimits, a wall-clock timeout and its own process group, and reads JSON lines
+from a dedicated pipe. Whatever the child does (crash, hang, exit, flood its
+output, forge lines), the call ends with a report or a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
+OUTPUT_CAP = 64 * 1024
+RESULT_CAP = 8 * 1024 * 1024
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+ProgressFn = Callable[[str, float | None], Awaitable[None]]
+
+
+class ToolInputError(ValueError):
+    """A problem the caller fixes by changing the arguments (bad path, missing callable)."""
+
+
+@dataclass
+class Limits:
+    memory_bytes: int | None = 8 * 1024**3
+    cpu_seconds: int | None = None
+    file_bytes: int = 256 * 1024**2
+    open_files: int = 1024
+    grace_s: float = 2.0
+
+    def for_child(self, timeout_s: float, device: str) -> dict:
+        gpu = device.startswith("cuda") or device == "auto"
+        return {
+            # CUDA reserves huge virtual ranges: RLIMIT_AS only on CPU runs
+            "memory_bytes": None if gpu else self.memory_bytes,
+            "cpu_seconds": self.cpu_seconds or int(timeout_s * 2 + 30),
+            "file_bytes": self.file_bytes,
+            "open_files": self.open_files,
+        }
+
+
+@dataclass
+class CappedStream:
+    """Keeps the head and tail of a stream, counting what was dropped."""
+
+    head: bytearray = field(default_factory=bytearray)
+    tail: bytearray = field(default_factory=bytearray)
+    dropped: int = 0
+
+    def feed(self, data: bytes) -> None:
+        room = OUTPUT_CAP // 2 - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > OUTPUT_CAP // 2:
+                cut = len(self.tail) - OUTPUT_CAP // 2
+                self.dropped += cut
+                del self.tail[:cut]
+
+    def text(self) -> str:
+        mid = f"\n[... {self.dropped} bytes dropped ...]\n" if self.dropped else ""
+        return (bytes(self.head).decode("utf-8", "replace") + mid + bytes(self.tail).decode("utf-8", "replace"))
+
+
+def child_env(scratch: str) -> dict:
+    """An allow-list environment: no tokens, keys or proxies of the server reach the child."""
+    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    env.update(
+        HOME=scratch, TMPDIR=scratch, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1",
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    env.setdefault("PATH", "/usr/bin:/bin")
+    return env
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _drain(stream: asyncio.StreamReader | None, sink: CappedStream) -> None:
+    if stream is None:
+        return
+    while True:
+        chunk = await stream.read(65536)
+        if not chunk:
+            return
+        sink.feed(chunk)
+
+
+@dataclass
+class ChildOutcome:
+    report: dict | None
+    tool_error: str | None
+    phase: str
+    returncode: int | None
+    timed_out: bool
+    stdout: str
+    stderr: str
+    seconds: float
+    events: list = field(default_factory=list)
+
+
+async def run_child(
+    job: dict,
+    *,
+    python: str | None = None,
+    timeout_s: float = 120.0,
+    limits: Limits | None = None,
+    progress: ProgressFn | None = None,
+) -> ChildOutcome:
+    """Run one job in a fresh child process; never raises for anything the child does."""
+    limits = limits or Limits()
+    device = (job.get("target") or {}).get("device") or "cpu"
+    job = dict(job, limits=limits.for_child(timeout_s, device))
+    scratch = tempfile.mkdtemp(prefix="gradprobe-call-")
+    rfd, wfd = os.pipe()
+    os.set_inheritable(wfd, True)
+    t0 = time.monotonic()
+    proc = None
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            python or sys.executable, "-I", CHILD,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            cwd=scratch, env=dict(child_env(scratch), GRADPROBE_RESULT_FD=str(wfd)), start_new_session=True,
+            pass_fds=(wfd,),
+        )
+        os.close(wfd)
+        wfd = -1
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=RESULT_CAP)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(rfd, "rb", buffering=0)
+        )
+        rfd = -1
+        out, err = CappedStream(), CappedStream()
+        state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "events": [], "bytes": 0}
+
+        async def read_results() -> None:
+            while True:
+                try:
+                    line = await reader.readline()
+                except (ValueError, asyncio.LimitOverrunError):
+                    state["tool_error_internal"] = "the child's result exceeded the size cap"
+                    return
+                if not line:
+                    return
+                state["bytes"] += len(line)
+                if state["bytes"] > RESULT_CAP:
+                    state["tool_error_internal"] = "the child's result exceeded the size cap"
+                    return
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue  # not ours: ignore, never trust
+                if not isinstance(msg, dict):
+                    continue
+                if msg.get("type") == "progress" and isinstance(msg.get("phase"), str):
+                    state["phase"] = msg["phase"][:40]
+                    state["events"].append(state["phase"])
+                    if progress is not None:
+                        await progress(state["phase"], time.monotonic() - t0)
+                elif msg.get("type") == "result" and isinstance(msg.get("report"), dict):
+                    rep = msg["report"]
+                    if "tool_error" in rep:
+                        state["tool_error"] = str(rep["tool_error"])[:2000]
+                    else:
+                        state["report"] = rep
+
+        proc.stdin.write(json.dumps(job).encode())
+        try:
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        proc.stdin.close()
+
+        timed_out = False
+        tasks = [
+            asyncio.ensure_future(read_results()),
+            asyncio.ensure_future(_drain(proc.stdout, out)),
+            asyncio.ensure_future(_drain(proc.stderr, err)),
+            asyncio.ensure_future(proc.wait()),
+        ]
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=timeout_s)
+        except asyncio.TimeoutError:
+            timed_out = True
+            _kill_group(proc.pid)
+            await asyncio.wait(tasks, timeout=limits.grace_s)
+        finally:
+            for t in tasks:
+                t.cancel()
+            transport.close()
+        _kill_group(proc.pid)  # anything the child left behind in its group
+        return ChildOutcome(
+            report=state["report"], tool_error=state["tool_error"], phase=state["phase"],
+            returncode=proc.returncode, timed_out=timed_out, stdout=out.text(), stderr=err.text(),
+            seconds=time.monotonic() - t0, events=state["events"],
+        )
+    except asyncio.CancelledError:
+        if proc is not None:
+            _kill_group(proc.pid)
+        raise
+    finally:
+        if proc is not None and proc.returncode is None:
+            _kill_group(proc.pid)
+        for fd in (rfd, wfd):
+            if fd >= 0:
+                os.close(fd)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def describe_exit(rc: int | None) -> str:
+    if rc is None:
+        return "did not exit"
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with code {rc}"

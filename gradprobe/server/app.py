@@ -1,0 +1,66 @@
+"""Build the gradprobe MCPServer: tools, the findings catalogue as resources, and a prompt."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from mcp.server import MCPServer
+
+from gradprobe import __version__
+from gradprobe.findings import catalogue
+from gradprobe.server.runtime import Runtime
+from gradprobe.server.tools import register_all
+
+INSTRUCTIONS = (
+    "gradprobe measures why gradients do not flow in the user's PyTorch code, instead of guessing. "
+    "Start with `diagnose` (all checks in one run); use the specific tools to dig deeper. Every tool "
+    "takes a `target` naming the user's project directory and the callables that build the model "
+    "and a batch. Quote the finding's file:line and fix to the user."
+)
+
+
+def build_server(runtime: Runtime | None = None) -> MCPServer:
+    runtime = runtime or Runtime()
+    server = MCPServer(
+        "gradprobe",
+        title="gradprobe",
+        description="Measure why gradients do not flow in PyTorch code",
+        instructions=INSTRUCTIONS,
+        version=__version__,
+    )
+    register_all(server, runtime)
+
+    @server.resource("gradprobe://findings", mime_type="application/json", title="Findings catalogue")
+    def findings_catalogue() -> str:
+        """Every finding code gradprobe emits: name, severity, meaning, why it breaks gradients, example, fix."""
+        return json.dumps(list(catalogue().values()), indent=1)
+
+    @server.resource("gradprobe://findings/{code}", mime_type="text/markdown", title="One finding code")
+    def finding_doc(code: str) -> str:
+        """What one code means, why it breaks gradients, an example and the fix."""
+        rule = catalogue().get(code.upper())
+        if rule is None:
+            raise ValueError(f"unknown finding code {code!r}; see gradprobe://findings")
+        return (f"# {rule['code']} {rule['name']} ({rule['severity']})\n\n{rule['summary']}\n\n"
+                f"## Why it breaks gradients\n{rule['why']}\n\n## Example\n```python\n{rule['example']}\n```\n\n"
+                f"## Fix\n```python\n{rule['fix']}\n```\n")
+
+    @server.prompt(title="Investigate gradients that do not flow")
+    def investigate_gradients(project_dir: str, model: str = "train.py") -> str:
+        """How to investigate "my parameter gets no gradient" with gradprobe's tools."""
+        return (
+            f"The user's PyTorch code in {project_dir} does not learn as expected. Do not guess.\n"
+            f"1. Call `diagnose` with target={{\"project_dir\": \"{project_dir}\", \"model\": \"{model}\"}} "
+            "(add inputs/loss/optimizer/train_step references if the file lacks build_model/make_inputs/...).\n"
+            "2. Read the first error finding: it names the parameters, the user's file:line and the fix.\n"
+            "3. If a custom autograd.Function is involved, call `run_gradcheck`; for soft prompts, `verify_prompt_tuning`.\n"
+            "4. Show the user the line and the fix; after they change the code, call `diagnose` again to confirm ok=true."
+        )
+
+    return server
+
+
+def serve_stdio(max_concurrent: int | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    build_server(Runtime(max_concurrent=max_concurrent)).run("stdio")

@@ -1,0 +1,59 @@
+"""What every tool does once its options are validated: run the sandbox, forward progress, shape the result."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
+
+from gradprobe.render import render_text
+from gradprobe.sandbox.execute import execute
+from gradprobe.sandbox.runner import ToolInputError
+from gradprobe.server.models import Report
+from gradprobe.target import Target
+
+log = logging.getLogger("gradprobe.audit")
+
+READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+TARGET_HELP = (
+    "`target` says where the user's code is: project_dir (absolute path), model "
+    '("train.py:build_model", or just "case.py" to pick up build_model/make_inputs/loss_fn/'
+    "make_optimizer/train_step from that file), inputs, loss, optimizer, train_step (same "
+    "FILE_OR_MODULE:CALLABLE form), setup (inline Python defining model/inputs/...), device "
+    '("cpu", "cuda", "auto"), seed, timeout_s. The code runs in a sandboxed child process, never in the server.'
+)
+
+
+async def run_tool(runtime, tool: str, target: Target, options: dict[str, Any], ctx: Context | None,
+                   extra_content: list | None = None, post=None) -> CallToolResult:
+    t0 = time.monotonic()
+
+    async def progress(phase: str, elapsed: float | None) -> None:
+        if ctx is not None:
+            try:
+                await ctx.report_progress(runtime.phase_index(phase), total=runtime.phase_total, message=phase)
+            except Exception:  # a client that went away must not break the call
+                pass
+
+    outcome = "error"
+    try:
+        async with runtime.slot(ctx, progress):
+            report = await execute(tool, target, options, progress=progress, limits=runtime.limits)
+        if post is not None:
+            extra_content = post(report)
+        outcome = "ok" if report.get("ok") else "findings"
+    except ToolInputError as exc:
+        outcome = "tool-error"
+        raise ToolError(str(exc)) from None
+    finally:
+        log.info("call tool=%s project=%s model=%s outcome=%s seconds=%.2f", tool, target.project_dir, target.model, outcome,
+                 time.monotonic() - t0)
+    validated = Report.model_validate(report)  # the child's JSON is untrusted: schema-check it
+    data = validated.model_dump(mode="json")
+    content = [TextContent(type="text", text=render_text(data))] + list(extra_content or [])
+    return CallToolResult(content=content, structured_content=data, is_error=False)

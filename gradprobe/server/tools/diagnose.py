@@ -1,0 +1,38 @@
+"""`diagnose`: every check that applies, in one child and one load; the root cause first."""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated
+
+from mcp.server.mcpserver import Context
+from mcp.types import CallToolResult, ImageContent
+
+from gradprobe.flowchart import flow_svg
+from gradprobe.server.models import Report
+from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, run_tool
+from gradprobe.target import Target
+
+DESCRIPTION = f"""Start here when "gradients don't flow" or "the model does not learn". Loads the user's
+code once in a sandbox and runs every check that applies: registration (GP1xx), optimizer
+coverage and one real step (GP2xx, when an optimizer is given), the traced step (GP3xx), gradcheck
+of the custom autograd Functions it sees (GP4xx), and prompt-tuning checks when a soft prompt or
+PEFT model is found (GP5xx). One root cause yields one finding (consequences are folded into its
+evidence.related); the summary's first line names the root cause and the fix. The result also
+carries a Mermaid flowchart of the gradient flow (facts.mermaid) and an SVG picture of it.
+{TARGET_HELP}
+Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}}}"""
+
+
+def _picture(report: dict) -> list:
+    graph = (report.get("facts") or {}).get("flow")
+    if not graph:
+        return []
+    svg = flow_svg(graph).encode()
+    return [ImageContent(type="image", data=base64.b64encode(svg).decode(), mime_type="image/svg+xml")]
+
+
+def register(server, runtime) -> None:
+    @server.tool(name="diagnose", title="Diagnose gradient flow", description=DESCRIPTION, annotations=READ_ONLY)
+    async def diagnose(target: Target, ctx: Context) -> Annotated[CallToolResult, Report]:
+        return await run_tool(runtime, "diagnose", target, {}, ctx, post=_picture)

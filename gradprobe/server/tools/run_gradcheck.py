@@ -1,0 +1,40 @@
+"""`run_gradcheck`: every custom autograd.Function the model uses, checked on the inputs it really gets (GP4xx)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from mcp.server.mcpserver import Context
+from mcp.types import CallToolResult
+from pydantic import Field
+
+from gradprobe.server.models import Report
+from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, run_tool
+from gradprobe.target import Target
+
+DESCRIPTION = f"""Find every user-defined torch.autograd.Function the model calls during one forward,
+capture the real inputs each received, and check its backward on float64 copies: analytical vs
+numerical Jacobian (GP401, with the input, output, worst element and both values), wrong number
+of gradients (GP402), wrong gradient shape (GP403), None/zero gradient for an input that needs one
+(GP404, naming the parameters fed to that input), Function.forward called directly (GP406),
+second derivatives (GP407, with check_second_order), nondeterministic backward (GP408).
+
+Use it when the user wrote their own backward. `function` ("file.py:MyFn") checks one Function,
+module or plain function explicitly on the target's inputs.
+{TARGET_HELP}
+Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "model.py"}}}}"""
+
+
+def register(server, runtime) -> None:
+    @server.tool(name="run_gradcheck", title="Check custom autograd Functions", description=DESCRIPTION, annotations=READ_ONLY)
+    async def run_gradcheck(
+        target: Target,
+        ctx: Context,
+        function: Annotated[str | None, Field(description='Check only this: "file.py:MyFn" (autograd.Function, module class/factory or function).')] = None,
+        check_second_order: Annotated[bool, Field(description="Also compare second derivatives (gradgradcheck).")] = False,
+        fast_mode: Annotated[bool | None, Field(description="Force fast mode on (true) or off (false); default: chosen by input size.")] = None,
+        atol: Annotated[float | None, Field(gt=0, description="Absolute tolerance (default 1e-5).")] = None,
+        rtol: Annotated[float | None, Field(gt=0, description="Relative tolerance (default 1e-3).")] = None,
+    ) -> Annotated[CallToolResult, Report]:
+        options = {"function": function, "check_second_order": check_second_order, "fast_mode": fast_mode, "atol": atol, "rtol": rtol}
+        return await run_tool(runtime, "run_gradcheck", target, options, ctx)

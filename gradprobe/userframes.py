@@ -1,0 +1,88 @@
+"""Which frames are the user's, and how to point at one of their lines.
+
+Findings name the user's own `file:line`, never a line inside torch or
+transformers. A frame is the user's when its file lies under the project
+directory (and not in an installed package) or is inline `setup` source.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import traceback
+from types import FrameType, TracebackType
+
+SETUP_FILENAME = "<gradprobe-setup>"
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class UserCode:
+    """Decides, with a cache, whether a code file belongs to the user's project."""
+
+    def __init__(self, project_dir: str | None):
+        self.root = os.path.realpath(project_dir) + os.sep if project_dir else None
+        self._cache: dict[str, bool] = {}
+
+    def is_user_file(self, filename: str) -> bool:
+        hit = self._cache.get(filename)
+        if hit is None:
+            hit = self._cache[filename] = self._decide(filename)
+        return hit
+
+    def _decide(self, filename: str) -> bool:
+        if filename == SETUP_FILENAME:
+            return True
+        if filename.startswith("<") or self.root is None:
+            return False
+        path = os.path.realpath(filename)
+        if path.startswith(_PACKAGE_DIR + os.sep):
+            return False
+        if "site-packages" in path or "dist-packages" in path:
+            return False
+        return path.startswith(self.root)
+
+    def location_of(self, filename: str, line: int, function: str) -> dict:
+        return {
+            "file": filename,
+            "line": int(line),
+            "function": function,
+            "code": linecache.getline(filename, line).strip(),
+        }
+
+    def innermost(self, frame: FrameType | None = None, skip: int = 1) -> dict | None:
+        """The innermost user frame of the current stack (or of `frame` outward)."""
+        f = frame if frame is not None else sys._getframe(skip)
+        while f is not None:
+            code = f.f_code
+            if self.is_user_file(code.co_filename):
+                return self.location_of(code.co_filename, f.f_lineno, code.co_name)
+            f = f.f_back
+        return None
+
+    def user_stack(self, frame: FrameType | None = None, skip: int = 1, limit: int = 8) -> list[dict]:
+        """User frames from the innermost outward (for chains and evidence)."""
+        out = []
+        f = frame if frame is not None else sys._getframe(skip)
+        while f is not None and len(out) < limit:
+            code = f.f_code
+            if self.is_user_file(code.co_filename):
+                out.append(self.location_of(code.co_filename, f.f_lineno, code.co_name))
+            f = f.f_back
+        return out
+
+    def trimmed_traceback(self, exc: BaseException) -> str:
+        """The exception's traceback keeping only the user's frames (and the message)."""
+        tb: TracebackType | None = exc.__traceback__
+        frames = [fs for fs in traceback.extract_tb(tb) if self.is_user_file(fs.filename)]
+        lines = ["Traceback (user frames only):"]
+        lines += traceback.format_list(frames) if frames else ["  (no frame in the project)\n"]
+        lines += traceback.format_exception_only(type(exc), exc)
+        return "".join(line if line.endswith("\n") else line + "\n" for line in lines).rstrip()
+
+    def innermost_of_traceback(self, exc: BaseException) -> dict | None:
+        frames = [fs for fs in traceback.extract_tb(exc.__traceback__) if self.is_user_file(fs.filename)]
+        if not frames:
+            return None
+        fs = frames[-1]
+        return self.location_of(fs.filename, fs.lineno or 0, fs.name)
