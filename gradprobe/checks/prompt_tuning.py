@@ -1,0 +1,446 @@
+"""GP5xx: does the soft prompt learn, and only the prompt? For hand-written and PEFT prompt tuning.
+
+The prompt is found (named, PEFT prompt encoder, named like a prompt, or the only
+trainable part of a mostly frozen model); one real step runs under the trace
+machinery with the base model's forward and generate() observed, so the
+findings can say what reached the base model (ids or embeddings, mask, labels,
+cache) and where the prompt's path breaks.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from gradprobe.checks._step import module_of, param_names
+from gradprobe.findings import Finding, make_finding
+from gradprobe.report import make_report
+
+RULES = {
+    "GP501": {
+        "name": "prompt-gets-no-grad", "severity": "error",
+        "summary": "The soft prompt's gradient is None or zero after backward.",
+        "why": "A prompt without gradient never changes: the run trains nothing.",
+        "example": "loss.backward(); print(model.prompt.grad)  # None",
+        "fix": "Follow the more precise finding (GP502-GP511) or evidence.break to the line that cuts the prompt's path.",
+    },
+    "GP502": {
+        "name": "prompt-through-input-ids", "severity": "error",
+        "summary": "The prompt was turned into token ids (concatenated to input_ids, cast to long).",
+        "why": "An embedding lookup by integer ids has no gradient with respect to the ids: the prompt only selects rows of a frozen table.",
+        "example": "input_ids = torch.cat([self.prompt.expand(b, -1), input_ids], 1).long()",
+        "fix": "Prepend embeddings, not ids: inputs_embeds = torch.cat([prompt.expand(b, -1, -1), wte(input_ids)], 1); lm(inputs_embeds=inputs_embeds, ...)",
+    },
+    "GP503": {
+        "name": "base-not-frozen", "severity": "warning",
+        "summary": "Base-model parameters are trainable beside the prompt.",
+        "why": "Prompt tuning means a frozen base; trainable base weights change the model and cost memory.",
+        "example": "forgetting lm.requires_grad_(False)",
+        "fix": "Freeze the base: model.lm.requires_grad_(False) (PEFT does this in get_peft_model).",
+    },
+    "GP504": {
+        "name": "prompt-not-in-optimizer", "severity": "error",
+        "summary": "The prompt is not in the optimizer.",
+        "why": "It gets a gradient but step() never updates it.",
+        "example": "AdamW(model.prompt_encoder.parameters())  # prompt_embeddings left out",
+        "fix": "Pass the prompt (all trainable parameters): AdamW([p for p in model.parameters() if p.requires_grad])",
+    },
+    "GP505": {
+        "name": "generate-in-training", "severity": "error",
+        "summary": "The loss is computed from generate(), which runs under no_grad.",
+        "why": "generate() is decorated with @torch.no_grad(): its scores carry no history back to the prompt.",
+        "example": "scores = lm.generate(inputs_embeds=..., output_scores=True).scores",
+        "fix": "Train with a forward pass (teacher forcing): out = lm(inputs_embeds=..., labels=...); out.loss.backward()",
+    },
+    "GP506": {
+        "name": "attention-mask-excludes-prompt", "severity": "error",
+        "summary": "The attention mask gives the prompt positions zero weight.",
+        "why": "No position attends to the virtual tokens, so the loss does not depend on them and their gradient is zero.",
+        "example": "attention_mask = F.pad(attention_mask, (n_prompt, 0))  # pads with 0",
+        "fix": "Extend the mask with ones: attention_mask = F.pad(attention_mask, (n_prompt, 0), value=1)",
+    },
+    "GP507": {
+        "name": "labels-misaligned", "severity": "error",
+        "summary": "Labels do not cover the prompt positions with the ignore index, or their length differs from the embedded sequence.",
+        "why": "Shifted or mislabelled positions train the model on the wrong targets, or fail.",
+        "example": "labels passed unchanged while inputs_embeds has n_prompt extra positions",
+        "fix": "Prepend the ignore index: labels = torch.cat([labels.new_full((b, n_prompt), -100), labels], 1)",
+    },
+    "GP508": {
+        "name": "tied-embedding-trained", "severity": "warning",
+        "summary": "The trainable set includes an input embedding tied to the output head.",
+        "why": "Training one trains both: the output distribution moves with the embedding table.",
+        "example": "model.transformer.wte.requires_grad_(True) on GPT-2 (lm_head is tied)",
+        "fix": "Keep the embedding frozen, or untie the head deliberately.",
+    },
+    "GP509": {
+        "name": "cache-in-training", "severity": "warning",
+        "summary": "use_cache / past_key_values used in the training step.",
+        "why": "A cache carried across steps holds stale keys/values from an old graph (or a freed one), and the prompt's positions can be skipped.",
+        "example": "out = lm(inputs_embeds=x, past_key_values=past)",
+        "fix": "Pass use_cache=False in training and never carry past_key_values across steps.",
+    },
+    "GP510": {
+        "name": "prompt-not-leaf", "severity": "error",
+        "summary": "The prompt is a non-leaf tensor.",
+        "why": "nn.Parameter(x).to(...)/.half()/.cuda() returns a copy with history: it is not registered and never gets .grad.",
+        "example": "self.prompt = nn.Parameter(torch.randn(8, d)).half()",
+        "fix": "Create the tensor with its final dtype/device, then wrap: self.prompt = nn.Parameter(torch.randn(8, d, dtype=torch.float16))",
+    },
+    "GP511": {
+        "name": "checkpointing-without-input-grad", "severity": "error",
+        "summary": "Reentrant gradient checkpointing with inputs that do not require grad.",
+        "why": "Reentrant checkpoint returns outputs without history when no input requires grad: nothing inside reaches the trainable parameters.",
+        "example": "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': True}) with a frozen embedding",
+        "fix": "Use use_reentrant=False, or call model.enable_input_require_grads() before training.",
+    },
+}
+
+PROMPT_NAME = re.compile(r"(prompt|virtual|soft_?tok|prefix)", re.I)
+
+
+def _hf_pretrained():
+    tf = sys.modules.get("transformers")
+    return getattr(tf, "PreTrainedModel", None) if tf is not None else None
+
+
+def find_base(model: nn.Module) -> nn.Module | None:
+    cls = _hf_pretrained()
+    if cls is None:
+        return None
+    for m in model.modules():
+        if isinstance(m, cls):
+            return m
+    return None
+
+
+def find_prompt(model: nn.Module, prompt: str | None = None) -> tuple[list[str], list[dict], str]:
+    """(parameter names, non-leaf tensor attributes, the rule that picked them)."""
+    params = dict(model.named_parameters())
+    if prompt:
+        if prompt in params:
+            return [prompt], [], "named by the caller"
+        under = [n for n in params if n.startswith(prompt + ".")]
+        if under:
+            return under, [], "named by the caller"
+        owner_path, _, attr = prompt.rpartition(".")
+        try:
+            owner = model.get_submodule(owner_path) if owner_path else model
+            value = getattr(owner, attr)
+        except AttributeError:
+            return [], [], f"the caller named {prompt!r}, which is no parameter or attribute of the model"
+        if isinstance(value, torch.Tensor):
+            return [], [{"name": prompt, "tensor": value}], "named by the caller"
+        return [], [], f"{prompt!r} is a {type(value).__name__}, not a tensor"
+    if hasattr(model, "peft_config") and hasattr(model, "prompt_encoder"):
+        names = [n for n in params if n.startswith("prompt_encoder.")]
+        if names:
+            return names, [], "PEFT prompt encoder (prompt tuning / prefix tuning / p-tuning)"
+    named = [n for n, p in params.items() if PROMPT_NAME.search(n.rpartition(".")[0] or n) or PROMPT_NAME.search(n)]
+    attrs = []
+    for mod_name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and PROMPT_NAME.search(attr) and value.is_floating_point():
+                attrs.append({"name": f"{mod_name}.{attr}" if mod_name else attr, "tensor": value})
+    if named or attrs:
+        return named, attrs, "parameters or tensor attributes named like a prompt (prompt, virtual, soft token, prefix)"
+    total = sum(p.numel() for p in params.values())
+    trainable = [n for n, p in params.items() if p.requires_grad]
+    if trainable and total and sum(params[n].numel() for n in trainable) < 0.05 * total:
+        return trainable, [], "the only trainable parameters of a mostly frozen model (<5% of values)"
+    return [], [], "nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft_token/prefix, and a mostly frozen model"
+
+
+class BaseObserver:
+    """Forward pre-hook on the HF base model and a wrapper around generate()."""
+
+    def __init__(self, base: nn.Module, user):
+        self.base, self.user = base, user
+        self.calls: list[dict] = []
+        self.generate_calls: list[dict] = []
+        self._in_generate = 0
+
+    def _pre(self, module, args, kwargs):
+        if self._in_generate:
+            return
+        rec: dict[str, Any] = {"location": self.user.innermost(skip=2), "tensors": {}}
+        for key in ("input_ids", "inputs_embeds", "attention_mask", "labels", "past_key_values", "use_cache"):
+            v = kwargs.get(key)
+            if key == "input_ids" and v is None and args and isinstance(args[0], torch.Tensor):
+                v = args[0]
+            if isinstance(v, torch.Tensor):
+                rec["tensors"][key] = v
+                rec[key] = {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", ""), "requires_grad": v.requires_grad}
+            elif v is not None:
+                rec[key] = v if isinstance(v, (bool, int, float, str)) else type(v).__name__
+        self.calls.append(rec)
+
+    def __enter__(self):
+        self._hook = self.base.register_forward_pre_hook(self._pre, with_kwargs=True)
+        gen = getattr(self.base, "generate", None)
+        self._had_generate = "generate" in vars(self.base)
+        if gen is not None:
+            obs = self
+
+            def generate(*a, **k):
+                obs.generate_calls.append({"location": obs.user.innermost(skip=1)})
+                obs._in_generate += 1
+                try:
+                    return gen(*a, **k)
+                finally:
+                    obs._in_generate -= 1
+
+            self.base.generate = generate
+        return self
+
+    def __exit__(self, *exc):
+        self._hook.remove()
+        if "generate" in vars(self.base) and not self._had_generate:
+            del self.base.generate
+        return False
+
+
+def _n_virtual(model, prompt_params: dict, attrs: list[dict], base) -> int | None:
+    cfg = getattr(model, "peft_config", None)
+    if isinstance(cfg, dict) and cfg:
+        c = next(iter(cfg.values()))
+        n = getattr(c, "num_virtual_tokens", None)
+        if n:
+            return int(n)
+    hidden = None
+    emb = base.get_input_embeddings() if base is not None and hasattr(base, "get_input_embeddings") else None
+    if emb is not None:
+        hidden = emb.weight.shape[-1]
+    for t in list(prompt_params.values()) + [a["tensor"] for a in attrs]:
+        if t.dim() >= 2 and (hidden is None or t.shape[-1] == hidden):
+            return int(t.shape[-2])
+        if t.dim() == 1:
+            return int(t.shape[0])
+    return None
+
+
+def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObserver | None, found: tuple) -> tuple[list[Finding], dict]:
+    model = loaded.model
+    names_, attrs, rule = found
+    trace_list, trace_facts, tracer, grads, step = trace
+    params = dict(model.named_parameters())
+    prompt_params = {n: params[n] for n in names_}
+    findings: list[Finding] = []
+    facts: dict[str, Any] = {"prompt_rule": rule}
+    prompt_rows = []
+    for n, p in prompt_params.items():
+        g = grads.got.get(id(p))
+        prompt_rows.append({"name": n, "shape": list(p.shape), "dtype": str(p.dtype), "device": str(p.device),
+                            "is_leaf": p.is_leaf, "requires_grad": p.requires_grad,
+                            "grad": "none" if g is None else ("zero" if g["zero"] else ("nonfinite" if not g["finite"] else "ok")),
+                            "grad_norm": None if g is None else g["norm"]})
+    facts["prompt"] = prompt_rows
+    for a in attrs:
+        t = a["tensor"]
+        if not t.is_leaf:
+            findings.append(make_finding(
+                "GP510", f"The prompt `{a['name']}` is a non-leaf tensor (made by {type(t.grad_fn).__name__ if t.grad_fn else '?'}): "
+                "it is not registered and never gets .grad.",
+                parameters=[a["name"]], location=_attr_site(loaded, a["name"]),
+                evidence={"shape": list(t.shape), "dtype": str(t.dtype), "grad_fn": type(t.grad_fn).__name__ if t.grad_fn else None},
+            ))
+    # what reached the base model
+    train_calls = base_obs.calls if base_obs else []
+    call = train_calls[0] if train_calls else None
+    if call:
+        facts["base_inputs"] = {k: v for k, v in call.items() if k not in ("tensors",)}
+    gens = base_obs.generate_calls if base_obs else []
+    if gens:
+        facts["generate_calls"] = gens
+    # the break on the prompt's path, from the trace
+    pnames = set(prompt_params)
+    breaks = [f for f in trace_list if f["severity"] == "error" and pnames & set(f["parameters"])]
+    no_grad = [r["name"] for r in prompt_rows if r["grad"] in ("none", "zero") and prompt_params[r["name"]].requires_grad]
+    zero_grad = [r["name"] for r in prompt_rows if r["grad"] == "zero"]
+    explained = False
+    n_virt = _n_virtual(model, prompt_params, attrs, find_base(model))
+    facts["virtual_tokens"] = n_virt
+    for f in breaks:
+        if f["code"] == "GP305" and re.search(r"long|int|to|type|embedding", str(f["evidence"].get("op", ""))):
+            findings.append(make_finding(
+                "GP502", f"The prompt is turned into token ids (`{f['evidence'].get('op')}` on the prompt"
+                + (f", then the base model receives input_ids {call['input_ids']['shape']}" if call and "input_ids" in call else "")
+                + "): an id lookup has no gradient, so the prompt never learns.",
+                parameters=sorted(pnames & set(f["parameters"])), location=f["location"],
+                evidence={"break": f["evidence"], "base_inputs": facts.get("base_inputs")},
+            ))
+            explained = True
+        elif gens and f["code"] in ("GP303", "GP310"):
+            findings.append(make_finding(
+                "GP505", "The loss is computed from generate(), which runs under no_grad: nothing links it to the prompt.",
+                parameters=sorted(pnames & set(f["parameters"])) or sorted(pnames), location=gens[0]["location"],
+                evidence={"break": f["evidence"], "generate_calls": len(gens)},
+            ))
+            explained = True
+    if gens and no_grad and not explained:
+        findings.append(make_finding(
+            "GP505", "The loss is computed from generate(), which runs under no_grad: nothing links it to the prompt.",
+            parameters=no_grad, location=gens[0]["location"], evidence={"generate_calls": len(gens)}))
+        explained = True
+    # mask and labels alignment
+    align: dict[str, Any] = {}
+    if call and n_virt:
+        t = call["tensors"]
+        seq = t["inputs_embeds"].shape[1] if "inputs_embeds" in t else (t["input_ids"].shape[1] if "input_ids" in t else None)
+        align = {"embedded_length": seq, "virtual_tokens": n_virt}
+        mask = t.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2 and seq:
+            align["mask_length"] = mask.shape[1]
+            if mask.shape[1] == seq:
+                cols = mask[:, :n_virt]
+                align["mask_on_prompt_positions"] = float(cols.float().mean())
+                if bool((cols == 0).all()):
+                    loc = tracer.made_at(mask) if tracer else None
+                    findings.append(make_finding(
+                        "GP506", f"The attention mask passed to the base model is 0 on all {n_virt} prompt positions: nothing attends to the "
+                        "virtual tokens, so the loss does not depend on the prompt" + (" (its gradient is exactly zero)." if zero_grad else "."),
+                        parameters=sorted(pnames) or [a["name"] for a in attrs], location=loc or call["location"],
+                        evidence={"mask_prompt_columns": cols[0].tolist(), "mask_shape": list(mask.shape), "embedded_length": seq},
+                    ))
+                    explained = True
+        labels = t.get("labels")
+        if isinstance(labels, torch.Tensor) and labels.dim() == 2 and seq:
+            align["labels_length"] = labels.shape[1]
+            if labels.shape[1] != seq:
+                findings.append(make_finding(
+                    "GP507", f"labels have length {labels.shape[1]} but the embedded sequence has {seq} positions ({n_virt} of them virtual).",
+                    parameters=sorted(pnames), location=(tracer.made_at(labels) if tracer else None) or call["location"],
+                    evidence={"labels_length": labels.shape[1], "embedded_length": seq, "virtual_tokens": n_virt}))
+            else:
+                ignored = bool((labels[:, :n_virt] == -100).all())
+                align["labels_ignore_prompt_positions"] = ignored
+                if not ignored:
+                    findings.append(make_finding(
+                        "GP507", f"labels on the {n_virt} prompt positions are not the ignore index -100: the model is trained to predict tokens at virtual positions.",
+                        parameters=sorted(pnames), location=(tracer.made_at(labels) if tracer else None) or call["location"],
+                        evidence={"labels_prompt_columns": labels[0, :n_virt].tolist()}))
+    facts["alignment"] = align
+    # cache in training
+    peft_prefix = _peft_type(model) in ("PREFIX_TUNING",)
+    for c in train_calls:
+        if (c.get("use_cache") is True or "past_key_values" in c.get("tensors", {}) or
+                (c.get("past_key_values") not in (None, "NoneType") and "past_key_values" in c)) and not peft_prefix:
+            findings.append(make_finding(
+                "GP509", "The training forward passes " + ("use_cache=True" if c.get("use_cache") is True else "past_key_values") + " to the base model.",
+                parameters=sorted(pnames), location=c["location"], evidence={k: c.get(k) for k in ("use_cache", "past_key_values")}))
+            break
+    # checkpointing
+    if tracer is not None and tracer.checkpoint_warnings:
+        findings.append(make_finding(
+            "GP511", "Reentrant gradient checkpointing ran with no input requiring grad: the checkpointed blocks return outputs without history.",
+            parameters=sorted(pnames), location=tracer.checkpoint_warnings[0], evidence={"warnings": len(tracer.checkpoint_warnings)}))
+        explained = True
+    # optimizer
+    if loaded.optimizer is not None and isinstance(loaded.optimizer, torch.optim.Optimizer):
+        in_opt = {id(t) for g in loaded.optimizer.param_groups for t in g["params"]}
+        missing = [n for n, p in prompt_params.items() if p.requires_grad and id(p) not in in_opt]
+        if missing:
+            site = loaded.record.optimizer_sites.get(id(loaded.optimizer), (None, None))[1] if loaded.record else None
+            findings.append(make_finding(
+                "GP504", f"{len(missing)} prompt parameter(s) are not in the optimizer: {', '.join(missing)}. They get gradients but never change.",
+                parameters=missing, location=site, evidence={"optimizer": type(loaded.optimizer).__name__}))
+    # trainable accounting
+    ids_prompt = {id(p) for p in prompt_params.values()}
+    seen, base_trainable = set(), {}
+    for n, p in model.named_parameters():
+        if p.requires_grad and id(p) not in ids_prompt and id(p) not in seen:
+            seen.add(id(p))
+            base_trainable[module_of(n)] = base_trainable.get(module_of(n), 0) + p.numel()
+    facts["trainable"] = {"prompt_numel": sum(p.numel() for p in prompt_params.values()),
+                          "base_trainable_numel": sum(base_trainable.values()), "base_trainable_by_module": base_trainable}
+    if base_trainable and (prompt_params or attrs):
+        findings.append(make_finding(
+            "GP503", f"{sum(base_trainable.values()):,} base-model values in {len(base_trainable)} module(s) are trainable beside the prompt.",
+            parameters=[n for n, p in model.named_parameters() if p.requires_grad and id(p) not in ids_prompt][:50],
+            evidence={"by_module": base_trainable}))
+    base = find_base(model)
+    if base is not None and hasattr(base, "get_input_embeddings"):
+        emb, head = base.get_input_embeddings(), base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+        if emb is not None and head is not None and getattr(head, "weight", None) is emb.weight and emb.weight.requires_grad:
+            ename = next((n for n, p in model.named_parameters() if p is emb.weight), "input embedding")
+            findings.append(make_finding(
+                "GP508", f"The input embedding `{ename}` is trainable and tied to the output head: training it moves the output layer too.",
+                parameters=[ename], evidence={"tied": True}))
+    if no_grad and not explained:
+        f0 = breaks[0] if breaks else None
+        findings.append(make_finding(
+            "GP501", f"The prompt gets {'a zero' if zero_grad else 'no'} gradient: {', '.join(no_grad)}.",
+            parameters=no_grad, location=f0["location"] if f0 else None,
+            evidence={"break": f0["evidence"] if f0 else None, "related": [f["code"] for f in breaks]}))
+    return findings, facts
+
+
+def _peft_type(model) -> str | None:
+    cfg = getattr(model, "peft_config", None)
+    if isinstance(cfg, dict) and cfg:
+        t = getattr(next(iter(cfg.values())), "peft_type", None)
+        return getattr(t, "value", str(t)) if t is not None else None
+    return None
+
+
+def _attr_site(loaded, path: str):
+    owner_path, _, attr = path.rpartition(".")
+    try:
+        owner = loaded.model.get_submodule(owner_path) if owner_path else loaded.model
+    except AttributeError:
+        return None
+    return loaded.record.site_of(owner, attr) if loaded.record else None
+
+
+def run_prompt_checks(loaded, prompt: str | None = None):
+    """Find the prompt, observe one traced step with the base watched, return (findings, facts, trace)."""
+    from gradprobe.checks.trace import trace_findings
+
+    found = find_prompt(loaded.model, prompt)
+    base = find_base(loaded.model)
+    obs = BaseObserver(base, loaded.user) if base is not None else None
+    if obs is not None:
+        with obs:
+            trace = trace_findings(loaded, provenance=True)
+    else:
+        trace = trace_findings(loaded, provenance=True)
+    findings, facts = prompt_findings(loaded, prompt, trace, obs, found)
+    return findings, facts, trace
+
+
+def prompt_report(loaded, prompt: str | None = None) -> dict:
+    findings, facts, trace = run_prompt_checks(loaded, prompt)
+    names_, attrs, rule = find_prompt(loaded.model, prompt)
+    if not names_ and not attrs:
+        return make_report("verify_prompt_tuning", [], [f"No soft prompt found ({rule}). Name it with `prompt`."], **facts)
+    # keep trace findings about the prompt that no GP5xx explains
+    shown = {n for f in findings for n in f["parameters"]}
+    pn = set(names_)
+    for f in trace[0]:
+        if f["severity"] == "error" and pn & set(f["parameters"]) and not (pn & set(f["parameters"])) <= shown:
+            findings.append(f)
+    rows = facts.get("prompt", [])
+    summary = [f"Prompt ({facts['prompt_rule']}): " + ", ".join(f"{r['name']} {r['shape']} grad={r['grad']}" for r in rows)]
+    return make_report("verify_prompt_tuning", findings, summary, **facts)
+
+
+def verify_prompt_tuning(model, batch, loss_fn=None, optimizer=None, train_step=None, prompt=None, project_dir=None) -> dict:
+    """Library entry: verify prompt tuning on a live model."""
+    import inspect
+    import os
+
+    from gradprobe.loading import BuildRecord, Loaded
+    from gradprobe.userframes import UserCode
+
+    if project_dir is None:
+        try:
+            project_dir = os.path.dirname(inspect.getfile(type(model)))
+        except (TypeError, OSError):
+            project_dir = os.getcwd()
+    loaded = Loaded(model=model, batch=batch, loss_fn=loss_fn, optimizer=optimizer, make_optimizer=None,
+                    train_step=train_step, user=UserCode(project_dir), record=BuildRecord(), device="cpu")
+    return prompt_report(loaded, prompt)

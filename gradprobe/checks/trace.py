@@ -205,8 +205,9 @@ def _storage_ptr(t: torch.Tensor) -> int | None:
 class GradTracer(TorchFunctionMode):
     """Records reads of parameters, break candidates, backward calls and process crossings."""
 
-    def __init__(self, model: nn.Module, user, chain: bool = True):
+    def __init__(self, model: nn.Module, user, chain: bool = True, provenance: bool = False):
         super().__init__()
+        self.provenance: dict[int, tuple] | None = {} if provenance else None  # id(out) -> (out, user line)
         self.user = user
         self.names = param_names(model)
         self.params = {id(p): p for p in model.parameters()}
@@ -281,7 +282,15 @@ class GradTracer(TorchFunctionMode):
             for o in _outputs(out):
                 self.tags[id(o)] = tags
                 self._tag_keep.append(o)
+        if self.provenance is not None and not req:
+            for o in _outputs(out):
+                self.provenance[id(o)] = (o, self.user.innermost(skip=2))
         return out
+
+    def made_at(self, t) -> dict | None:
+        """The user line whose op produced tensor t (only with provenance=True)."""
+        hit = (self.provenance or {}).get(id(t))
+        return hit[1] if hit is not None and hit[0] is t else None
 
     def _candidate(self, name, req, outs, out) -> Candidate | None:
         grad_on = torch.is_grad_enabled()
@@ -944,8 +953,8 @@ def flow_graph(table: list[dict], findings: list[Finding], frozen: list[str]) ->
     return {"loss": "loss", "groups": out[:40]}
 
 
-def trace_findings(loaded, parameters=None, optimizer_step: bool = False):
-    tracer = GradTracer(loaded.model, loaded.user)
+def trace_findings(loaded, parameters=None, optimizer_step: bool = False, provenance: bool = False):
+    tracer = GradTracer(loaded.model, loaded.user, provenance=provenance)
     grads = GradRecorder(loaded.model)
     step = observed_step(loaded, tracer, grads, optimizer_step=optimizer_step)
     findings, facts = analyze(tracer, grads, loaded.model, step, parameters)
