@@ -22,6 +22,11 @@ def inside_custom_function() -> bool:
 
 
 def _snapshot(args):
+    with torch._C.DisableTorchFunction():  # our own copies are not the user's ops: keep them out of traces
+        return _copy(args)
+
+
+def _copy(args):
     out = []
     for a in args:
         if isinstance(a, torch.Tensor):

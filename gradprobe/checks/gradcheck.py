@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.autograd.function import Function
 
-from gradprobe.checks._apply import ApplyWatch, inside_custom_function
+from gradprobe.checks._apply import ApplyWatch, inside_custom_function  # noqa: F401 (re-exported for diagnose)
 from gradprobe.checks._step import call_model, param_names
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report

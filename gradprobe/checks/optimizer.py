@@ -200,6 +200,11 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
     return findings, groups
 
 
+def _grad_max(p) -> float:
+    with torch._C.DisableTorchFunction():  # not the user's ops: invisible to a trace running beside us
+        return float(p.grad.abs().max()) if p.grad is not None and p.grad.numel() else 0.0
+
+
 class StepObserver:
     """Records zero_grad/step calls and each parameter's gradient at step() time."""
 
@@ -235,12 +240,12 @@ class StepObserver:
     def _accumulated(self, p):
         if "backward" not in self.events[-1:]:
             self.events.append("backward")
-        self.grad_after_backward[id(p)] = float(p.grad.abs().max()) if p.grad is not None and p.grad.numel() else 0.0
+        self.grad_after_backward[id(p)] = _grad_max(p)
 
     def _pre_step(self, opt, args, kwargs):
         self.events.append("optimizer.step")
         for p in self.model.parameters():
-            self.grad_at_step[id(p)] = float(p.grad.abs().max()) if p.grad is not None and p.grad.numel() else 0.0
+            self.grad_at_step[id(p)] = _grad_max(p)
 
     def __exit__(self, *exc):
         torch.optim.Optimizer.zero_grad = self._orig_zero
@@ -250,16 +255,13 @@ class StepObserver:
         return False
 
 
-def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
-    """Run one real step and report parameters with a nonzero gradient that did not change (GP207)."""
-    model, optimizer = loaded.model, loaded.optimizer
+def snapshot(model: nn.Module) -> dict[int, torch.Tensor]:
+    return {id(p): p.detach().clone() for p in model.parameters() if p.requires_grad}
+
+
+def analyze_step(model: nn.Module, optimizer, before: dict, obs: StepObserver, coverage: list[Finding]) -> list[Finding]:
+    """GP207: parameters with a nonzero gradient after backward that one real step left unchanged, and why."""
     names = param_names(model)
-    before = {id(p): p.detach().clone() for p in model.parameters() if p.requires_grad}
-    with StepObserver(model, optimizer) as obs:
-        result = run_step(loaded, optimizer_step=True)
-    facts = {"events": obs.events[:50], "step_error": f"{type(result['error']).__name__}: {result['error']}" if result["error"] else None}
-    if result["error"] is not None:
-        return [], facts
     in_opt = {id(t) for g in optimizer.param_groups for t in g["params"]}
     lr_of = {id(t): g.get("lr") for g in optimizer.param_groups for t in g["params"]}
     already = {n for f in coverage if f["code"] in ("GP201", "GP202") for n in f["parameters"]}
@@ -285,13 +287,21 @@ def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
         else:
             reason = "step() ran with a nonzero gradient but the value did not change"
         stuck.setdefault(reason, []).append(name)
-    findings = []
-    for reason, params in stuck.items():
-        findings.append(make_finding(
-            "GP207", f"{len(params)} parameter(s) had a nonzero gradient after backward() but did not change in one real step: {reason}.",
-            parameters=params, evidence={"reason": reason, "call_order": obs.events[:30]},
-        ))
-    return findings, facts
+    return [make_finding(
+        "GP207", f"{len(params)} parameter(s) had a nonzero gradient after backward() but did not change in one real step: {reason}.",
+        parameters=params, evidence={"reason": reason, "call_order": obs.events[:30]},
+    ) for reason, params in stuck.items()]
+
+
+def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
+    """Run one real step and report parameters with a nonzero gradient that did not change (GP207)."""
+    before = snapshot(loaded.model)
+    with StepObserver(loaded.model, loaded.optimizer) as obs:
+        result = run_step(loaded, optimizer_step=True)
+    facts = {"events": obs.events[:50], "step_error": f"{type(result['error']).__name__}: {result['error']}" if result["error"] else None}
+    if result["error"] is not None:
+        return [], facts
+    return analyze_step(loaded.model, loaded.optimizer, before, obs, coverage), facts
 
 
 def check_optimizer_coverage(model: nn.Module, optimizer, batch=None, loss_fn=None, train_step=None, step: bool = True) -> dict:

@@ -86,6 +86,9 @@ def run_job(job: dict, progress: Callable[[str], None]) -> dict:
         return {"tool_error": str(exc)}
     except TargetError as exc:
         return json_safe(load_failure_report(tool, exc, UserCode(target.get("project_dir"))))
+    if loaded.batch is None and loaded.train_step is None and tool in ("trace_grad_path", "run_gradcheck", "verify_prompt_tuning"):
+        return {"tool_error": f"{tool} runs a step, so the target needs `inputs` (a callable returning a batch, "
+                              "or make_inputs in the model's file) or a `train_step`"}
     progress("checking")
     from gradprobe.checks import run_tool
 

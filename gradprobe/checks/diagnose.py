@@ -1,0 +1,158 @@
+"""`diagnose`: every check that applies, on one load and one observed step; the root cause first.
+
+The step runs once with every observer active (the trace mode, gradient hooks,
+the optimizer's step and zero_grad calls, custom Function capture, the HF base
+model's inputs). Each check then reads what it needs. Findings are ranked by
+how much they explain (a missing registration before the traces it causes), and
+a finding whose parameters are all named by a higher-ranked error is folded into
+that error's evidence.related, so one root cause reads as one finding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from gradprobe.checks import gradcheck, optimizer, prompt_tuning, registration, trace
+from gradprobe.findings import Finding
+from gradprobe.flowchart import flow_mermaid
+from gradprobe.report import make_report
+
+# root causes first: what makes a parameter invisible or the model unloadable, then wrong
+# backward code, then cuts on the path, then the optimizer, then symptoms
+ROOT_CAUSE_ORDER = [
+    "GP100", "GP106", "GP110", "GP111", "GP101", "GP102", "GP103", "GP107", "GP109", "GP510",
+    "GP202", "GP206", "GP208", "GP204",
+    "GP402", "GP403", "GP404", "GP401", "GP406",
+    "GP502", "GP505", "GP506", "GP511", "GP507",
+    "GP309", "GP304", "GP302", "GP303", "GP305", "GP308", "GP307",
+    "GP504", "GP201", "GP301", "GP310", "GP501", "GP207",
+]
+# parameterless consequences: folded into the top root cause when one exists
+CONSEQUENCES = {"GP310", "GP308", "GP501"}
+
+
+def _rank(f: Finding) -> tuple:
+    sev = {"error": 0, "warning": 1, "info": 2}[f["severity"]]
+    order = ROOT_CAUSE_ORDER.index(f["code"]) if f["code"] in ROOT_CAUSE_ORDER else len(ROOT_CAUSE_ORDER)
+    return (sev, order, -len(f["parameters"]))
+
+
+def fold(findings: list[Finding]) -> list[Finding]:
+    """Rank, then fold findings explained by a higher-ranked error into its evidence.related."""
+    kept: list[Finding] = []
+    for f in sorted(findings, key=_rank):
+        params = set(f["parameters"])
+        host = None
+        if f["severity"] != "info":
+            for k in kept:
+                if k["severity"] != "error":
+                    continue
+                if params and params <= set(k["parameters"]):
+                    host = k
+                    break
+            if host is None and not params and f["code"] in CONSEQUENCES:
+                host = next((k for k in kept if k["severity"] == "error" and k["code"] not in CONSEQUENCES), None)
+        if host is not None:
+            host["evidence"].setdefault("related", []).append(
+                {"code": f["code"], "name": f["name"], "message": f["message"], "location": f["location"]})
+        else:
+            kept.append(f)
+    return kept
+
+
+def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
+    model = loaded.model
+    findings: list[Finding] = registration.check_registration(model, loaded.record, loaded.info)
+    facts: dict = {"checks": ["registration"]}
+    coverage: list[Finding] = []
+    if loaded.optimizer_error is not None or loaded.optimizer is not None:
+        coverage, ofacts = optimizer.optimizer_findings(loaded, step=False)
+        findings += coverage
+        facts["optimizer"] = ofacts
+        facts["checks"].append("optimizer")
+    if loaded.batch is None and loaded.train_step is None:
+        facts["note"] = "no inputs and no train_step: the step-based checks were skipped"
+        return findings, facts
+    found = prompt_tuning.find_prompt(model)
+    peftish = hasattr(model, "peft_config")
+    prompt_on = bool(found[0] or found[1]) and (peftish or "named" in found[2] or "PEFT" in found[2])
+    base = prompt_tuning.find_base(model) if prompt_on else None
+    opt = loaded.optimizer if isinstance(loaded.optimizer, torch.optim.Optimizer) else None
+    before = optimizer.snapshot(model) if opt is not None else None
+    tracer = trace.GradTracer(model, loaded.user, provenance=prompt_on)
+    grads = trace.GradRecorder(model)
+    capture = gradcheck.ApplyWatch(loaded.user, {i: n[0] for i, n in trace.param_names(model).items()}, capture=True)
+    direct = gradcheck.DirectForwardWatch(loaded.user)
+    base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
+    with contextlib.ExitStack() as stack:
+        step_obs = stack.enter_context(optimizer.StepObserver(model, opt)) if opt is not None else None
+        stack.enter_context(capture)
+        stack.enter_context(direct)
+        if base_obs is not None:
+            stack.enter_context(base_obs)
+        step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
+    tfindings, tfacts = trace.analyze(tracer, grads, model, step)
+    findings += tfindings
+    facts.update(tfacts)
+    facts["checks"].append("trace")
+    if step_obs is not None and step.get("error") is None and tracer.backward_error is None:
+        findings += optimizer.analyze_step(model, opt, before, step_obs, coverage)
+        facts["step_events"] = step_obs.events[:50]
+    if capture.calls or direct.hits:
+        gfindings, gfacts = gradcheck.gradcheck_findings(loaded, capture, direct)
+        findings += gfindings
+        facts["gradcheck"] = gfacts
+        facts["checks"].append("gradcheck")
+    if prompt_on:
+        pfindings, pfacts = prompt_tuning.prompt_findings(loaded, None, (tfindings, tfacts, tracer, grads, step), base_obs, found)
+        findings += pfindings
+        facts["prompt_tuning"] = pfacts
+        facts["checks"].append("prompt_tuning")
+    return findings, facts
+
+
+def _unregistered_rows(findings: list[Finding]) -> list[dict]:
+    rows = []
+    for f in findings:
+        if f["code"] in ("GP101", "GP102", "GP103", "GP109", "GP107") and f["severity"] == "error":
+            rows += [{"name": n, "read": True, "grad": "none"} for n in f["parameters"]]
+    return rows
+
+
+def diagnose_report(loaded) -> dict:
+    findings, facts = diagnose_findings(loaded)
+    kept = fold(findings)
+    table = facts.get("per_parameter", [])
+    names_in_table = {r["name"] for r in table}
+    rows = table + [r for r in _unregistered_rows(kept) if r["name"] not in names_in_table]
+    frozen = [n for n, p in loaded.model.named_parameters() if not p.requires_grad]
+    facts["flow"] = trace.flow_graph(rows, kept, frozen)
+    facts["mermaid"] = flow_mermaid(facts["flow"])
+    summary = [f"Checks run: {', '.join(facts['checks'])}."]
+    if facts.get("note"):
+        summary.append(facts["note"])
+    if table:
+        bad = [r["name"] for r in table if r["grad"] != "ok"]
+        summary.append(f"{len(table)} trainable parameters traced, {len(table) - len(bad)} got a finite nonzero gradient.")
+    return make_report("diagnose", kept, summary, **facts)
+
+
+def diagnose(model, batch=None, loss_fn=None, optimizer=None, train_step=None, project_dir=None) -> dict:
+    """Library entry: every applicable check on live objects."""
+    import inspect
+    import os
+
+    from gradprobe.loading import BuildRecord, Loaded
+    from gradprobe.userframes import UserCode
+
+    if project_dir is None:
+        try:
+            project_dir = os.path.dirname(inspect.getfile(type(model)))
+        except (TypeError, OSError):
+            project_dir = os.getcwd()
+    loaded = Loaded(model=model, batch=batch, loss_fn=loss_fn, optimizer=optimizer, make_optimizer=None,
+                    train_step=train_step, user=UserCode(project_dir), record=BuildRecord(), device="cpu",
+                    info={"grad_enabled_after_build": torch.is_grad_enabled()})
+    return diagnose_report(loaded)
