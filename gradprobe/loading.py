@@ -85,12 +85,24 @@ class BuildRecorder:
             rec.keep.append(opt)
             return orig_init(opt, *args, **kwargs)
 
+        self._register_buffer = orig_buffer = nn.Module.register_buffer
+
+        def recording_buffer(module, name, tensor, persistent=True):
+            loc = user.innermost(skip=1)
+            if loc is not None:
+                rec.seq += 1
+                rec.setattr_sites[(id(module), name)] = (rec.seq, loc)
+                rec.keep.append(module)
+            return orig_buffer(module, name, tensor, persistent)
+
         nn.Module.__setattr__ = recording_setattr
+        nn.Module.register_buffer = recording_buffer
         torch.optim.Optimizer.__init__ = recording_init
         return self
 
     def __exit__(self, *exc):
         nn.Module.__setattr__ = self._setattr
+        nn.Module.register_buffer = self._register_buffer
         torch.optim.Optimizer.__init__ = self._opt_init
         return False
 

@@ -86,7 +86,7 @@ def _replacement_site(record, model: nn.Module, name: str, after_seq: int | None
         return None
     parts = name.split(".")
     best = None
-    for i in range(len(parts) - 1, 0, -1):
+    for i in range(len(parts), 0, -1):
         owner_path, attr = ".".join(parts[: i - 1]), parts[i - 1]
         try:
             owner = model.get_submodule(owner_path) if owner_path else model
@@ -321,6 +321,9 @@ def optimizer_findings(loaded, step: bool = True) -> tuple[list[Finding], dict]:
         loc = loaded.user.innermost_of_traceback(exc.cause) if exc.cause is not None else None
         if "empty parameter list" in text:
             return [make_finding("GP208", f"make_optimizer failed: the optimizer got an empty parameter list ({text}).", location=loc,
+                                 evidence={"error": text})], {}
+        if "more than one parameter group" in text:
+            return [make_finding("GP204", f"make_optimizer failed: {text}. A parameter appears in several param groups.", location=loc,
                                  evidence={"error": text})], {}
         if "non-leaf" in text:
             return [make_finding("GP206", f"make_optimizer failed: {text}", location=loc, evidence={"error": text})], {}

@@ -150,8 +150,8 @@ def find_prompt(model: nn.Module, prompt: str | None = None) -> tuple[list[str],
         return named, attrs, "parameters or tensor attributes named like a prompt (prompt, virtual, soft token, prefix)"
     total = sum(p.numel() for p in params.values())
     trainable = [n for n, p in params.items() if p.requires_grad]
-    if trainable and total and sum(params[n].numel() for n in trainable) < 0.05 * total:
-        return trainable, [], "the only trainable parameters of a mostly frozen model (<5% of values)"
+    if trainable and total and sum(params[n].numel() for n in trainable) < 0.5 * total:
+        return trainable, [], "the only trainable parameters of a mostly frozen model (under half of its values)"
     return [], [], "nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft_token/prefix, and a mostly frozen model"
 
 
@@ -337,7 +337,8 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
     if tracer is not None and tracer.checkpoint_warnings:
         findings.append(make_finding(
             "GP511", "Reentrant gradient checkpointing ran with no input requiring grad: the checkpointed blocks return outputs without history.",
-            parameters=sorted(pnames), location=tracer.checkpoint_warnings[0], evidence={"warnings": len(tracer.checkpoint_warnings)}))
+            parameters=sorted(pnames) or [r["name"] for r in trace_facts["per_parameter"] if r["grad"] == "none"],
+            location=tracer.checkpoint_warnings[0], evidence={"warnings": len(tracer.checkpoint_warnings)}))
         explained = True
     # optimizer
     if loaded.optimizer is not None and isinstance(loaded.optimizer, torch.optim.Optimizer):
@@ -350,8 +351,12 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
                 parameters=missing, location=site, evidence={"optimizer": type(loaded.optimizer).__name__}))
     # trainable accounting
     ids_prompt = {id(p) for p in prompt_params.values()}
+    base_module = find_base(model)
+    in_base = {id(p) for p in base_module.parameters()} if base_module is not None else None
     seen, base_trainable = set(), {}
     for n, p in model.named_parameters():
+        if in_base is not None and id(p) not in in_base:
+            continue  # prompt encoders and heads around the base are not "the base"
         if p.requires_grad and id(p) not in ids_prompt and id(p) not in seen:
             seen.add(id(p))
             base_trainable[module_of(n)] = base_trainable.get(module_of(n), 0) + p.numel()
@@ -360,7 +365,8 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
     if base_trainable and (prompt_params or attrs):
         findings.append(make_finding(
             "GP503", f"{sum(base_trainable.values()):,} base-model values in {len(base_trainable)} module(s) are trainable beside the prompt.",
-            parameters=[n for n, p in model.named_parameters() if p.requires_grad and id(p) not in ids_prompt][:50],
+            parameters=[n for n, p in model.named_parameters() if p.requires_grad and id(p) not in ids_prompt
+                        and (in_base is None or id(p) in in_base)][:50],
             evidence={"by_module": base_trainable}))
     base = find_base(model)
     if base is not None and hasattr(base, "get_input_embeddings"):
@@ -416,7 +422,7 @@ def prompt_report(loaded, prompt: str | None = None) -> dict:
     findings, facts, trace = run_prompt_checks(loaded, prompt)
     names_, attrs, rule = find_prompt(loaded.model, prompt)
     if not names_ and not attrs:
-        return make_report("verify_prompt_tuning", [], [f"No soft prompt found ({rule}). Name it with `prompt`."], **facts)
+        return make_report("verify_prompt_tuning", findings, [f"No soft prompt found ({rule}). Name it with `prompt`."], **facts)
     # keep trace findings about the prompt that no GP5xx explains
     shown = {n for f in findings for n in f["parameters"]}
     pn = set(names_)

@@ -660,8 +660,8 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: dic
         for p in broken + zero:
             n_bw = len(tracer.backward_calls)
             hits = [c for c in tracer.candidates if id(p) in reach[c.index] and c.can_explain(n_bw)]
-            if p in zero:
-                hits = [c for c in hits if c.kind == "zero_derivative"] or []
+            # a zero-derivative op explains a zero gradient, never a missing one
+            hits = [c for c in hits if (c.kind == "zero_derivative") == (p in zero)]
             if not hits:
                 continue
             hits.sort(key=lambda c: (c.index not in loss_tags, not c.direct, c.index))
@@ -718,7 +718,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: dic
             attributed |= {id(p) for p in broken if names[id(p)][0] in crossed}
     backward_broke = tracer.backward_error is not None and "does not require grad" not in str(tracer.backward_error)
     rest = [p for p in broken if id(p) not in attributed and wanted(names[id(p)][0])]
-    if rest and not backward_broke:
+    if rest and not backward_broke and tracer.backward_calls:
         custom = {}
         for cls, entry in tracer.apply_watch.calls.items():
             for pos, ns in entry["params_at"].items():
@@ -751,7 +751,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: dic
                 parameters=nn_names, location=step.get("nonfinite_location"),
                 evidence={"anomaly": step.get("nonfinite_anomaly")},
             ))
-    unused_names = [names[id(p)][0] for p in unused if wanted(names[id(p)][0])]
+    unused_names = [names[id(p)][0] for p in unused if wanted(names[id(p)][0]) and names[id(p)][0] not in crossed]
     if unused_names and tracer.backward_calls and not tracer.backward_error:
         findings.append(make_finding(
             "GP311", f"{len(unused_names)} trainable parameter(s) were never read by the forward on this batch: "
