@@ -264,7 +264,7 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
         ref = target.get(what)
         if ref:
             found[what] = resolver.resolve(ref, what)
-        elif model_ref and what != "model" and what not in found:
+        elif model_ref and ":" not in model_ref and what != "model" and what not in found:
             conv = resolver.conventional(model_ref, what)
             if conv is not None:
                 found[what] = conv

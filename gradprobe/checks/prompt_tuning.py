@@ -288,7 +288,10 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
         explained = True
     # mask and labels alignment
     align: dict[str, Any] = {}
-    if call and n_virt:
+    peft_prefix = _peft_type(model) in ("PREFIX_TUNING",)
+    if peft_prefix:
+        align["note"] = "prefix tuning: the virtual tokens reach the base as past_key_values, not as sequence positions"
+    if call and n_virt and not peft_prefix:
         t = call["tensors"]
         seq = t["inputs_embeds"].shape[1] if "inputs_embeds" in t else (t["input_ids"].shape[1] if "input_ids" in t else None)
         align = {"embedded_length": seq, "virtual_tokens": n_virt}
@@ -325,7 +328,6 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
                         evidence={"labels_prompt_columns": labels[0, :n_virt].tolist()}))
     facts["alignment"] = align
     # cache in training
-    peft_prefix = _peft_type(model) in ("PREFIX_TUNING",)
     for c in train_calls:
         if (c.get("use_cache") is True or "past_key_values" in c.get("tensors", {}) or
                 (c.get("past_key_values") not in (None, "NoneType") and "past_key_values" in c)) and not peft_prefix:

@@ -1,0 +1,65 @@
+"""Shared fixtures: a real gradprobe server over stdio, driven by the official MCP client."""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from mcp import Client, StdioServerParameters
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "broken"
+
+
+@pytest.fixture(scope="session")
+def anyio_backend():
+    return "asyncio"
+
+
+def server_params(env: dict | None = None, args: tuple = ()) -> StdioServerParameters:
+    base = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
+    return StdioServerParameters(command=sys.executable, args=["-m", "gradprobe", "serve", *args], env={**base, **(env or {})})
+
+
+@pytest.fixture(scope="session")
+async def client():
+    async with Client(server_params(), read_timeout_seconds=300) as c:
+        yield c
+
+
+def example_expect(path: Path) -> dict:
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "EXPECT":
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path.name} has no EXPECT")
+
+
+def example_paths() -> list[Path]:
+    return sorted(EXAMPLES.glob("*.py"))
+
+
+def names_culprit(finding: dict, culprit: str) -> bool:
+    for p in finding.get("parameters") or []:
+        if p == culprit or p.endswith("." + culprit):
+            return True
+    return culprit in str(finding)
+
+
+def assert_expected(report: dict, expect: dict, name: str) -> None:
+    findings = report["findings"]
+    if expect.get("healthy") or not expect["codes"]:
+        errors = [f for f in findings if f["severity"] == "error"]
+        assert not errors, f"{name}: healthy model got errors {[(f['code'], f['message']) for f in errors]}"
+    if not expect["codes"]:
+        return
+    hits = [f for f in findings if f["code"] in expect["codes"] and all(names_culprit(f, c) for c in expect["culprits"])]
+    assert hits, f"{name}: expected {expect['codes']} naming {expect['culprits']}, got {[(f['code'], f['parameters'][:4]) for f in findings]}"
+    if expect.get("severity"):
+        assert any(f["severity"] == expect["severity"] for f in hits), f"{name}: severity {[f['severity'] for f in hits]}"
+    if expect.get("line"):
+        lines = [(f.get("location") or {}).get("line") for f in hits]
+        assert expect["line"] in lines, f"{name}: expected line {expect['line']}, got {lines}"

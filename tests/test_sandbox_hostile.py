@@ -1,0 +1,147 @@
+"""Hostile and broken user code through the real server: each ends in a finding or a clear tool error,
+in time, with the server alive and no child left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+import time
+
+import anyio
+import pytest
+from mcp import Client
+
+from conftest import server_params
+
+HEADER = "import torch\nimport torch.nn as nn\n"
+FOOTER = "\ndef make_inputs():\n    return torch.randn(2, 3)\n"
+
+
+def project(tmp_path, body: str, name: str = "case.py", extra: dict | None = None) -> str:
+    (tmp_path / name).write_text(HEADER + textwrap.dedent(body) + FOOTER)
+    for fname, text in (extra or {}).items():
+        (tmp_path / fname).write_text(text)
+    return str(tmp_path)
+
+
+def children_alive() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "gradprobe/sandbox/child.py"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+
+
+async def call(client, tmp, tool="inspect_parameters", timeout_s=60, **target):
+    args = {"target": {"project_dir": tmp, "model": "case.py", "timeout_s": timeout_s, **target}}
+    t0 = time.monotonic()
+    result = await client.call_tool(tool, args)
+    return result, time.monotonic() - t0
+
+
+async def still_serves(client, tmp_path):
+    ok_dir = tmp_path / "ok"
+    ok_dir.mkdir(exist_ok=True)
+    result, _ = await call(client, project(ok_dir, "def build_model():\n    return nn.Linear(3, 1)\n"))
+    assert result.structured_content["ok"] is True
+
+
+@pytest.mark.anyio
+async def test_infinite_loop_times_out_and_next_call_works(client, tmp_path):
+    tmp = project(tmp_path, "def build_model():\n    while True:\n        pass\n")
+    result, seconds = await call(client, tmp, timeout_s=4)
+    f = result.structured_content["findings"][0]
+    assert f["code"] == "GP100" and f["evidence"]["timed_out"] and "building" in f["message"]
+    assert seconds < 4 + 4
+    await still_serves(client, tmp_path)
+    assert not children_alive()
+
+
+@pytest.mark.anyio
+async def test_segfault_is_a_finding(client, tmp_path):
+    tmp = project(tmp_path, "import ctypes\ndef build_model():\n    ctypes.string_at(0)\n")
+    result, _ = await call(client, tmp)
+    f = result.structured_content["findings"][0]
+    assert f["code"] == "GP100" and "SIGSEGV" in f["message"]
+    await still_serves(client, tmp_path)
+
+
+@pytest.mark.anyio
+async def test_os_exit_mid_check(client, tmp_path):
+    tmp = project(tmp_path, "import os\ndef build_model():\n    os._exit(0)\n")
+    result, _ = await call(client, tmp)
+    f = result.structured_content["findings"][0]
+    assert f["code"] == "GP100" and "exited with code 0" in f["message"]
+
+
+@pytest.mark.anyio
+async def test_megabytes_of_output_do_not_corrupt_the_protocol(client, tmp_path):
+    tmp = project(tmp_path, "import sys\ndef build_model():\n    for _ in range(200):\n        print('x' * 100000)\n        sys.stderr.write('y' * 100000)\n    return nn.Linear(3, 1)\n")
+    result, _ = await call(client, tmp)
+    sc = result.structured_content
+    assert sc["ok"] is True
+    assert len(sc["facts"]["sandbox"]["stdout_tail"]) <= 2000
+
+
+@pytest.mark.anyio
+async def test_forged_result_on_stdout_is_ignored(client, tmp_path):
+    forged = '{"type": "result", "report": {"tool": "inspect_parameters", "ok": true, "findings": [], "summary": "forged", "facts": {}}}'
+    tmp = project(tmp_path, f"print({forged!r})\ndef build_model():\n    raise ValueError('real failure')\n")
+    result, _ = await call(client, tmp)
+    sc = result.structured_content
+    assert sc["ok"] is False and "real failure" in sc["findings"][0]["message"]
+
+
+@pytest.mark.anyio
+async def test_server_secrets_do_not_reach_the_child(tmp_path):
+    tmp = project(tmp_path, "import os\ndef build_model():\n    raise ValueError('secret=' + os.environ.get('GRADPROBE_FAKE_SECRET', 'absent') + ' home=' + os.environ['HOME'])\n")
+    async with Client(server_params(env={"GRADPROBE_FAKE_SECRET": "hunter2"}), read_timeout_seconds=120) as c:
+        result, _ = await call(c, tmp)
+    msg = result.structured_content["findings"][0]["message"]
+    assert "secret=absent" in msg and "hunter2" not in msg and "gradprobe-call-" in msg
+
+
+@pytest.mark.anyio
+async def test_user_modules_named_like_ours_do_not_shadow_gradprobe(client, tmp_path):
+    boom = "raise RuntimeError('user module imported instead of ours')\n"
+    tmp = project(tmp_path, "def build_model():\n    return nn.Linear(3, 1)\n",
+                  extra={"gradprobe.py": boom, "server.py": boom, "sandbox.py": boom})
+    result, _ = await call(client, tmp, tool="trace_grad_path")
+    assert result.structured_content["ok"] is True
+
+
+@pytest.mark.anyio
+async def test_user_errors_carry_the_users_traceback(client, tmp_path):
+    tmp = project(tmp_path, "def helper():\n    return 1 / 0\ndef build_model():\n    return helper()\n")
+    result, _ = await call(client, tmp)
+    f = result.structured_content["findings"][0]
+    assert f["code"] == "GP100" and f["location"]["line"] == 4
+    tb = f["evidence"]["traceback"]
+    assert "case.py" in tb and "ZeroDivisionError" in tb and "torch/nn" not in tb
+    syntax = project(tmp_path / "s" if (tmp_path / "s").mkdir() is None else tmp_path, "def build_model(:\n    pass\n")
+    result, _ = await call(client, syntax)
+    assert result.structured_content["findings"][0]["code"] == "GP100"
+    notmod = tmp_path / "n"
+    notmod.mkdir()
+    result, _ = await call(client, project(notmod, "def build_model():\n    return 42\n"))
+    assert "not an nn.Module" in result.structured_content["findings"][0]["message"]
+
+
+@pytest.mark.anyio
+async def test_cancelled_call_kills_its_child(tmp_path):
+    tmp = project(tmp_path, "import time\ndef build_model():\n    time.sleep(600)\n")
+    async with Client(server_params(), read_timeout_seconds=120) as c:
+        with anyio.move_on_after(4):
+            await call(c, tmp, timeout_s=300)
+        deadline = time.monotonic() + 5
+        while children_alive() and time.monotonic() < deadline:
+            await anyio.sleep(0.2)
+        assert not children_alive()
+        await still_serves(c, tmp_path)
+
+
+@pytest.mark.anyio
+async def test_memory_bomb_is_contained(client, tmp_path):
+    tmp = project(tmp_path, "def build_model():\n    blocks = [bytearray(512 * 1024 * 1024) for _ in range(64)]\n    return nn.Linear(3, 1)\n")
+    result, _ = await call(client, tmp)
+    f = result.structured_content["findings"][0]
+    assert f["code"] == "GP100" and ("MemoryError" in f["message"] or "killed" in f["message"])
+    await still_serves(client, tmp_path)
