@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command")
     serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
     serve.add_argument("--max-concurrent", type=int, default=None, help="checks running at once (default: cores)")
+    serve.add_argument("--cold", action="store_true", help="no warm worker: every call starts a fresh interpreter")
     sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")
     for tool in TOOLS:
         p = sub.add_parser(tool, help=f"run {tool} on a target and print the report")
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.command in (None, "serve"):
         from gradprobe.server.app import serve_stdio
 
-        serve_stdio(max_concurrent=getattr(args, "max_concurrent", None))
+        serve_stdio(max_concurrent=getattr(args, "max_concurrent", None), warm=not getattr(args, "cold", False))
         return
     if args.command == "demo":
         from gradprobe.demo import run_demo

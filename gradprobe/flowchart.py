@@ -31,7 +31,8 @@ def flow_mermaid(graph: dict) -> str:
         lines.append(f'    {nid}["{label}"]')
         brk = g.get("break")
         if g["status"] == "broken" and brk:
-            lines.append(f'    loss -. "{brk["code"]} {brk["op"]} at line {brk.get("line", "?")}" .-x {nid}')
+            where = f' at line {brk["line"]}' if brk.get("line") else ""
+            lines.append(f'    loss -. "{brk["code"]} {brk["op"]}{where}" .-x {nid}')
         elif g["status"] in ("unused", "frozen"):
             lines.append(f"    loss ~~~ {nid}")
         else:
@@ -61,7 +62,7 @@ def flow_svg(graph: dict) -> str:
         if g["status"] == "broken" and brk:
             mx, my = 230, (height // 2 + y + 16) // 2
             parts.append(f'<text x="{mx}" y="{my - 4}" fill="{stroke}" text-anchor="middle" font-size="11">'
-                         f'✗ {html.escape(brk["code"] + " " + brk["op"])} line {brk.get("line", "?")}</text>')
+                         f'✗ {html.escape(brk["code"] + " " + brk["op"])}' + (f' line {brk["line"]}' if brk.get("line") else "") + '</text>')
         parts.append(f'<rect x="360" y="{y}" width="340" height="32" rx="4" fill="{fill}" stroke="{stroke}"/>')
         label = f'{g["module"]} ({g["count"]}): {g["status"]}'
         parts.append(f'<text x="370" y="{y + 21}">{html.escape(label[:48])}</text>')

@@ -15,6 +15,7 @@ from types import FrameType, TracebackType
 
 SETUP_FILENAME = "<gradprobe-setup>"
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_DEMO_DIR = os.path.join(_PACKAGE_DIR, "demo") + os.sep  # the bundled broken model is user code
 
 
 class UserCode:
@@ -36,7 +37,7 @@ class UserCode:
         if filename.startswith("<") or self.root is None:
             return False
         path = os.path.realpath(filename)
-        if path.startswith(_PACKAGE_DIR + os.sep):
+        if path.startswith(_PACKAGE_DIR + os.sep) and not path.startswith(_DEMO_DIR):
             return False
         if "site-packages" in path or "dist-packages" in path:
             return False

@@ -4,7 +4,6 @@ in time, with the server alive and no child left behind."""
 from __future__ import annotations
 
 import os
-import subprocess
 import textwrap
 import time
 
@@ -25,9 +24,26 @@ def project(tmp_path, body: str, name: str = "case.py", extra: dict | None = Non
     return str(tmp_path)
 
 
+def _procs() -> dict[int, tuple[int, str]]:
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        out[int(d)] = (ppid, cmd)
+    return out
+
+
 def children_alive() -> list[str]:
-    out = subprocess.run(["pgrep", "-af", "gradprobe/sandbox/child.py"], capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines() if "pgrep" not in line]
+    """Sandboxed calls still running: cold children, and children forked by a warm worker."""
+    procs = _procs()
+    zygotes = {pid for pid, (_, cmd) in procs.items() if "gradprobe/sandbox/zygote.py" in cmd}
+    return [cmd for pid, (ppid, cmd) in procs.items()
+            if "gradprobe/sandbox/child.py" in cmd or (ppid in zygotes and pid not in zygotes)]
 
 
 async def call(client, tmp, tool="inspect_parameters", timeout_s=60, **target):

@@ -105,6 +105,8 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         findings += gfindings
         facts["gradcheck"] = gfacts
         facts["checks"].append("gradcheck")
+    if not prompt_on:
+        findings += prompt_tuning.checkpoint_findings(tracer, tfacts)
     if prompt_on:
         pfindings, pfacts = prompt_tuning.prompt_findings(loaded, None, (tfindings, tfacts, tracer, grads, step), base_obs, found)
         findings += pfindings

@@ -337,10 +337,7 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
             break
     # checkpointing
     if tracer is not None and tracer.checkpoint_warnings:
-        findings.append(make_finding(
-            "GP511", "Reentrant gradient checkpointing ran with no input requiring grad: the checkpointed blocks return outputs without history.",
-            parameters=sorted(pnames) or [r["name"] for r in trace_facts["per_parameter"] if r["grad"] == "none"],
-            location=tracer.checkpoint_warnings[0], evidence={"warnings": len(tracer.checkpoint_warnings)}))
+        findings += checkpoint_findings(tracer, trace_facts, sorted(pnames))
         explained = True
     # optimizer
     if loaded.optimizer is not None and isinstance(loaded.optimizer, torch.optim.Optimizer):
@@ -385,6 +382,16 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
             parameters=no_grad, location=f0["location"] if f0 else None,
             evidence={"break": f0["evidence"] if f0 else None, "related": [f["code"] for f in breaks]}))
     return findings, facts
+
+
+def checkpoint_findings(tracer, trace_facts: dict, names: list[str] | None = None) -> list[Finding]:
+    """GP511 from the warnings reentrant checkpointing emits when no input requires grad."""
+    if tracer is None or not tracer.checkpoint_warnings:
+        return []
+    return [make_finding(
+        "GP511", "Reentrant gradient checkpointing ran with no input requiring grad: the checkpointed blocks return outputs without history.",
+        parameters=names or [r["name"] for r in trace_facts["per_parameter"] if r["grad"] == "none"],
+        location=tracer.checkpoint_warnings[0], evidence={"warnings": len(tracer.checkpoint_warnings)})]
 
 
 def _peft_type(model) -> str | None:

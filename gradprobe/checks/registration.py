@@ -123,6 +123,14 @@ def _grad_mode_decorator(fn) -> str | None:
     return None
 
 
+def _rhs(loc: dict | None, attr: str) -> str | None:
+    """The right-hand side of the user's `self.<attr> = <rhs>` line, to write the fix in their own words."""
+    import re
+
+    m = re.match(rf"^\s*[\w.]*\b{re.escape(attr)}\s*=\s*(.+?)\s*(#.*)?$", (loc or {}).get("code", ""))
+    return m.group(1) if m else None
+
+
 def _container_items(value):
     if isinstance(value, (list, tuple)):
         return [(str(i), v) for i, v in enumerate(value)]
@@ -173,7 +181,7 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
                         "not an nn.Parameter: parameters(), the optimizer and state_dict() never see it.",
                         parameters=[path], location=site(module, attr),
                         evidence={"attribute": path, "shape": list(value.shape), "dtype": str(value.dtype), "is_leaf": True},
-                        fix=f"self.{attr} = nn.Parameter(<the same initial value>)  # registers it",
+                        fix=_gp101_fix(attr, _rhs(site(module, attr), attr)),
                     ))
                 else:
                     op = type(value.grad_fn).__name__ if value.grad_fn is not None else None
@@ -269,8 +277,18 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
     return findings
 
 
+def _gp101_fix(attr: str, rhs: str | None) -> str:
+    import re
+
+    if rhs:
+        inner = re.sub(r",?\s*requires_grad\s*=\s*True", "", rhs)
+        return f"self.{attr} = nn.Parameter({inner})  # registered: in parameters(), the optimizer and state_dict()"
+    return f"self.{attr} = nn.Parameter(<the same initial value>)  # registers it"
+
+
 def _check_container(module, attr, path, value, registered, site, findings):
     items = _container_items(value)
+    rhs = _rhs(site(module, attr), attr)
     stray_params, stray_modules, stray_tensors = [], [], []
     for key, v in items:
         if isinstance(v, nn.Parameter):
@@ -291,7 +309,7 @@ def _check_container(module, attr, path, value, registered, site, findings):
             "does not register: the optimizer never updates them.",
             parameters=stray_params, location=site(module, attr),
             evidence={"attribute": path, "container": kind, "count": len(stray_params)},
-            fix=f"self.{attr} = {repl}(...)  # instead of a plain {kind}",
+            fix=f"self.{attr} = {repl}({rhs if rhs else '...'})  # instead of a plain {kind}",
         ))
     if stray_modules:
         repl = "nn.ModuleDict" if kind == "dict" else "nn.ModuleList"
@@ -303,7 +321,7 @@ def _check_container(module, attr, path, value, registered, site, findings):
             parameters=names, location=site(module, attr),
             evidence={"attribute": path, "container": kind, "modules": [m for m, _, _ in stray_modules],
                       "unregistered_parameters": len(names)},
-            fix=f"self.{attr} = {repl}(...)  # instead of a plain {kind}",
+            fix=f"self.{attr} = {repl}({rhs if rhs else '...'})  # instead of a plain {kind}",
         ))
     if stray_tensors:
         findings.append(make_finding(

@@ -63,11 +63,10 @@ class Channel:
         self.send({"type": "progress", "phase": phase, "elapsed_s": round(time.monotonic() - self.t0, 3)})
 
 
-def main() -> None:
-    _bootstrap_path()
-    fd = int(os.environ.get("GRADPROBE_RESULT_FD", "3"))
+def run(job: dict, fd: int) -> None:
+    """Run one job and exit; shared by the cold child and the warm worker's forked children."""
+    os.environ.pop("GRADPROBE_RESULT_FD", None)
     chan = Channel(fd)
-    job = json.loads(sys.stdin.read() or "{}")
     _apply_limits(job.get("limits") or {})
     import faulthandler
 
@@ -81,6 +80,13 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip the user's atexit handlers and non-daemon threads
+
+
+def main() -> None:
+    _bootstrap_path()
+    fd = int(os.environ.get("GRADPROBE_RESULT_FD", "3"))
+    job = json.loads(sys.stdin.read() or "{}")
+    run(job, fd)
 
 
 if __name__ == "__main__":

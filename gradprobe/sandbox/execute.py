@@ -15,6 +15,7 @@ async def execute(
     *,
     progress: ProgressFn | None = None,
     limits: Limits | None = None,
+    warm=None,
 ) -> dict:
     """Run `tool` on `target` in a fresh sandboxed child. Raises ToolInputError for caller mistakes."""
     try:
@@ -22,9 +23,11 @@ async def execute(
     except ValueError as exc:
         raise ToolInputError(str(exc)) from exc
     job = {"tool": tool, "target": target.model_dump(), "options": options or {}}
-    outcome = await run_child(job, python=target.python, timeout_s=target.timeout_s, limits=limits, progress=progress)
+    outcome = await run_child(job, python=target.python, timeout_s=target.timeout_s, limits=limits, progress=progress, warm=warm)
     sandbox = {
         "seconds": round(outcome.seconds, 3),
+        "child": "forked from the warm worker" if outcome.mode == "warm" else "cold interpreter",
+        "note": outcome.note,
         "phases": outcome.events,
         "returncode": outcome.returncode,
         "stdout_tail": outcome.stdout[-2000:],

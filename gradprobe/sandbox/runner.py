@@ -116,6 +116,30 @@ class ChildOutcome:
     stderr: str
     seconds: float
     events: list = field(default_factory=list)
+    mode: str = "cold"
+    note: str | None = None
+
+
+async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+    return reader, transport
+
+
+async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, fds: tuple[int, int, int]):
+    out_w, err_w, res_w = fds
+    proc = await asyncio.create_subprocess_exec(
+        python or sys.executable, "-I", CHILD, stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
+        cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)), start_new_session=True, pass_fds=(res_w,),
+    )
+    proc.stdin.write(json.dumps(job).encode())
+    try:
+        await proc.stdin.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    proc.stdin.close()
+    return proc.pid, asyncio.ensure_future(proc.wait())
 
 
 async def run_child(
@@ -125,31 +149,43 @@ async def run_child(
     timeout_s: float = 120.0,
     limits: Limits | None = None,
     progress: ProgressFn | None = None,
+    warm=None,
 ) -> ChildOutcome:
-    """Run one job in a fresh child process; never raises for anything the child does."""
+    """Run one job in a fresh child process (forked from the warm worker when one is given and
+    usable, else a cold interpreter); never raises for anything the child does."""
     limits = limits or Limits()
     device = (job.get("target") or {}).get("device") or "cpu"
     job = dict(job, limits=limits.for_child(timeout_s, device))
     scratch = tempfile.mkdtemp(prefix="gradprobe-call-")
-    rfd, wfd = os.pipe()
-    os.set_inheritable(wfd, True)
+    env = child_env(scratch)
+    pipes = [os.pipe() for _ in range(3)]
     t0 = time.monotonic()
-    proc = None
+    pid = None
+    transports = []
+    mode, warm_note = "cold", None
     try:
-        proc = await asyncio.create_subprocess_exec(
-            python or sys.executable, "-I", CHILD,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            cwd=scratch, env=dict(child_env(scratch), GRADPROBE_RESULT_FD=str(wfd)), start_new_session=True,
-            pass_fds=(wfd,),
-        )
-        os.close(wfd)
-        wfd = -1
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=RESULT_CAP)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(rfd, "rb", buffering=0)
-        )
-        rfd = -1
+        if warm is not None and python is None:
+            if await warm.ensure():
+                mode = "warm"
+            else:
+                warm_note = f"warm worker unavailable ({warm.error}); used a cold child"
+        w_ends = tuple(w for _, w in pipes)
+        if mode == "warm":
+            try:
+                pid, exited = await warm.fork(job, scratch, dict(env), w_ends)
+            except Exception as exc:
+                mode, warm_note = "cold", f"warm worker failed ({type(exc).__name__}: {exc}); used a cold child"
+        if mode == "cold":
+            pid, exited = await _launch_cold(job, python, scratch, env, w_ends)
+        for w in w_ends:
+            os.close(w)
+        pipes = [(r, -1) for r, _ in pipes]
+        (out_r, _), (err_r, _), (res_r, _) = pipes
+        out_reader, t1 = await _reader_for(out_r, 1 << 16)
+        err_reader, t2 = await _reader_for(err_r, 1 << 16)
+        reader, t3 = await _reader_for(res_r)
+        transports = [t1, t2, t3]
+        pipes = []
         out, err = CappedStream(), CappedStream()
         state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "events": [], "bytes": 0}
 
@@ -158,13 +194,11 @@ async def run_child(
                 try:
                     line = await reader.readline()
                 except (ValueError, asyncio.LimitOverrunError):
-                    state["tool_error_internal"] = "the child's result exceeded the size cap"
                     return
                 if not line:
                     return
                 state["bytes"] += len(line)
                 if state["bytes"] > RESULT_CAP:
-                    state["tool_error_internal"] = "the child's result exceeded the size cap"
                     return
                 try:
                     msg = json.loads(line)
@@ -184,46 +218,45 @@ async def run_child(
                     else:
                         state["report"] = rep
 
-        proc.stdin.write(json.dumps(job).encode())
-        try:
-            await proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        proc.stdin.close()
-
         timed_out = False
         tasks = [
             asyncio.ensure_future(read_results()),
-            asyncio.ensure_future(_drain(proc.stdout, out)),
-            asyncio.ensure_future(_drain(proc.stderr, err)),
-            asyncio.ensure_future(proc.wait()),
+            asyncio.ensure_future(_drain(out_reader, out)),
+            asyncio.ensure_future(_drain(err_reader, err)),
+            exited,
         ]
         try:
             await asyncio.wait_for(asyncio.gather(*tasks), timeout=timeout_s)
         except asyncio.TimeoutError:
             timed_out = True
-            _kill_group(proc.pid)
+            _kill_group(pid)
             await asyncio.wait(tasks, timeout=limits.grace_s)
         finally:
-            for t in tasks:
+            for t in tasks[:3]:
                 t.cancel()
-            transport.close()
-        _kill_group(proc.pid)  # anything the child left behind in its group
+        _kill_group(pid)  # anything the child left behind in its group
+        code = exited.result() if exited.done() and not exited.cancelled() and exited.exception() is None else None
         return ChildOutcome(
             report=state["report"], tool_error=state["tool_error"], phase=state["phase"],
-            returncode=proc.returncode, timed_out=timed_out, stdout=out.text(), stderr=err.text(),
-            seconds=time.monotonic() - t0, events=state["events"],
+            returncode=code, timed_out=timed_out, stdout=out.text(), stderr=err.text(),
+            seconds=time.monotonic() - t0, events=state["events"], mode=mode, note=warm_note,
         )
     except asyncio.CancelledError:
-        if proc is not None:
-            _kill_group(proc.pid)
+        if pid is not None:
+            _kill_group(pid)
         raise
     finally:
-        if proc is not None and proc.returncode is None:
-            _kill_group(proc.pid)
-        for fd in (rfd, wfd):
-            if fd >= 0:
-                os.close(fd)
+        if pid is not None:
+            _kill_group(pid)
+        for t in transports:
+            t.close()
+        for r, w in pipes:
+            for fd in (r, w):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
         shutil.rmtree(scratch, ignore_errors=True)
 
 

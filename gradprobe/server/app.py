@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 
@@ -22,8 +24,22 @@ INSTRUCTIONS = (
 
 def build_server(runtime: Runtime | None = None) -> MCPServer:
     runtime = runtime or Runtime()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_server):
+        # warm the worker in the background: tools/list answers at once, the first call is fast
+        task = asyncio.ensure_future(runtime.warm.ensure()) if runtime.warm is not None else None
+        try:
+            yield {"runtime": runtime}
+        finally:
+            if task is not None:
+                task.cancel()
+            if runtime.warm is not None:
+                runtime.warm.stop()
+
     server = MCPServer(
         "gradprobe",
+        lifespan=lifespan,
         title="gradprobe",
         description="Measure why gradients do not flow in PyTorch code",
         instructions=INSTRUCTIONS,
@@ -61,6 +77,6 @@ def build_server(runtime: Runtime | None = None) -> MCPServer:
     return server
 
 
-def serve_stdio(max_concurrent: int | None = None) -> None:
+def serve_stdio(max_concurrent: int | None = None, warm: bool = True) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    build_server(Runtime(max_concurrent=max_concurrent)).run("stdio")
+    build_server(Runtime(max_concurrent=max_concurrent, warm=warm)).run("stdio")

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 
 import anyio
 
-from gradprobe.sandbox.runner import Limits
+from gradprobe.sandbox.runner import Limits, child_env
+from gradprobe.sandbox.warm import WarmWorker
 
 PHASES = ("queued", "starting", "importing", "building", "checking")
 
 
 class Runtime:
-    def __init__(self, max_concurrent: int | None = None, limits: Limits | None = None):
+    def __init__(self, max_concurrent: int | None = None, limits: Limits | None = None, warm: bool = True):
         self.max_concurrent = max_concurrent or os.cpu_count() or 2
         self.limits = limits or Limits()
+        self.warm = WarmWorker(child_env(tempfile.gettempdir())) if warm else None
         self._slots = anyio.Semaphore(self.max_concurrent)
         self._waiting = 0
         self.phase_total = float(len(PHASES))

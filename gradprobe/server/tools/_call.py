@@ -43,7 +43,7 @@ async def run_tool(runtime, tool: str, target: Target, options: dict[str, Any], 
     outcome = "error"
     try:
         async with runtime.slot(ctx, progress):
-            report = await execute(tool, target, options, progress=progress, limits=runtime.limits)
+            report = await execute(tool, target, options, progress=progress, limits=runtime.limits, warm=runtime.warm)
         if post is not None:
             extra_content = post(report)
         outcome = "ok" if report.get("ok") else "findings"

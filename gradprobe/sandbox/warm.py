@@ -1,0 +1,152 @@
+"""Server side of the warm worker: start it, ask it to fork a child per call, learn how children exit.
+
+A call then costs a fork (milliseconds) instead of importing torch and
+transformers (seconds). If the worker dies it is restarted on the next call; if
+it cannot start, calls fall back to a cold child and the report says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+
+ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+START_TIMEOUT_S = 120.0
+
+
+class WarmWorker:
+    """One zygote process; thread-safe to use from the server's event loop."""
+
+    def __init__(self, env: dict):
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.info: dict = {}
+        self.error: str | None = None
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._forked: dict[int, asyncio.Future] = {}
+        self._exits: dict[int, asyncio.Future] = {}
+        self._early_exits: dict[int, int] = {}
+        self._ready: asyncio.Future | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._starting: asyncio.Lock | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and self.sock is not None
+
+    async def ensure(self) -> bool:
+        """Start the worker if needed; False (with self.error set) when it cannot run."""
+        if self.alive and self.info.get("ready"):
+            return True
+        self._starting = self._starting or asyncio.Lock()
+        async with self._starting:
+            if self.alive and self.info.get("ready"):
+                return True
+            try:
+                await asyncio.wait_for(self._start(), START_TIMEOUT_S)
+                self.error = None
+                return True
+            except Exception as exc:
+                self.error = f"{type(exc).__name__}: {exc}"
+                self.stop()
+                return False
+
+    async def _start(self) -> None:
+        self.stop()
+        self._loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._ready = self._loop.create_future()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", ZYGOTE, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=self.env, start_new_session=True, cwd=self.env.get("HOME", "/"),
+        )
+        theirs.close()
+        self.sock = ours
+        threading.Thread(target=self._reader, args=(ours, self.proc), daemon=True, name="gradprobe-warm-reader").start()
+        self.info = await self._ready
+
+    def _reader(self, sock: socket.socket, proc) -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buf += chunk
+            while len(buf) >= 4:
+                (n,) = struct.unpack("!I", buf[:4])
+                if len(buf) < 4 + n:
+                    break
+                msg, buf = json.loads(buf[4:4 + n]), buf[4 + n:]
+                self._loop.call_soon_threadsafe(self._dispatch, msg)
+        self._loop.call_soon_threadsafe(self._died, proc)
+
+    def _dispatch(self, msg: dict) -> None:
+        if msg.get("ready") and self._ready is not None and not self._ready.done():
+            self._ready.set_result(msg)
+        elif "forked" in msg:
+            fut = self._forked.pop(msg["forked"], None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg["pid"])
+        elif "exit" in msg:
+            fut = self._exits.pop(msg["exit"], None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg["code"])
+            else:
+                self._early_exits[msg["exit"]] = msg["code"]
+
+    def _died(self, proc) -> None:
+        err = RuntimeError("the warm worker exited")
+        for fut in list(self._forked.values()) + list(self._exits.values()):
+            if not fut.done():
+                fut.set_exception(err)
+        self._forked.clear()
+        self._exits.clear()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(err)
+        if proc is self.proc:
+            self.info = {}
+
+    async def fork(self, job: dict, cwd: str, env: dict, fds: tuple[int, int, int]) -> tuple[int, asyncio.Future]:
+        """Fork a child for `job` with stdout/stderr/result on `fds`; returns (pid, future of its exit code)."""
+        rid = next(self._ids)
+        fut = self._loop.create_future()
+        self._forked[rid] = fut
+        data = json.dumps({"id": rid, "job": job, "cwd": cwd, "env": env}).encode()
+        with self._lock:
+            socket.send_fds(self.sock, [struct.pack("!I", len(data)) + data], list(fds))
+        pid = await asyncio.wait_for(fut, 30)
+        exit_fut = self._loop.create_future()
+        if pid in self._early_exits:
+            exit_fut.set_result(self._early_exits.pop(pid))
+        else:
+            self._exits[pid] = exit_fut
+        return pid, exit_fut
+
+    def stop(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+            self.sock = None
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait(timeout=5)
+        self.proc = None
+        self.info = {}
