@@ -216,6 +216,12 @@ def _call_user(phase: str, fn: Callable, *args) -> Any:
         raise TargetError(phase, f"{phase}: {type(exc).__name__}: {exc}", exc) from exc
 
 
+def _nullcontext():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
@@ -253,7 +259,7 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
             code = compile(setup, SETUP_FILENAME, "exec")
         except SyntaxError as exc:
             raise TargetError("importing", f"setup code has a syntax error: {exc}", exc) from exc
-        with BuildRecorder(user, record):
+        with BuildRecorder(user, record), (torch.device("meta") if meta else _nullcontext()):
             _call_user("running setup", exec, code, namespace)
         for what, name in SETUP_NAMES.items():
             if name in namespace:

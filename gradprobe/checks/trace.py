@@ -485,13 +485,13 @@ class GradRecorder:
         if g is None:
             return
         rec = self.got.setdefault(id(p), {"norm": 0.0, "finite": True, "zero": True})
-        with torch.no_grad():
-            gf = g.detach().float()
-            finite = bool(torch.isfinite(gf).all())
+        with torch.no_grad(), torch._C.DisableTorchFunction():
+            # one pass over the gradient: its norm says finite and zero too (a second pass only if it overflowed)
+            norm = float(torch.linalg.vector_norm(g.detach(), dtype=torch.float32))
+            finite = math.isfinite(norm) or bool(torch.isfinite(g).all())
             rec["finite"] = rec["finite"] and finite
-            norm = float(gf.norm()) if finite else float("nan")
-            rec["norm"] = norm
-            rec["zero"] = rec["zero"] and not bool((gf != 0).any())
+            rec["norm"] = norm if finite else float("nan")
+            rec["zero"] = rec["zero"] and norm == 0.0
 
     def __enter__(self):
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in self.model.parameters() if p.requires_grad]

@@ -104,4 +104,11 @@ def run_job(job: dict, progress: Callable[[str], None]) -> dict:
             fix="This is a gradprobe bug or an unsupported construct; the evidence has the traceback.",
         )])
     report.setdefault("facts", {})["target"] = loaded.info
+    report["facts"]["child_peak_rss_mb"] = _peak_rss_mb()
     return json_safe(report)
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
