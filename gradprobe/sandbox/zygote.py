@@ -128,6 +128,10 @@ def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     _nondumpable()
     loaded = preload()
+    import gc
+
+    gc.collect()
+    gc.freeze()  # children's GC passes then skip the preloaded objects: no copy-on-write storm per call
     send_msg(sock, {"ready": True, "preloaded": loaded, "pid": os.getpid()})
     serve(sock)
 

@@ -1,0 +1,105 @@
+"""Sandbox and server figures, each a ratio or a number measured in this run.
+
+(a) a warm tool call (child forked from the warm worker) vs a cold `python` script doing the
+    same check (import torch + the user's code + inspect_parameters); target >= 20x
+(b) server start -> tools/list answered, over stdio with the official client; target <= 0.5 s
+(c) inspect_parameters with device="meta" on a Llama-7B-sized config: wall time and the child's
+    peak RSS; targets <= 5 s and <= 1.5 GiB
+(d) calls per second with N concurrent calls on a small model
+
+    python benchmarks/sandbox_bench.py [--calls 6] [--concurrency 1 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+from mcp import Client, StdioServerParameters
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "broken"
+SMALL = {"project_dir": str(EXAMPLES), "model": "gp101_temperature_tensor.py"}
+LLAMA_7B = textwrap.dedent("""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, vocab_size=32000)
+    model = LlamaForCausalLM(cfg)
+""")
+COLD_SCRIPT = textwrap.dedent(f"""
+    import sys
+    sys.path.insert(0, {str(EXAMPLES)!r})
+    import torch
+    from gradprobe.checks import inspect_parameters
+    import gp101_temperature_tensor as case
+    report = inspect_parameters(case.build_model())
+    assert report["findings"][0]["code"] == "GP101"
+""")
+
+
+def params() -> StdioServerParameters:
+    return StdioServerParameters(command=sys.executable, args=["-m", "gradprobe", "serve"])
+
+
+async def start_to_tools_list() -> float:
+    t0 = time.perf_counter()
+    async with Client(params()) as c:
+        await c.list_tools()
+    return time.perf_counter() - t0
+
+
+async def main(args) -> None:
+    # (b)
+    starts = [await start_to_tools_list() for _ in range(3)]
+    print(f"(b) server start -> tools/list: median {statistics.median(starts):.2f} s over 3 starts (target <= 0.5 s)")
+
+    # (a) cold scripts
+    cold = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", COLD_SCRIPT], check=True, capture_output=True)
+        cold.append(time.perf_counter() - t0)
+    async with Client(params(), read_timeout_seconds=600) as c:
+        await c.call_tool("inspect_parameters", {"target": SMALL})  # the worker is warm after this
+        warm = []
+        for _ in range(args.calls):
+            t0 = time.perf_counter()
+            r = await c.call_tool("inspect_parameters", {"target": SMALL})
+            warm.append(time.perf_counter() - t0)
+            assert r.structured_content["findings"][0]["code"] == "GP101"
+        child = r.structured_content["facts"]["sandbox"]["child"]
+        print(f"(a) cold script: median {statistics.median(cold):.3f} s; warm tool call ({child}): median "
+              f"{statistics.median(warm):.3f} s; ratio {statistics.median(cold) / statistics.median(warm):.1f}x (target >= 20x)")
+
+        # (c)
+        t0 = time.perf_counter()
+        r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(ROOT), "setup": LLAMA_7B, "device": "meta", "timeout_s": 300}})
+        wall = time.perf_counter() - t0
+        sc = r.structured_content
+        print(f"(c) Llama-7B config on meta: {sc['facts']['counts']['numel']:,} values in {wall:.2f} s, child peak RSS "
+              f"{sc['facts']['child_peak_rss_mb'] / 1024:.2f} GiB (targets <= 5 s, <= 1.5 GiB)")
+
+        # (d)
+        for n in args.concurrency:
+            async def one():
+                await c.call_tool("inspect_parameters", {"target": SMALL})
+
+            t0 = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for _ in range(n * 2):
+                    tg.start_soon(one)
+            dt = time.perf_counter() - t0
+            print(f"(d) {n * 2} calls launched together from one client (server pool: cores): {n * 2 / dt:.1f} calls/s")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=6)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
+    anyio.run(main, ap.parse_args())
