@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 TOOLS = ("diagnose", "inspect_parameters", "check_optimizer_coverage", "trace_grad_path", "run_gradcheck", "verify_prompt_tuning")
@@ -65,6 +66,21 @@ def main(argv: list[str] | None = None) -> None:
     serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
     serve.add_argument("--max-concurrent", type=int, default=None, help="checks running at once (default: cores)")
     serve.add_argument("--cold", action="store_true", help="no warm worker: every call starts a fresh interpreter")
+    serve.add_argument("--allow-root", action="append", default=None, metavar="DIR",
+                       help="only targets under DIR (repeatable); default over HTTP: the working directory; over stdio: no limit")
+    serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name outside the roots")
+    http = serve.add_argument_group("Streamable HTTP (for teams)")
+    http.add_argument("--http", action="store_true", help="serve Streamable HTTP instead of stdio")
+    http.add_argument("--host", default="127.0.0.1")
+    http.add_argument("--port", type=int, default=8765)
+    http.add_argument("--token-file", default=None, help="one user:token per line (else GRADPROBE_TOKENS=user:token,...)")
+    http.add_argument("--insecure-no-auth", action="store_true", help="allow a non-loopback bind without tokens")
+    http.add_argument("--allowed-host", action="append", default=[], help="Host header values to accept (DNS-rebinding protection)")
+    http.add_argument("--allowed-origin", action="append", default=[], help="Origin header values to accept")
+    http.add_argument("--per-caller", type=int, default=None, help="running checks per caller (default: half the pool, at least 1)")
+    http.add_argument("--max-body", type=int, default=1024 * 1024, help="request body limit in bytes")
+    http.add_argument("--public-url", default=None, help="the URL clients use (behind a TLS proxy), for the auth metadata")
+    http.add_argument("--issuer-url", default=None, help="the authorization server advertised to clients (default: the public URL)")
     sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")
     for tool in TOOLS:
         p = sub.add_parser(tool, help=f"run {tool} on a target and print the report")
@@ -87,9 +103,16 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--no-step", action="store_true")
     args = parser.parse_args(argv)
     if args.command in (None, "serve"):
+        if getattr(args, "http", False):
+            from gradprobe.server.http import serve_http
+
+            if args.per_caller is None:
+                args.per_caller = max(1, (args.max_concurrent or os.cpu_count() or 2) // 2)
+            sys.exit(serve_http(args))
         from gradprobe.server.app import serve_stdio
 
-        serve_stdio(max_concurrent=getattr(args, "max_concurrent", None), warm=not getattr(args, "cold", False))
+        serve_stdio(max_concurrent=getattr(args, "max_concurrent", None), warm=not getattr(args, "cold", False),
+                    allowed_roots=getattr(args, "allow_root", None), allowed_pythons=getattr(args, "allow_python", None))
         return
     if args.command == "demo":
         from gradprobe.demo import run_demo

@@ -22,7 +22,7 @@ INSTRUCTIONS = (
 )
 
 
-def build_server(runtime: Runtime | None = None) -> MCPServer:
+def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None) -> MCPServer:
     runtime = runtime or Runtime()
 
     @contextlib.asynccontextmanager
@@ -44,8 +44,18 @@ def build_server(runtime: Runtime | None = None) -> MCPServer:
         description="Measure why gradients do not flow in PyTorch code",
         instructions=INSTRUCTIONS,
         version=__version__,
+        token_verifier=token_verifier,
+        auth=auth,
     )
     register_all(server, runtime)
+
+    @server.custom_route("/health", methods=["GET"])
+    async def health(_request):
+        from starlette.responses import JSONResponse
+
+        warm = runtime.warm
+        return JSONResponse({"status": "ok", "version": __version__, "running": runtime.running,
+                             "queued": runtime.queued, "warm_worker": bool(warm and warm.alive)})
 
     @server.resource("gradprobe://findings", mime_type="application/json", title="Findings catalogue")
     def findings_catalogue() -> str:
@@ -77,6 +87,7 @@ def build_server(runtime: Runtime | None = None) -> MCPServer:
     return server
 
 
-def serve_stdio(max_concurrent: int | None = None, warm: bool = True) -> None:
+def serve_stdio(max_concurrent: int | None = None, warm: bool = True, allowed_roots=None, allowed_pythons=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    build_server(Runtime(max_concurrent=max_concurrent, warm=warm)).run("stdio")
+    runtime = Runtime(max_concurrent=max_concurrent, warm=warm, allowed_roots=allowed_roots, allowed_pythons=allowed_pythons)
+    build_server(runtime).run("stdio")

@@ -29,6 +29,17 @@ TARGET_HELP = (
 )
 
 
+def _caller() -> str:
+    """The authenticated caller over HTTP (its token's client_id), "local" over stdio."""
+    try:
+        from mcp.server.auth.middleware.auth_context import get_access_token
+
+        token = get_access_token()
+    except Exception:
+        token = None
+    return token.client_id if token is not None else "local"
+
+
 async def run_tool(runtime, tool: str, target: Target, options: dict[str, Any], ctx: Context | None,
                    extra_content: list | None = None, post=None) -> CallToolResult:
     t0 = time.monotonic()
@@ -41,8 +52,10 @@ async def run_tool(runtime, tool: str, target: Target, options: dict[str, Any], 
                 pass
 
     outcome = "error"
+    caller = _caller()
     try:
-        async with runtime.slot(ctx, progress):
+        runtime.check_target(target)
+        async with runtime.slot(ctx, caller):
             report = await execute(tool, target, options, progress=progress, limits=runtime.limits, warm=runtime.warm)
         if post is not None:
             extra_content = post(report)
@@ -51,8 +64,8 @@ async def run_tool(runtime, tool: str, target: Target, options: dict[str, Any], 
         outcome = "tool-error"
         raise ToolError(str(exc)) from None
     finally:
-        log.info("call tool=%s project=%s model=%s outcome=%s seconds=%.2f", tool, target.project_dir, target.model, outcome,
-                 time.monotonic() - t0)
+        log.info("call caller=%s tool=%s project=%s model=%s outcome=%s seconds=%.2f", caller, tool, target.project_dir,
+                 target.model, outcome, time.monotonic() - t0)
     validated = Report.model_validate(report)  # the child's JSON is untrusted: schema-check it
     data = validated.model_dump(mode="json")
     content = [TextContent(type="text", text=render_text(data))] + list(extra_content or [])

@@ -1,0 +1,118 @@
+"""Streamable HTTP for teams, over real HTTP on 127.0.0.1: auth, Host/Origin protection, roots, both eras."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from conftest import EXAMPLES, ROOT
+
+TOKENS = "alice:alice-secret-token\nbob:bob-secret-token\n"
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("http")
+    (tmp / "tokens").write_text(TOKENS)
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "case.py").write_text("import torch.nn as nn\ndef build_model():\n    return nn.Linear(2, 2)\n")
+    inside = tmp / "root"
+    inside.mkdir()
+    (inside / "escape").symlink_to(outside)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), "--token-file", str(tmp / "tokens"),
+         "--allow-root", str(EXAMPLES), "--allow-root", str(inside)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx2.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx2.HTTPError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        raise AssertionError("HTTP server did not start: " + proc.stderr.read()[-2000:])
+    yield {"url": url, "inside": inside, "outside": outside, "port": port}
+    proc.terminate()
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    assert "alice-secret-token" not in err and "bob-secret-token" not in err, "a token reached the log"
+    assert "caller=alice tool=inspect_parameters" in err, "audit lines name the caller"
+
+
+def authed(token: str = "alice-secret-token") -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=300))
+
+
+def test_unauthenticated_and_wrong_token_get_401(http_server):
+    url = http_server["url"] + "/mcp"
+    r = httpx2.post(url, json=INIT, headers=HEADERS)
+    assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+    r = httpx2.post(url, json=INIT, headers={**HEADERS, "Authorization": "Bearer not-a-token"})
+    assert r.status_code == 401
+    r = httpx2.post(url, json=INIT, headers={**HEADERS, "Authorization": "Bearer alice-secret-token"})
+    assert r.status_code == 200
+
+
+def test_bad_host_and_origin_are_refused(http_server):
+    url = http_server["url"] + "/mcp"
+    auth = {**HEADERS, "Authorization": "Bearer alice-secret-token"}
+    assert httpx2.post(url, json=INIT, headers={**auth, "Host": "evil.example:80"}).status_code == 421
+    assert httpx2.post(url, json=INIT, headers={**auth, "Origin": "http://evil.example"}).status_code == 403
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_authenticated_calls_in_both_eras(http_server, mode):
+    async with authed() as http:
+        async with Client(streamable_http_client(http_server["url"] + "/mcp", http_client=http), mode=mode) as c:
+            assert len((await c.list_tools()).tools) == 6
+            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(EXAMPLES), "model": "gp101_temperature_tensor.py"}})
+            assert r.structured_content["findings"][0]["code"] == "GP101"
+
+
+@pytest.mark.anyio
+async def test_paths_outside_the_roots_are_refused_before_any_child(http_server):
+    inside, outside = http_server["inside"], http_server["outside"]
+    attempts = [
+        str(outside),                              # an absolute path elsewhere
+        str(inside / ".." / outside.name),         # .. out of the root
+        str(inside / "escape"),                    # a symlink inside the root pointing out
+    ]
+    async with authed("bob-secret-token") as http:
+        async with Client(streamable_http_client(http_server["url"] + "/mcp", http_client=http)) as c:
+            for path in attempts:
+                r = await c.call_tool("inspect_parameters", {"target": {"project_dir": path, "model": "case.py"}})
+                assert r.is_error, path
+                assert "outside the roots" in r.content[0].text
+
+
+def test_non_loopback_bind_without_auth_is_refused():
+    env = {k: v for k, v in os.environ.items() if k != "GRADPROBE_TOKENS"}
+    out = subprocess.run([sys.executable, "-m", "gradprobe", "serve", "--http", "--host", "0.0.0.0", "--port", str(free_port())],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2 and "without authentication" in out.stderr
