@@ -69,17 +69,19 @@ class Runtime:
         return self.running < self.max_concurrent and self._running.get(caller, 0) < self.per_caller
 
     def _wake(self) -> None:
-        for w in self._waiting:
+        """Start waiters in FIFO order, skipping callers at their cap, while slots are free."""
+        for w in list(self._waiting):
+            if self.running >= self.max_concurrent:
+                return
             if self._can_run(w.caller):
                 self._waiting.remove(w)
                 self._running[w.caller] = self._running.get(w.caller, 0) + 1
                 w.event.set()
-                return
 
     @contextlib.asynccontextmanager
     async def slot(self, ctx, caller: str = "local"):
         """Wait for a slot (telling the caller how many are ahead), then hold it."""
-        if self._can_run(caller) and not self._waiting:
+        if self._can_run(caller) and not any(self._can_run(w.caller) for w in self._waiting):
             self._running[caller] = self._running.get(caller, 0) + 1
         else:
             w = _Waiter(caller)
