@@ -60,6 +60,12 @@ def _run_check(args) -> int:
     return 0 if report.get("ok") else 1
 
 
+def _limits(args):
+    from gradprobe.sandbox.runner import Limits
+
+    return Limits(isolate=not getattr(args, "no_isolation", False), require_isolation=getattr(args, "require_isolation", False))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gradprobe", description="Measure why gradients do not flow in PyTorch code.")
     sub = parser.add_subparsers(dest="command")
@@ -68,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--cold", action="store_true", help="no warm worker: every call starts a fresh interpreter")
     serve.add_argument("--allow-root", action="append", default=None, metavar="DIR",
                        help="only targets under DIR (repeatable); default over HTTP: the working directory; over stdio: no limit")
+    serve.add_argument("--require-isolation", action="store_true",
+                       help="refuse to run user code when an isolation layer (namespaces, Landlock, capabilities, cgroups) is missing")
+    serve.add_argument("--no-isolation", action="store_true", help="only the process boundary, limits and a scrubbed environment")
     serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name outside the roots")
     http = serve.add_argument_group("Streamable HTTP (for teams)")
     http.add_argument("--http", action="store_true", help="serve Streamable HTTP instead of stdio")
@@ -112,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
         from gradprobe.server.app import serve_stdio
 
         serve_stdio(max_concurrent=getattr(args, "max_concurrent", None), warm=not getattr(args, "cold", False),
-                    allowed_roots=getattr(args, "allow_root", None), allowed_pythons=getattr(args, "allow_python", None))
+                    allowed_roots=getattr(args, "allow_root", None), allowed_pythons=getattr(args, "allow_python", None),
+                    limits=_limits(args))
         return
     if args.command == "demo":
         from gradprobe.demo import run_demo

@@ -62,6 +62,7 @@ async def still_serves(client, tmp_path):
 
 @pytest.mark.anyio
 async def test_infinite_loop_times_out_and_next_call_works(client, tmp_path):
+    await still_serves(client, tmp_path)  # the warm worker is up: time only the timeout itself
     tmp = project(tmp_path, "def build_model():\n    while True:\n        pass\n")
     result, seconds = await call(client, tmp, timeout_s=4)
     f = result.structured_content["findings"][0]
@@ -160,4 +161,134 @@ async def test_memory_bomb_is_contained(client, tmp_path):
     result, _ = await call(client, tmp)
     f = result.structured_content["findings"][0]
     assert f["code"] == "GP100" and ("MemoryError" in f["message"] or "killed" in f["message"])
+    await still_serves(client, tmp_path)
+
+
+# --- isolation layers (namespaces, Landlock, capabilities, cgroups): each probe reports what it saw ---
+
+PROBE = """
+import os, socket, sys
+def probe():
+    try:
+        return 'ok:' + str(attempt())
+    except Exception as exc:
+        return 'blocked:' + type(exc).__name__
+def build_model():
+    raise ValueError('PROBE[' + probe() + ']')
+"""
+
+
+async def probe(client, tmp_path, attempt: str) -> str:
+    tmp = project(tmp_path, PROBE + textwrap.dedent(attempt))
+    result, _ = await call(client, tmp)
+    msg = result.structured_content["findings"][0]["message"]
+    iso = result.structured_content["facts"]["sandbox"]["isolation"]
+    return msg.split("PROBE[", 1)[1].split("]", 1)[0] if "PROBE[" in msg else msg, iso
+
+
+@pytest.mark.anyio
+async def test_no_tcp_even_to_loopback(client, tmp_path):
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    try:
+        seen, iso = await probe(client, tmp_path, f"def attempt():\n    return socket.create_connection(('127.0.0.1', {port}), timeout=2)\n")
+    finally:
+        listener.close()
+    assert seen.startswith("blocked"), (seen, iso)
+    assert "namespace" in iso["network"] or "TCP denied" in iso["filesystem"]
+
+
+@pytest.mark.anyio
+async def test_no_dns(client, tmp_path):
+    seen, _ = await probe(client, tmp_path, "def attempt():\n    return socket.getaddrinfo('example.com', 80)\n")
+    assert seen.startswith("blocked"), seen
+
+
+@pytest.mark.anyio
+async def test_files_outside_the_project_are_unreadable_and_only_scratch_is_writable(client, tmp_path):
+    secret = tmp_path / "elsewhere" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("top secret")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    seen, iso = await probe(client, proj, f"def attempt():\n    return open({str(secret)!r}).read()\n")
+    assert seen.startswith("blocked"), (seen, iso)
+    (proj / "sub").mkdir()
+    seen, _ = await probe(client, proj / "sub", f"def attempt():\n    return open({str(proj / 'sub' / 'written.txt')!r}, 'w').write('x')\n")
+    assert seen.startswith("blocked") and not (proj / "sub" / "written.txt").exists()
+    (proj / "sub2").mkdir()
+    seen, _ = await probe(client, proj / "sub2", "def attempt():\n    return open(os.path.join(os.environ['TMPDIR'], 'ok.txt'), 'w').write('x')\n")
+    assert seen == "ok:1", seen
+
+
+@pytest.mark.anyio
+async def test_server_environment_is_not_readable_through_proc(tmp_path):
+    scan = ("def attempt():\n    hits = []\n    for d in os.listdir('/proc'):\n        try:\n"
+            "            if b'hunter2' in open(f'/proc/{d}/environ', 'rb').read():\n                hits.append(d)\n"
+            "        except OSError:\n            pass\n    return len(hits)\n")
+    async with Client(server_params(env={"GRADPROBE_FAKE_SECRET": "hunter2"}), read_timeout_seconds=120) as c:
+        seen, _ = await probe(c, tmp_path, scan)
+    assert seen == "ok:0", seen
+
+
+@pytest.mark.anyio
+async def test_killing_the_parent_is_refused(client, tmp_path):
+    seen, _ = await probe(client, tmp_path, "import signal\ndef attempt():\n    os.kill(os.getppid(), signal.SIGKILL)\n    return 'sent'\n")
+    assert seen.startswith("blocked"), seen
+    await still_serves(client, tmp_path)
+
+
+@pytest.mark.anyio
+async def test_fork_bomb_and_daemons_are_contained_and_reaped(client, tmp_path):
+    body = """
+    import os, time
+    def build_model():
+        if os.fork() == 0:          # a setsid double-forked daemon
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(300)
+            os._exit(0)
+        n = 0
+        try:
+            while True:             # a fork bomb
+                if os.fork() == 0:
+                    time.sleep(300)
+                    os._exit(0)
+                n += 1
+        except OSError:
+            pass
+        raise ValueError(f'forked {n}')
+    """
+    tmp = project(tmp_path, body)
+    result, seconds = await call(client, tmp, timeout_s=30)
+    f = result.structured_content["findings"][0]
+    assert f["code"] == "GP100" and "forked" in f["message"], f["message"]
+    assert int(f["message"].rsplit("forked ", 1)[1].split()[0]) < 1000
+    time.sleep(0.5)
+    leftovers = [cmd for pid, (_, cmd) in _procs().items() if "sleep" in cmd or str(tmp) in cmd]
+    assert not children_alive() and not leftovers
+    await still_serves(client, tmp_path)
+
+
+@pytest.mark.anyio
+async def test_thread_bomb_is_contained(client, tmp_path):
+    body = """
+    import threading, time
+    def build_model():
+        n = 0
+        try:
+            while True:
+                threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+                n += 1
+        except RuntimeError:
+            pass
+        raise ValueError(f'threads {n}')
+    """
+    result, _ = await call(client, project(tmp_path, body), timeout_s=30)
+    msg = result.structured_content["findings"][0]["message"]
+    assert "threads" in msg and int(msg.rsplit("threads ", 1)[1].split()[0]) < 1000
     await still_serves(client, tmp_path)

@@ -72,9 +72,21 @@ def run(job: dict, fd: int) -> None:
 
     faulthandler.enable()
     chan.progress("starting")
+    policy = job.get("isolation") or {}
+    isolation = {"cgroup": policy.get("cgroup_state", "off")}
+    if policy.get("enabled"):
+        from gradprobe.sandbox import isolation as layers
+
+        isolation.update(layers.apply(policy))
+    missing = [k for k, v in isolation.items() if str(v).startswith("MISSING") or v == "off"]
     from gradprobe.sandbox.job import run_job
 
-    report = run_job(job, chan.progress)
+    if policy.get("require") and missing:
+        report = {"tool_error": f"isolation required but missing here: {', '.join(missing)} ({isolation})"}
+    else:
+        report = run_job(job, chan.progress)
+        if "tool_error" not in report:
+            report.setdefault("facts", {})["isolation"] = isolation
     chan.send({"type": "result", "report": report})
     chan.out.close()
     sys.stdout.flush()

@@ -36,6 +36,8 @@ async def execute(
                       "limits": "rlimits (address space on CPU, CPU time, file size, open files)",
                       "timeout_s": target.timeout_s},
     }
+    if outcome.report is not None:
+        sandbox["isolation"].update(outcome.report.get("facts", {}).pop("isolation", {}))
     if outcome.tool_error is not None:
         if outcome.tool_error.startswith("this interpreter cannot run"):
             raise ToolInputError(f"python {target.python or '(server interpreter)'}: {outcome.tool_error}")
@@ -47,6 +49,9 @@ async def execute(
     if outcome.timed_out:
         msg = f"The target did not finish within {target.timeout_s:g} s (it was in phase '{outcome.phase}'); its process tree was killed."
         fix = "Look for an endless loop or a very slow step in that phase, or raise target.timeout_s."
+    elif outcome.oom:
+        msg = f"The child was killed by the memory limit (cgroup) in phase '{outcome.phase}'."
+        fix = "Use a smaller model or batch for the check, or raise the server's memory limit."
     else:
         msg = f"The child process {describe_exit(outcome.returncode)} in phase '{outcome.phase}' without a result."
         fix = "See evidence.stderr_tail for the crash (a segfault in an extension, os._exit, an out-of-memory kill)."

@@ -20,7 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from gradprobe.sandbox.cgroups import CallCgroup
+
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUT_CAP = 64 * 1024
 RESULT_CAP = 8 * 1024 * 1024
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -38,7 +41,10 @@ class Limits:
     cpu_seconds: int | None = None
     file_bytes: int = 256 * 1024**2
     open_files: int = 1024
+    pids: int = 512
     grace_s: float = 2.0
+    isolate: bool = True  # namespaces, Landlock, capabilities, cgroups where the machine allows
+    require_isolation: bool = False  # refuse to run user code when a layer is missing
 
     def for_child(self, timeout_s: float, device: str) -> dict:
         gpu = device.startswith("cuda") or device == "auto"
@@ -118,6 +124,7 @@ class ChildOutcome:
     events: list = field(default_factory=list)
     mode: str = "cold"
     note: str | None = None
+    oom: bool = False
 
 
 async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
@@ -158,6 +165,14 @@ async def run_child(
     job = dict(job, limits=limits.for_child(timeout_s, device))
     scratch = tempfile.mkdtemp(prefix="gradprobe-call-")
     env = child_env(scratch)
+    cgroup = CallCgroup(limits.memory_bytes, limits.pids) if limits.isolate else None
+    job["isolation"] = {
+        "enabled": limits.isolate, "require": limits.require_isolation,
+        "cgroups": cgroup.procs_files if cgroup is not None and cgroup.ok else [],
+        "cgroup_state": cgroup.describe() if cgroup is not None else "off",
+        "project_dir": (job.get("target") or {}).get("project_dir") or scratch,
+        "package_root": PACKAGE_ROOT, "scratch": scratch,
+    }
     pipes = [os.pipe() for _ in range(3)]
     t0 = time.monotonic()
     pid = None
@@ -219,27 +234,29 @@ async def run_child(
                         state["report"] = rep
 
         timed_out = False
-        tasks = [
+        readers = [
             asyncio.ensure_future(read_results()),
             asyncio.ensure_future(_drain(out_reader, out)),
             asyncio.ensure_future(_drain(err_reader, err)),
-            exited,
         ]
         try:
-            await asyncio.wait_for(asyncio.gather(*tasks), timeout=timeout_s)
+            # the call ends when the child exits (or its time is up), not when every inherited pipe closes:
+            # grandchildren the user's code left behind must not hold the call open
+            await asyncio.wait_for(asyncio.shield(exited), timeout=timeout_s)
         except asyncio.TimeoutError:
             timed_out = True
-            _kill_group(pid)
-            await asyncio.wait(tasks, timeout=limits.grace_s)
-        finally:
-            for t in tasks[:3]:
-                t.cancel()
         _kill_group(pid)  # anything the child left behind in its group
+        if cgroup is not None and cgroup.ok:
+            cgroup.kill()  # ... and anything that left the group (setsid daemons)
+        await asyncio.wait(readers + [exited], timeout=limits.grace_s)
+        for t in readers:
+            t.cancel()
         code = exited.result() if exited.done() and not exited.cancelled() and exited.exception() is None else None
         return ChildOutcome(
             report=state["report"], tool_error=state["tool_error"], phase=state["phase"],
             returncode=code, timed_out=timed_out, stdout=out.text(), stderr=err.text(),
             seconds=time.monotonic() - t0, events=state["events"], mode=mode, note=warm_note,
+            oom=bool(cgroup is not None and cgroup.oom_killed()),
         )
     except asyncio.CancelledError:
         if pid is not None:
@@ -248,6 +265,9 @@ async def run_child(
     finally:
         if pid is not None:
             _kill_group(pid)
+        if cgroup is not None:
+            cgroup.kill()
+            cgroup.remove()
         for t in transports:
             t.close()
         for r, w in pipes:

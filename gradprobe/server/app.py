@@ -87,7 +87,19 @@ def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None)
     return server
 
 
-def serve_stdio(max_concurrent: int | None = None, warm: bool = True, allowed_roots=None, allowed_pythons=None) -> None:
+def make_nondumpable() -> None:
+    """Children (same uid, no capabilities) then cannot read this process's environment or memory via /proc."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except Exception:
+        pass
+
+
+def serve_stdio(max_concurrent: int | None = None, warm: bool = True, allowed_roots=None, allowed_pythons=None, limits=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    runtime = Runtime(max_concurrent=max_concurrent, warm=warm, allowed_roots=allowed_roots, allowed_pythons=allowed_pythons)
+    make_nondumpable()
+    runtime = Runtime(max_concurrent=max_concurrent, warm=warm, allowed_roots=allowed_roots, allowed_pythons=allowed_pythons,
+                      limits=limits)
     build_server(runtime).run("stdio")

@@ -14,7 +14,7 @@ import sys
 
 from pydantic import AnyHttpUrl
 
-from gradprobe.server.app import build_server
+from gradprobe.server.app import build_server, make_nondumpable
 from gradprobe.server.auth import StaticTokenVerifier, load_tokens
 from gradprobe.server.runtime import Runtime
 
@@ -49,9 +49,12 @@ def serve_http(args) -> int:
         print(f"gradprobe: refusing to serve {args.host} without authentication: give --token-file or GRADPROBE_TOKENS "
               "(or --insecure-no-auth if something in front of it authenticates)", file=sys.stderr)
         return 2
+    make_nondumpable()
     roots = args.allow_root or [os.getcwd()]
+    from gradprobe.cli import _limits
+
     runtime = Runtime(max_concurrent=args.max_concurrent, warm=not args.cold, allowed_roots=roots,
-                      per_caller=args.per_caller, allowed_pythons=args.allow_python)
+                      per_caller=args.per_caller, allowed_pythons=args.allow_python, limits=_limits(args))
     verifier = auth = None
     if tokens:
         from mcp.server.auth.settings import AuthSettings

@@ -1,0 +1,146 @@
+"""A cgroup per call, made by the parent: memory and pids limits, and a kill of the whole tree.
+
+`RLIMIT_NPROC` does nothing for root and `killpg` misses a process that called
+setsid(); a cgroup catches both. Works with cgroup v2 (cgroup.kill, memory.max,
+pids.max) and with the hybrid layout (v1 memory/pids controllers beside a v2
+hierarchy at /sys/fs/cgroup/unified). Where no cgroup is writable, calls fall back
+to rlimits and process groups, and the report says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+BASE = "/sys/fs/cgroup"
+
+
+class CallCgroup:
+    def __init__(self, memory_bytes: int | None, pids_max: int = 512):
+        self.name = f"gradprobe-{uuid.uuid4().hex[:12]}"
+        self.dirs: list[str] = []
+        self.kill_file: str | None = None
+        self.memory_dir: str | None = None
+        self.pids_limited = False
+        self.error: str | None = None
+        try:
+            self._make(memory_bytes, pids_max)
+        except OSError as exc:
+            self.error = f"{exc.strerror or exc}"
+            self.remove()
+
+    def _mk(self, parent: str) -> str:
+        path = os.path.join(parent, "gradprobe", self.name)
+        os.makedirs(path, exist_ok=False)
+        self.dirs.append(path)
+        return path
+
+    def _make(self, memory_bytes, pids_max) -> None:
+        if os.path.exists(os.path.join(BASE, "cgroup.controllers")):  # pure v2
+            d = self._mk(BASE)
+            if memory_bytes:
+                _write(os.path.join(d, "memory.max"), str(memory_bytes))
+            _write(os.path.join(d, "pids.max"), str(pids_max))
+            self.kill_file, self.memory_dir, self.pids_limited = os.path.join(d, "cgroup.kill"), d, True
+            return
+        if os.path.isdir(os.path.join(BASE, "unified")):
+            d = self._mk(os.path.join(BASE, "unified"))
+            if os.path.exists(os.path.join(d, "cgroup.kill")):
+                self.kill_file = os.path.join(d, "cgroup.kill")
+        if os.path.isdir(os.path.join(BASE, "memory")) and memory_bytes:
+            d = self._mk(os.path.join(BASE, "memory"))
+            _write(os.path.join(d, "memory.limit_in_bytes"), str(memory_bytes))
+            self.memory_dir = d
+        if os.path.isdir(os.path.join(BASE, "pids")):
+            d = self._mk(os.path.join(BASE, "pids"))
+            _write(os.path.join(d, "pids.max"), str(pids_max))
+            self.pids_limited = True
+        if not self.dirs:
+            raise OSError("no writable cgroup hierarchy")
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.dirs) and self.error is None
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs]
+
+    def describe(self) -> str:
+        if not self.ok:
+            return f"MISSING: cgroups unavailable ({self.error})"
+        parts = ["memory" if self.memory_dir else None, "pids" if self.pids_limited else None,
+                 "cgroup.kill" if self.kill_file else "kill by pid list"]
+        return "per-call cgroup: " + ", ".join(p for p in parts if p)
+
+    def oom_killed(self) -> bool:
+        if not self.memory_dir:
+            return False
+        for fname, key in (("memory.events", "oom_kill"), ("memory.oom_control", "oom_kill")):
+            try:
+                for line in open(os.path.join(self.memory_dir, fname)):
+                    k, _, v = line.partition(" ")
+                    if k == key and int(v) > 0:
+                        return True
+            except OSError:
+                continue
+        return False
+
+    def kill(self) -> None:
+        """Kill every process of the call, daemons included."""
+        if self.kill_file:
+            try:
+                _write(self.kill_file, "1")
+            except OSError:
+                pass
+        for _ in range(50):
+            pids = self._pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.02)
+
+    def _pids(self) -> set[int]:
+        out: set[int] = set()
+        for f in self.procs_files:
+            try:
+                out |= {int(x) for x in open(f).read().split()}
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def remove(self) -> None:
+        for d in reversed(self.dirs):
+            for _ in range(50):
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.02)
+        self.dirs = []
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def clean_stale() -> None:
+    """Remove cgroups a killed server left behind (empty ones only)."""
+    for parent in (BASE, os.path.join(BASE, "unified"), os.path.join(BASE, "memory"), os.path.join(BASE, "pids")):
+        root = os.path.join(parent, "gradprobe")
+        if not os.path.isdir(root):
+            continue
+        for name in os.listdir(root):
+            try:
+                os.rmdir(os.path.join(root, name))
+            except OSError:
+                pass
