@@ -66,6 +66,16 @@ def _limits(args):
     return Limits(isolate=not getattr(args, "no_isolation", False), require_isolation=getattr(args, "require_isolation", False))
 
 
+def _executor(args):
+    if getattr(args, "executor", "local") != "ray":
+        return None
+    try:
+        from gradprobe.sandbox.ray_executor import RayExecutor
+    except ImportError:
+        sys.exit("gradprobe: --executor ray needs Ray: pip install 'gradprobe[ray]'")
+    return RayExecutor(args.ray_address, num_cpus=args.max_concurrent)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gradprobe", description="Measure why gradients do not flow in PyTorch code.")
     sub = parser.add_subparsers(dest="command")
@@ -77,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--require-isolation", action="store_true",
                        help="refuse to run user code when an isolation layer (namespaces, Landlock, capabilities, cgroups) is missing")
     serve.add_argument("--no-isolation", action="store_true", help="only the process boundary, limits and a scrubbed environment")
+    serve.add_argument("--executor", choices=["local", "ray"], default="local", help="where sandboxed jobs run")
+    serve.add_argument("--ray-address", default="local", help="Ray cluster address ('auto', 'ray://host:10001'); 'local' starts one here")
     serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name outside the roots")
     http = serve.add_argument_group("Streamable HTTP (for teams)")
     http.add_argument("--http", action="store_true", help="serve Streamable HTTP instead of stdio")
@@ -122,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
 
         serve_stdio(max_concurrent=getattr(args, "max_concurrent", None), warm=not getattr(args, "cold", False),
                     allowed_roots=getattr(args, "allow_root", None), allowed_pythons=getattr(args, "allow_python", None),
-                    limits=_limits(args))
+                    limits=_limits(args), executor=_executor(args))
         return
     if args.command == "demo":
         from gradprobe.demo import run_demo

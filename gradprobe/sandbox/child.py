@@ -63,8 +63,20 @@ class Channel:
         self.send({"type": "progress", "phase": phase, "elapsed_s": round(time.monotonic() - self.t0, 3)})
 
 
+def _die_with_parent() -> None:
+    """If whatever started us dies (a killed Ray worker, a crashed server), so do we."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 def run(job: dict, fd: int) -> None:
     """Run one job and exit; shared by the cold child and the warm worker's forked children."""
+    _die_with_parent()
     os.environ.pop("GRADPROBE_RESULT_FD", None)
     chan = Channel(fd)
     _apply_limits(job.get("limits") or {})

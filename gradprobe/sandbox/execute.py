@@ -16,6 +16,7 @@ async def execute(
     progress: ProgressFn | None = None,
     limits: Limits | None = None,
     warm=None,
+    executor=None,
 ) -> dict:
     """Run `tool` on `target` in a fresh sandboxed child. Raises ToolInputError for caller mistakes."""
     try:
@@ -23,10 +24,11 @@ async def execute(
     except ValueError as exc:
         raise ToolInputError(str(exc)) from exc
     job = {"tool": tool, "target": target.model_dump(), "options": options or {}}
-    outcome = await run_child(job, python=target.python, timeout_s=target.timeout_s, limits=limits, progress=progress, warm=warm)
+    run = executor.run if executor is not None else run_child
+    outcome = await run(job, python=target.python, timeout_s=target.timeout_s, limits=limits, progress=progress, warm=warm)
     sandbox = {
         "seconds": round(outcome.seconds, 3),
-        "child": "forked from the warm worker" if outcome.mode == "warm" else "cold interpreter",
+        "child": {"warm": "forked from the warm worker", "ray": "a Ray task (cold interpreter on the worker)"}.get(outcome.mode, "cold interpreter"),
         "note": outcome.note,
         "phases": outcome.events,
         "returncode": outcome.returncode,
@@ -49,6 +51,9 @@ async def execute(
     if outcome.timed_out:
         msg = f"The target did not finish within {target.timeout_s:g} s (it was in phase '{outcome.phase}'); its process tree was killed."
         fix = "Look for an endless loop or a very slow step in that phase, or raise target.timeout_s."
+    elif outcome.mode == "ray" and outcome.note and outcome.report is None:
+        msg = f"{outcome.note}: {outcome.stderr.splitlines()[0] if outcome.stderr else ''}"
+        fix = "Check the Ray cluster (the worker's logs); the call can be retried."
     elif outcome.oom:
         msg = f"The child was killed by the memory limit (cgroup) in phase '{outcome.phase}'."
         fix = "Use a smaller model or batch for the check, or raise the server's memory limit."

@@ -105,6 +105,15 @@ def run_job(job: dict, progress: Callable[[str], None]) -> dict:
         )])
     report.setdefault("facts", {})["target"] = loaded.info
     report["facts"]["child_peak_rss_mb"] = _peak_rss_mb()
+    if str(loaded.device).startswith("cuda"):
+        import torch
+
+        dev = torch.device(loaded.device)
+        report["facts"]["cuda"] = {
+            "device_name": torch.cuda.get_device_name(dev), "cuda_version": torch.version.cuda,
+            "memory_allocated_mb": round(torch.cuda.memory_allocated(dev) / 2**20, 1),
+            "max_memory_allocated_mb": round(torch.cuda.max_memory_allocated(dev) / 2**20, 1),
+        }
     return json_safe(report)
 
 

@@ -97,9 +97,10 @@ def make_nondumpable() -> None:
         pass
 
 
-def serve_stdio(max_concurrent: int | None = None, warm: bool = True, allowed_roots=None, allowed_pythons=None, limits=None) -> None:
+def serve_stdio(max_concurrent: int | None = None, warm: bool = True, allowed_roots=None, allowed_pythons=None, limits=None,
+                executor=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     make_nondumpable()
     runtime = Runtime(max_concurrent=max_concurrent, warm=warm, allowed_roots=allowed_roots, allowed_pythons=allowed_pythons,
-                      limits=limits)
+                      limits=limits, executor=executor)
     build_server(runtime).run("stdio")

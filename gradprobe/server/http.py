@@ -51,10 +51,11 @@ def serve_http(args) -> int:
         return 2
     make_nondumpable()
     roots = args.allow_root or [os.getcwd()]
-    from gradprobe.cli import _limits
+    from gradprobe.cli import _executor, _limits
 
     runtime = Runtime(max_concurrent=args.max_concurrent, warm=not args.cold, allowed_roots=roots,
-                      per_caller=args.per_caller, allowed_pythons=args.allow_python, limits=_limits(args))
+                      per_caller=args.per_caller, allowed_pythons=args.allow_python, limits=_limits(args),
+                      executor=_executor(args))
     verifier = auth = None
     if tokens:
         from mcp.server.auth.settings import AuthSettings

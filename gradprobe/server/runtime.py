@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from gradprobe.sandbox.cgroups import clean_stale
 from gradprobe.sandbox.runner import Limits, ToolInputError, child_env
 from gradprobe.sandbox.warm import WarmWorker
 
@@ -29,14 +30,17 @@ class _Waiter:
 
 class Runtime:
     def __init__(self, max_concurrent: int | None = None, limits: Limits | None = None, warm: bool = True,
-                 allowed_roots: list[str] | None = None, per_caller: int | None = None, allowed_pythons: list[str] | None = None):
+                 allowed_roots: list[str] | None = None, per_caller: int | None = None, allowed_pythons: list[str] | None = None,
+                 executor=None):
         self.max_concurrent = max_concurrent or os.cpu_count() or 2
         self.per_caller = per_caller or self.max_concurrent  # stdio has one caller: no per-caller cap
         self.limits = limits or Limits()
-        self.warm = WarmWorker(child_env(tempfile.gettempdir())) if warm else None
+        self.executor = executor  # None: children on this machine; else e.g. RayExecutor
+        self.warm = WarmWorker(child_env(tempfile.gettempdir())) if warm and executor is None else None
         self.allowed_roots = [os.path.realpath(r) for r in (allowed_roots or [])]
         self.allowed_pythons = [os.path.realpath(p) for p in (allowed_pythons or [])]
         self.phase_total = float(len(PHASES))
+        clean_stale()  # empty per-call cgroups a killed server left behind
         self._running: dict[str, int] = {}
         self._waiting: list[_Waiter] = []
 

@@ -1,0 +1,78 @@
+"""The Ray executor on a local Ray instance (CPU only): same results as the local executor,
+cancellation kills the child, and a dead worker becomes a clear finding."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import anyio
+import pytest
+
+from conftest import EXAMPLES
+from gradprobe.sandbox.execute import execute
+from gradprobe.sandbox.runner import Limits
+from gradprobe.target import Target
+
+ray = pytest.importorskip("ray", reason="the Ray executor is an optional extra: pip install 'gradprobe[ray]'")
+
+CASES = ["gp302_detach_in_attention.py", "gp201_optimizer_misses_head.py", "gp404_gate_weight_none.py", "gp103_heads_in_dict.py"]
+TOOLS = {"gp302_detach_in_attention.py": "trace_grad_path", "gp201_optimizer_misses_head.py": "check_optimizer_coverage",
+         "gp404_gate_weight_none.py": "run_gradcheck", "gp103_heads_in_dict.py": "inspect_parameters"}
+
+
+@pytest.fixture(scope="module")
+def executor():
+    from gradprobe.sandbox.ray_executor import RayExecutor
+
+    ex = RayExecutor("local", num_cpus=2)
+    yield ex
+    ex.shutdown()
+
+
+def shape(report: dict) -> list:
+    return [(f["code"], f["parameters"], (f["location"] or {}).get("line")) for f in report["findings"]]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", CASES)
+async def test_same_results_as_the_local_executor(executor, case):
+    target = Target(project_dir=str(EXAMPLES), model=case)
+    local = await execute(TOOLS[case], target)
+    remote = await execute(TOOLS[case], target, executor=executor)
+    assert shape(remote) == shape(local)
+    assert remote["facts"]["sandbox"]["child"].startswith("a Ray task")
+
+
+def _children() -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if b"gradprobe/sandbox/child.py" in open(f"/proc/{d}/cmdline", "rb").read():
+                    out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+@pytest.mark.anyio
+async def test_cancellation_cancels_the_task_and_kills_the_child(executor, tmp_path):
+    (tmp_path / "case.py").write_text("import time, torch.nn as nn\ndef build_model():\n    time.sleep(600)\n    return nn.Linear(2, 2)\n")
+    target = Target(project_dir=str(tmp_path), model="case.py", timeout_s=600)
+    with anyio.move_on_after(8):
+        await execute("inspect_parameters", target, executor=executor)
+    deadline = time.monotonic() + 15
+    while _children() and time.monotonic() < deadline:
+        await anyio.sleep(0.3)
+    assert not _children()
+
+
+@pytest.mark.anyio
+async def test_a_dead_worker_is_a_clear_finding(executor, tmp_path):
+    # without isolation the child may signal its parent: here it kills the Ray worker running it
+    (tmp_path / "case.py").write_text("import os, signal, torch.nn as nn\ndef build_model():\n    os.kill(os.getppid(), signal.SIGKILL)\n    return nn.Linear(2, 2)\n")
+    target = Target(project_dir=str(tmp_path), model="case.py", timeout_s=60)
+    report = await execute("inspect_parameters", target, executor=executor, limits=Limits(isolate=False))
+    f = report["findings"][0]
+    assert f["code"] == "GP100" and "Ray worker" in f["message"], f["message"]
