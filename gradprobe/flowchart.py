@@ -61,7 +61,7 @@ def flow_svg(graph: dict) -> str:
         brk = g.get("break")
         if g["status"] == "broken" and brk:
             mx, my = 230, (height // 2 + y + 16) // 2
-            parts.append(f'<text x="{mx}" y="{my - 4}" fill="{stroke}" text-anchor="middle" font-size="11">'
+            parts.append(f'<text x="{mx}" y="{my - 10}" fill="{stroke}" text-anchor="middle" font-size="11">'
                          f'✗ {html.escape(brk["code"] + " " + brk["op"])}' + (f' line {brk["line"]}' if brk.get("line") else "") + '</text>')
         parts.append(f'<rect x="360" y="{y}" width="340" height="32" rx="4" fill="{fill}" stroke="{stroke}"/>')
         label = f'{g["module"]} ({g["count"]}): {g["status"]}'

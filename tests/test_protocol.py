@@ -121,3 +121,40 @@ async def test_a_fresh_server_answers_tools_list():
         tools = (await c.list_tools()).tools
     assert {t.name for t in tools} == TOOLS
     print(f"server start -> tools/list: {time.perf_counter() - t0:.2f}s (benchmarks/ reports this as a ratio)")
+
+
+@pytest.mark.anyio
+async def test_meta_device_inspects_a_llama_7b_sized_model_without_weights(client):
+    setup = ("from transformers import LlamaConfig, LlamaForCausalLM\n"
+             "cfg = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,\n"
+             "                  num_key_value_heads=32, vocab_size=32000)\n"
+             "model = LlamaForCausalLM(cfg)\n")
+    r = await client.call_tool("inspect_parameters", {"target": {"project_dir": str(EXAMPLES), "setup": setup, "device": "meta"}})
+    sc = r.structured_content
+    assert sc["ok"] and sc["facts"]["counts"]["numel"] == 6_738_415_616
+    assert sc["facts"]["parameters"][0]["device"] == "meta"
+    assert sc["facts"]["child_peak_rss_mb"] < 1536
+
+
+@pytest.mark.anyio
+async def test_explicit_function_is_checked_on_the_targets_inputs(client):
+    setup = "model = nn.Identity()\ninputs = torch.randn(3, 4)\n"
+    r = await client.call_tool("run_gradcheck", {"target": {"project_dir": str(EXAMPLES), "setup": setup},
+                                                 "function": "gp401_cube_wrong_derivative.py:CubicAct"})
+    f = r.structured_content["findings"][0]
+    assert f["code"] == "GP401" and "CubicAct" in f["message"]
+
+
+@pytest.mark.anyio
+async def test_children_of_the_warm_worker_run_multithreaded_ops(client, tmp_path):
+    """The warm worker only imports: had it run one multi-threaded op, this matmul would deadlock the child."""
+    (tmp_path / "case.py").write_text(
+        "import torch, torch.nn as nn\n"
+        "def build_model():\n"
+        "    assert torch.get_num_threads() >= 1\n"
+        "    (torch.randn(1024, 1024) @ torch.randn(1024, 1024)).sum()\n"
+        "    return nn.Linear(2, 2)\n")
+    r = await client.call_tool("inspect_parameters", {"target": {"project_dir": str(tmp_path), "model": "case.py", "timeout_s": 60}})
+    sc = r.structured_content
+    assert sc["ok"], sc["findings"]
+    assert sc["facts"]["sandbox"]["child"] == "forked from the warm worker"
