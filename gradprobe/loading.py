@@ -328,3 +328,22 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
         optimizer_error=optimizer_error,
         info=info,
     )
+
+
+def live_target(model: nn.Module, batch: Any = None, loss_fn: Callable | None = None, optimizer: Any = None,
+                train_step: Callable | None = None, project_dir: str | None = None) -> Loaded:
+    """Wrap live objects (a notebook's model and batch) as a loaded target, for the library entry points.
+
+    `project_dir` decides which frames are "user" lines; by default the directory of the file that
+    defines the model's class.
+    """
+    import inspect
+
+    if project_dir is None:
+        try:
+            project_dir = os.path.dirname(inspect.getfile(type(model)))
+        except (TypeError, OSError):
+            project_dir = os.getcwd()
+    return Loaded(model=model, batch=batch, loss_fn=loss_fn, optimizer=optimizer, make_optimizer=None,
+                  train_step=train_step, user=UserCode(project_dir), record=BuildRecord(), device="cpu",
+                  info={"grad_enabled_after_build": torch.is_grad_enabled()})

@@ -36,7 +36,7 @@ def __getattr__(name: str) -> Any:
     elif name == "verify_prompt_tuning":
         from gradprobe.checks.prompt_tuning import verify_prompt_tuning as fn
     elif name == "diagnose":
-        from gradprobe.checks.diagnose import diagnose as fn
+        from gradprobe.checks.diagnosis import diagnose as fn
     else:
         raise AttributeError(name)
     return fn
@@ -63,7 +63,7 @@ def run_tool(tool: str, loaded, options: dict) -> dict:
 
         return prompt_report(loaded, prompt=options.get("prompt"))
     if tool == "diagnose":
-        from gradprobe.checks.diagnose import diagnose_report
+        from gradprobe.checks.diagnosis import diagnose_report
 
         return diagnose_report(loaded, **options)
     raise ValueError(f"unknown tool {tool!r}")

@@ -466,16 +466,6 @@ def _explicit(loaded, ref: str, watch: ApplyWatch) -> ApplyWatch:
 
 def run_gradcheck(model, batch, function=None, check_second_order=False, atol=None, rtol=None, project_dir=None) -> dict:
     """Library entry: discover and check the custom Functions a live model uses on `batch`."""
-    import os
+    from gradprobe.loading import live_target
 
-    from gradprobe.loading import BuildRecord, Loaded
-    from gradprobe.userframes import UserCode
-
-    if project_dir is None:
-        try:
-            project_dir = os.path.dirname(inspect.getfile(type(model)))
-        except (TypeError, OSError):
-            project_dir = os.getcwd()
-    loaded = Loaded(model=model, batch=batch, loss_fn=None, optimizer=None, make_optimizer=None, train_step=None,
-                    user=UserCode(project_dir), record=BuildRecord(), device="cpu")
-    return gradcheck_report(loaded, function, check_second_order, None, atol, rtol)
+    return gradcheck_report(live_target(model, batch, project_dir=project_dir), function, check_second_order, None, atol, rtol)

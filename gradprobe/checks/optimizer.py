@@ -304,13 +304,12 @@ def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
     return analyze_step(loaded.model, loaded.optimizer, before, obs, coverage), facts
 
 
-def check_optimizer_coverage(model: nn.Module, optimizer, batch=None, loss_fn=None, train_step=None, step: bool = True) -> dict:
+def check_optimizer_coverage(model: nn.Module, optimizer, batch=None, loss_fn=None, train_step=None, step: bool = True,
+                             project_dir: str | None = None) -> dict:
     """Library entry: coverage by identity, plus one real step when a batch or train_step is given."""
-    from gradprobe.loading import BuildRecord, Loaded
-    from gradprobe.userframes import UserCode
+    from gradprobe.loading import live_target
 
-    loaded = Loaded(model=model, batch=batch, loss_fn=loss_fn, optimizer=optimizer, make_optimizer=None,
-                    train_step=train_step, user=UserCode(None), record=BuildRecord(), device="cpu")
+    loaded = live_target(model, batch, loss_fn, optimizer, train_step, project_dir)
     return optimizer_report(loaded, step=step and (batch is not None or train_step is not None))
 
 

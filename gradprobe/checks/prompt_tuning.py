@@ -445,17 +445,6 @@ def prompt_report(loaded, prompt: str | None = None) -> dict:
 
 def verify_prompt_tuning(model, batch, loss_fn=None, optimizer=None, train_step=None, prompt=None, project_dir=None) -> dict:
     """Library entry: verify prompt tuning on a live model."""
-    import inspect
-    import os
+    from gradprobe.loading import live_target
 
-    from gradprobe.loading import BuildRecord, Loaded
-    from gradprobe.userframes import UserCode
-
-    if project_dir is None:
-        try:
-            project_dir = os.path.dirname(inspect.getfile(type(model)))
-        except (TypeError, OSError):
-            project_dir = os.getcwd()
-    loaded = Loaded(model=model, batch=batch, loss_fn=loss_fn, optimizer=optimizer, make_optimizer=None,
-                    train_step=train_step, user=UserCode(project_dir), record=BuildRecord(), device="cpu")
-    return prompt_report(loaded, prompt)
+    return prompt_report(live_target(model, batch, loss_fn, optimizer, train_step, project_dir), prompt)

@@ -975,19 +975,7 @@ def trace_report(loaded, parameters=None) -> dict:
 
 def trace_grad_path(model: nn.Module, batch, loss_fn=None, optimizer=None, train_step=None, project_dir: str | None = None,
                     parameters=None) -> dict:
-    """Library entry: trace one step of a live model. `project_dir` decides which frames are "user" lines
-    (default: the directory of the file that defines the model's class)."""
-    import inspect
-    import os
+    """Library entry: trace one step of a live model (see gradprobe.loading.live_target for project_dir)."""
+    from gradprobe.loading import live_target
 
-    from gradprobe.loading import BuildRecord, Loaded
-    from gradprobe.userframes import UserCode
-
-    if project_dir is None:
-        try:
-            project_dir = os.path.dirname(inspect.getfile(type(model)))
-        except (TypeError, OSError):
-            project_dir = os.getcwd()
-    loaded = Loaded(model=model, batch=batch, loss_fn=loss_fn, optimizer=optimizer, make_optimizer=None,
-                    train_step=train_step, user=UserCode(project_dir), record=BuildRecord(), device="cpu")
-    return trace_report(loaded, parameters)
+    return trace_report(live_target(model, batch, loss_fn, optimizer, train_step, project_dir), parameters)

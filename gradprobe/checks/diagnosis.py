@@ -1,4 +1,4 @@
-"""`diagnose`: every check that applies, on one load and one observed step; the root cause first.
+"""`diagnose` (this module is `diagnosis` so that the function keeps the name): every check on one load and one observed step; the root cause first.
 
 The step runs once with every observer active (the trace mode, gradient hooks,
 the optimizer's step and zero_grad calls, custom Function capture, the HF base
@@ -143,18 +143,6 @@ def diagnose_report(loaded) -> dict:
 
 def diagnose(model, batch=None, loss_fn=None, optimizer=None, train_step=None, project_dir=None) -> dict:
     """Library entry: every applicable check on live objects."""
-    import inspect
-    import os
+    from gradprobe.loading import live_target
 
-    from gradprobe.loading import BuildRecord, Loaded
-    from gradprobe.userframes import UserCode
-
-    if project_dir is None:
-        try:
-            project_dir = os.path.dirname(inspect.getfile(type(model)))
-        except (TypeError, OSError):
-            project_dir = os.getcwd()
-    loaded = Loaded(model=model, batch=batch, loss_fn=loss_fn, optimizer=optimizer, make_optimizer=None,
-                    train_step=train_step, user=UserCode(project_dir), record=BuildRecord(), device="cpu",
-                    info={"grad_enabled_after_build": torch.is_grad_enabled()})
-    return diagnose_report(loaded)
+    return diagnose_report(live_target(model, batch, loss_fn, optimizer, train_step, project_dir))
