@@ -29,6 +29,9 @@ PRELOAD = (
 )
 
 
+_WAKE: tuple[int, int] = ()
+
+
 def send_msg(sock: socket.socket, obj: dict) -> None:
     data = json.dumps(obj).encode()
     sock.sendall(struct.pack("!I", len(data)) + data)
@@ -66,7 +69,10 @@ def child(req: dict, fds: list[int], sock: socket.socket) -> None:
     try:
         sock.close()
         os.setsid()
+        signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in _WAKE:
+            os.close(fd)
         out_fd, err_fd, res_fd = fds
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -87,6 +93,11 @@ def child(req: dict, fds: list[int], sock: socket.socket) -> None:
 def serve(sock: socket.socket) -> None:
     buf = b""
     pending: list[int] = []  # fds that arrived with a request not yet complete
+    global _WAKE
+    wake_r, wake_w = _WAKE = os.pipe()  # SIGCHLD wakes select at once: exits are reported without polling delay
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     while True:
         while True:  # report finished children
             try:
@@ -97,8 +108,10 @@ def serve(sock: socket.socket) -> None:
                 break
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             send_msg(sock, {"exit": pid, "code": code})
-        ready, _, _ = select.select([sock], [], [], 0.05)
-        if not ready:
+        ready, _, _ = select.select([sock, wake_r], [], [], 1.0)
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        if sock not in ready:
             continue
         msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 24)
         if not msg:
