@@ -313,6 +313,9 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
                     optimizer = _call_user("making the optimizer", make_optimizer, model)
             except TargetError as exc:
                 optimizer_error = exc
+        if isinstance(optimizer, (tuple, list, dict)):  # (optimizer, scheduler) and friends
+            items = optimizer.values() if isinstance(optimizer, dict) else optimizer
+            optimizer = next((o for o in items if isinstance(o, torch.optim.Optimizer)), optimizer)
     loss_fn = found.get("loss")
     train_step = found.get("train_step")
     return Loaded(

@@ -342,6 +342,14 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
     return findings, facts
 
 
+def _is_user_class(cls, user) -> bool:
+    try:
+        f = inspect.getsourcefile(cls)
+    except (TypeError, OSError):
+        return False
+    return bool(f) and user is not None and user.is_user_file(f)
+
+
 def _user_functions(user) -> list[type]:
     out, stack = [], list(Function.__subclasses__())
     seen = set()
@@ -420,6 +428,8 @@ def gradcheck_findings(loaded, watch: ApplyWatch, direct: DirectForwardWatch, fu
     for cls, entry in watch.calls.items():
         if function and cls.__name__ != function.rpartition(":")[2]:
             continue
+        if not function and not _is_user_class(cls, loaded.user):
+            continue  # a library's own Functions (transformers, peft, ...) are not the user's to fix
         more, facts = check_function(cls, entry["inputs"], entry["params_at"], loaded.user, atol, rtol, check_second_order, fast_mode)
         facts["calls"] = entry["count"]
         facts["called_at"] = entry["location"]

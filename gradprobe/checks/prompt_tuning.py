@@ -100,7 +100,7 @@ RULES = {
     },
 }
 
-PROMPT_NAME = re.compile(r"(prompt|virtual|soft_?tok|prefix)", re.I)
+PROMPT_NAME = re.compile(r"(prompt|virtual|soft_?(tok|emb)|prefix|learned_emb)", re.I)
 
 
 def _hf_pretrained():
@@ -147,12 +147,12 @@ def find_prompt(model: nn.Module, prompt: str | None = None) -> tuple[list[str],
             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and PROMPT_NAME.search(attr) and value.is_floating_point():
                 attrs.append({"name": f"{mod_name}.{attr}" if mod_name else attr, "tensor": value})
     if named or attrs:
-        return named, attrs, "parameters or tensor attributes named like a prompt (prompt, virtual, soft token, prefix)"
+        return named, attrs, "parameters or tensor attributes named like a prompt (prompt, virtual, soft token/embedding, prefix, learned embedding)"
     total = sum(p.numel() for p in params.values())
     trainable = [n for n, p in params.items() if p.requires_grad]
     if trainable and total and sum(params[n].numel() for n in trainable) < 0.5 * total:
         return trainable, [], "the only trainable parameters of a mostly frozen model (under half of its values)"
-    return [], [], "nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft_token/prefix, and a mostly frozen model"
+    return [], [], "nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft token/prefix/learned embedding, and a mostly frozen model"
 
 
 class BaseObserver:

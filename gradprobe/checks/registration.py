@@ -131,12 +131,21 @@ def _rhs(loc: dict | None, attr: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _container_items(value):
+def _container_items(value, depth: int = 0):
+    """(dotted key, item) of a list/tuple/dict attribute, one level of nesting included ([[p, q], [r]])."""
     if isinstance(value, (list, tuple)):
-        return [(str(i), v) for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        return [(str(k), v) for k, v in value.items()]
-    return None
+        pairs = [(str(i), v) for i, v in enumerate(value)]
+    elif isinstance(value, dict):
+        pairs = [(str(k), v) for k, v in value.items()]
+    else:
+        return None
+    if depth == 0:
+        flat = []
+        for k, v in pairs:
+            inner = _container_items(v, 1) if isinstance(v, (list, tuple, dict)) else None
+            flat += [(f"{k}.{k2}", v2) for k2, v2 in inner] if inner is not None else [(k, v)]
+        return flat
+    return pairs
 
 
 def parameter_table(model: nn.Module) -> tuple[list[dict], list[dict]]:

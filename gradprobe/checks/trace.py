@@ -137,7 +137,7 @@ RULES = {
     },
 }
 
-LEFT_OPS = {"item", "tolist", "numpy", "__float__", "__int__", "__index__", "__complex__"}
+LEFT_OPS = {"item", "tolist", "numpy", "__array__", "__float__", "__int__", "__index__", "__complex__"}
 REWRAP_OPS = {"tensor", "as_tensor", "asarray", "from_numpy", "frombuffer"}
 DETACH_OPS = {"detach", "detach_"}
 ZERO_DERIVATIVE_OPS = {"round", "floor", "ceil", "trunc", "sign", "frac_", "round_", "floor_", "ceil_", "sign_", "heaviside"}
@@ -234,6 +234,8 @@ class GradTracer(TorchFunctionMode):
         if func is _GRAD_ENABLE:
             self._grad_switch(bool(args[0]) if args else True)
             return func(*args, **kwargs)
+        if self.disable_site is not None and torch.is_grad_enabled():
+            self.disable_site = None  # an inference_mode block ended
         name = getattr(func, "__name__", "")
         if name == "__get__":
             attr = getattr(getattr(func, "__self__", None), "__name__", "")
@@ -430,6 +432,16 @@ class GradTracer(TorchFunctionMode):
 
         self._patches.append(("attr", torch, "from_numpy", orig_from_numpy))
         torch.from_numpy = from_numpy
+        # inference_mode does not go through _set_grad_enabled: note where it is entered too
+        orig_enter = torch.inference_mode.__enter__
+
+        def inference_enter(ctx):
+            if getattr(ctx, "mode", True) and torch.is_grad_enabled():
+                tracer.disable_site = tracer._disable_site(sys._getframe(1))
+            return orig_enter(ctx)
+
+        self._patches.append(("attr", torch.inference_mode, "__enter__", orig_enter))
+        torch.inference_mode.__enter__ = inference_enter
 
     def _remove_boundary_watch(self):
         from multiprocessing.reduction import ForkingPickler
