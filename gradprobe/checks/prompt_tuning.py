@@ -289,9 +289,12 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
     # mask and labels alignment
     align: dict[str, Any] = {}
     peft_prefix = _peft_type(model) in ("PREFIX_TUNING",)
+    in_sequence = not rule.startswith("the only trainable")  # adapters (LoRA, ...) occupy no sequence positions
     if peft_prefix:
         align["note"] = "prefix tuning: the virtual tokens reach the base as past_key_values, not as sequence positions"
-    if call and n_virt and not peft_prefix:
+    elif not in_sequence:
+        align["note"] = "the trainable parts are adapters, not virtual tokens: no mask/labels alignment to check"
+    if call and n_virt and not peft_prefix and in_sequence:
         t = call["tensors"]
         seq = t["inputs_embeds"].shape[1] if "inputs_embeds" in t else (t["input_ids"].shape[1] if "input_ids" in t else None)
         align = {"embedded_length": seq, "virtual_tokens": n_virt}
