@@ -88,3 +88,26 @@ def test_verify_prompt_tuning_on_a_live_gpt2():
     report = verify_prompt_tuning(SoftPrompt(), {"input_ids": ids, "labels": ids})
     assert report["ok"], report["findings"]
     assert report["facts"]["prompt"][0]["grad"] == "ok" and report["facts"]["alignment"]["embedded_length"] == 9
+
+
+def test_prompt_appended_after_the_tokens_is_located_by_value():
+    import torch.nn.functional as F
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    class SuffixPrompt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=32))
+            self.lm.requires_grad_(False)
+            self.prompt = nn.Parameter(torch.randn(3, 16) * 0.02)
+
+        def forward(self, input_ids, attention_mask, labels):
+            b = input_ids.size(0)
+            emb = torch.cat([self.lm.get_input_embeddings()(input_ids), self.prompt.expand(b, -1, -1)], 1)
+            mask = F.pad(attention_mask, (0, 3))  # zeros over the appended prompt
+            return self.lm(inputs_embeds=emb, attention_mask=mask, labels=F.pad(labels, (0, 3), value=-100))
+
+    ids = torch.randint(0, 64, (2, 6))
+    report = verify_prompt_tuning(SuffixPrompt(), {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+    assert report["findings"][0]["code"] == "GP506"
+    assert report["facts"]["alignment"]["prompt_positions"] == [6, 9]

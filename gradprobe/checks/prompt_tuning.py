@@ -298,11 +298,13 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
         t = call["tensors"]
         seq = t["inputs_embeds"].shape[1] if "inputs_embeds" in t else (t["input_ids"].shape[1] if "input_ids" in t else None)
         align = {"embedded_length": seq, "virtual_tokens": n_virt}
+        start = _prompt_start(t.get("inputs_embeds"), list(prompt_params.values()) + [a["tensor"] for a in attrs], n_virt)
+        align["prompt_positions"] = [start, start + n_virt]
         mask = t.get("attention_mask")
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and seq:
             align["mask_length"] = mask.shape[1]
             if mask.shape[1] == seq:
-                cols = mask[:, :n_virt]
+                cols = mask[:, start:start + n_virt]
                 align["mask_on_prompt_positions"] = float(cols.float().mean())
                 if bool((cols == 0).all()):
                     loc = tracer.made_at(mask) if tracer else None
@@ -322,13 +324,13 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
                     parameters=sorted(pnames), location=(tracer.made_at(labels) if tracer else None) or call["location"],
                     evidence={"labels_length": labels.shape[1], "embedded_length": seq, "virtual_tokens": n_virt}))
             else:
-                ignored = bool((labels[:, :n_virt] == -100).all())
+                ignored = bool((labels[:, start:start + n_virt] == -100).all())
                 align["labels_ignore_prompt_positions"] = ignored
                 if not ignored:
                     findings.append(make_finding(
                         "GP507", f"labels on the {n_virt} prompt positions are not the ignore index -100: the model is trained to predict tokens at virtual positions.",
                         parameters=sorted(pnames), location=(tracer.made_at(labels) if tracer else None) or call["location"],
-                        evidence={"labels_prompt_columns": labels[0, :n_virt].tolist()}))
+                        evidence={"labels_prompt_columns": labels[0, start:start + n_virt].tolist()}))
     facts["alignment"] = align
     # cache in training
     for c in train_calls:
@@ -346,6 +348,7 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
     if loaded.optimizer is not None and isinstance(loaded.optimizer, torch.optim.Optimizer):
         in_opt = {id(t) for g in loaded.optimizer.param_groups for t in g["params"]}
         missing = [n for n, p in prompt_params.items() if p.requires_grad and id(p) not in in_opt]
+        missing += [a["name"] for a in attrs if a["tensor"].is_leaf and a["tensor"].requires_grad and id(a["tensor"]) not in in_opt]
         if missing:
             site = loaded.record.optimizer_sites.get(id(loaded.optimizer), (None, None))[1] if loaded.record else None
             findings.append(make_finding(
@@ -395,6 +398,24 @@ def checkpoint_findings(tracer, trace_facts: dict, names: list[str] | None = Non
         "GP511", "Reentrant gradient checkpointing ran with no input requiring grad: the checkpointed blocks return outputs without history.",
         parameters=names or [r["name"] for r in trace_facts["per_parameter"] if r["grad"] == "none"],
         location=tracer.checkpoint_warnings[0], evidence={"warnings": len(tracer.checkpoint_warnings)})]
+
+
+def _prompt_start(embeds, prompts: list, n_virt: int) -> int:
+    """Where the virtual tokens sit in the embedded sequence: found by value when the prompt's rows were
+    copied into inputs_embeds (prepended, appended or in the middle), else assumed prepended."""
+    if not isinstance(embeds, torch.Tensor) or embeds.dim() != 3:
+        return 0
+    with torch.no_grad(), torch._C.DisableTorchFunction():
+        row0 = embeds[0].detach()
+        for p in prompts:
+            if not isinstance(p, torch.Tensor) or p.dim() != 2 or p.shape[-1] != row0.shape[-1] or p.shape[0] != n_virt:
+                continue
+            first = p[0].detach().to(row0.dtype)
+            hits = (row0 == first).all(dim=-1).nonzero().flatten().tolist()
+            for h in hits:
+                if h + n_virt <= row0.shape[0] and torch.equal(row0[h:h + n_virt], p.detach().to(row0.dtype)):
+                    return int(h)
+    return 0
 
 
 def _peft_type(model) -> str | None:
