@@ -436,7 +436,7 @@ def _attr_site(loaded, path: str):
 
 
 def run_prompt_checks(loaded, prompt: str | None = None):
-    """Find the prompt, observe one traced step with the base watched, return (findings, facts, trace)."""
+    """Find the prompt, observe one traced step with the base watched; (findings, facts, trace, found)."""
     from gradprobe.checks.trace import trace_findings
 
     found = find_prompt(loaded.model, prompt)
@@ -448,12 +448,11 @@ def run_prompt_checks(loaded, prompt: str | None = None):
     else:
         trace = trace_findings(loaded, provenance=True)
     findings, facts = prompt_findings(loaded, prompt, trace, obs, found)
-    return findings, facts, trace
+    return findings, facts, trace, found
 
 
 def prompt_report(loaded, prompt: str | None = None) -> dict:
-    findings, facts, trace = run_prompt_checks(loaded, prompt)
-    names_, attrs, rule = find_prompt(loaded.model, prompt)
+    findings, facts, trace, (names_, attrs, rule) = run_prompt_checks(loaded, prompt)
     if not names_ and not attrs:
         return make_report("verify_prompt_tuning", findings, [f"No soft prompt found ({rule}). Name it with `prompt`."], **facts)
     # keep trace findings about the prompt that no GP5xx explains
