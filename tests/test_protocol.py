@@ -158,3 +158,21 @@ async def test_children_of_the_warm_worker_run_multithreaded_ops(client, tmp_pat
     sc = r.structured_content
     assert sc["ok"], sc["findings"]
     assert sc["facts"]["sandbox"]["child"] == "forked from the warm worker"
+
+
+@pytest.mark.anyio
+async def test_an_interpreter_without_torch_is_a_clear_tool_error(client, tmp_path):
+    bare = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    py = bare / "bin" / "python"
+    r = await client.call_tool("inspect_parameters", {"target": {"project_dir": str(EXAMPLES), "model": "gp101_temperature_tensor.py", "python": str(py)}})
+    assert r.is_error
+    text = r.content[0].text
+    assert str(py) in text and "torch" in text, text
+
+
+@pytest.mark.anyio
+async def test_the_projects_own_interpreter_runs_the_checks(client):
+    r = await client.call_tool("trace_grad_path", {"target": {"project_dir": str(EXAMPLES), "model": "gp303_no_grad_block.py", "python": sys.executable}})
+    sc = r.structured_content
+    assert sc["findings"][0]["code"] == "GP303" and sc["facts"]["sandbox"]["child"] == "cold interpreter"
