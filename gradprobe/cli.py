@@ -63,7 +63,8 @@ def _run_check(args) -> int:
 def _limits(args):
     from gradprobe.sandbox.runner import Limits
 
-    return Limits(isolate=not getattr(args, "no_isolation", False), require_isolation=getattr(args, "require_isolation", False))
+    return Limits(memory_bytes=int(getattr(args, "memory_gb", 8.0) * 1024**3),
+                  isolate=not getattr(args, "no_isolation", False), require_isolation=getattr(args, "require_isolation", False))
 
 
 def _executor(args):
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--require-isolation", action="store_true",
                        help="refuse to run user code when an isolation layer (namespaces, Landlock, capabilities, cgroups) is missing")
     serve.add_argument("--no-isolation", action="store_true", help="only the process boundary, limits and a scrubbed environment")
+    serve.add_argument("--memory-gb", type=float, default=8.0, help="memory limit of each check (cgroup; address space on CPU runs)")
     serve.add_argument("--executor", choices=["local", "ray"], default="local", help="where sandboxed jobs run")
     serve.add_argument("--ray-address", default="local", help="Ray cluster address ('auto', 'ray://host:10001'); 'local' starts one here")
     serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name outside the roots")
