@@ -300,3 +300,17 @@ async def test_thread_bomb_is_contained(client, tmp_path):
     msg = result.structured_content["findings"][0]["message"]
     assert "threads" in msg and int(msg.rsplit("threads ", 1)[1].split()[0]) < 1000
     await still_serves(client, tmp_path)
+
+
+@pytest.mark.anyio
+async def test_seccomp_denies_namespace_escapes_and_raw_sockets(client, tmp_path):
+    seen, iso = await probe(client, tmp_path, "import ctypes\ndef attempt():\n"
+                            "    libc = ctypes.CDLL(None, use_errno=True)\n"
+                            "    if libc.unshare(0x10000000) != 0:\n        raise PermissionError('unshare')\n"
+                            "    return 'unshared'\n")
+    assert seen.startswith("blocked"), (seen, iso)
+    if not iso.get("syscalls", "").startswith("MISSING"):
+        sub = tmp_path / "s"
+        sub.mkdir()
+        seen, _ = await probe(client, sub, "def attempt():\n    return socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n")
+        assert seen.startswith("blocked"), seen

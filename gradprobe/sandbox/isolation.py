@@ -10,7 +10,8 @@ every result, so a missing layer is visible rather than silently absent:
   child cannot read a non-dumpable process's /proc files or remount anything;
 - filesystem: Landlock (read-only: the Python installation, gradprobe, the project;
   read-write: the call's scratch dir and /dev/shm), plus TCP bind/connect denial and
-  signal/abstract-socket scoping where the kernel's Landlock ABI has them.
+  signal/abstract-socket scoping where the kernel's Landlock ABI has them;
+- syscalls: a seccomp filter denying non-Unix sockets, ptrace, mount, unshare, bpf, keyctl, ...
 """
 
 from __future__ import annotations
@@ -135,6 +136,40 @@ def landlock(read_only: list[str], read_write: list[str], files_rw: list[str]) -
     return True, f"Landlock ABI {abi}: read-only installation and project, read-write scratch{extra}"
 
 
+# seccomp: deny what sandboxed model code never needs. x86_64 numbers; other architectures report MISSING.
+_DENIED_X86_64 = {
+    "ptrace": 101, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "unshare": 272, "setns": 308,
+    "bpf": 321, "keyctl": 250, "add_key": 248, "request_key": 249, "userfaultfd": 323, "io_uring_setup": 425,
+    "perf_event_open": 298, "kexec_load": 246, "init_module": 175, "finit_module": 313,
+}
+_SOCKET_X86_64 = 41
+_AF_UNIX = 1
+
+
+def seccomp_filter() -> tuple[bool, str]:
+    """A classic-BPF filter: non-AF_UNIX sockets -> EACCES, the syscalls above -> EPERM, the rest allowed."""
+    if platform.machine() != "x86_64":
+        return False, f"no syscall table for {platform.machine()}"
+    ld_abs, jeq, ret = 0x20, 0x15, 0x06
+    allow, errno = 0x7FFF0000, 0x00050000
+
+    def op(code, k, jt=0, jf=0):
+        return struct.pack("HBBI", code, jt, jf, k)
+
+    prog = [op(ld_abs, 4), op(jeq, 0xC000003E, 1, 0), op(ret, allow), op(ld_abs, 0)]
+    for nr in _DENIED_X86_64.values():
+        prog += [op(jeq, nr, 0, 1), op(ret, errno | 1)]  # EPERM
+    prog += [op(jeq, _SOCKET_X86_64, 1, 0), op(ret, allow),
+             op(ld_abs, 16), op(jeq, _AF_UNIX, 0, 1), op(ret, allow), op(ret, errno | 13)]  # EACCES
+    code = b"".join(prog)
+    buf = ctypes.create_string_buffer(code)
+    fprog = struct.pack("HxxxxxxQ", len(prog), ctypes.addressof(buf))
+    fbuf = ctypes.create_string_buffer(fprog)
+    if _libc.prctl(22, 2, fbuf, 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        return False, f"seccomp failed ({_err()})"
+    return True, f"seccomp: non-Unix sockets and {len(_DENIED_X86_64)} syscalls (ptrace, mount, unshare, bpf, ...) denied"
+
+
 def readable_roots(project_dir: str, package_root: str) -> list[str]:
     roots = ["/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/proc", "/sys", "/opt",
              sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
@@ -161,4 +196,7 @@ def apply(policy: dict) -> dict:
             ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full", "/dev/tty"],
         )
         report["filesystem"] = how if ok else f"MISSING: {how}"
+    if policy.get("syscalls", True):
+        ok, how = seccomp_filter()
+        report["syscalls"] = how if ok else f"MISSING: {how}"
     return report
