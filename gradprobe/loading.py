@@ -7,6 +7,7 @@ can point at the user's line (`self.blocks = [...]`, `Adam(self.parameters())`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import linecache
@@ -216,12 +217,6 @@ def _call_user(phase: str, fn: Callable, *args) -> Any:
         raise TargetError(phase, f"{phase}: {type(exc).__name__}: {exc}", exc) from exc
 
 
-def _nullcontext():
-    import contextlib
-
-    return contextlib.nullcontext()
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
@@ -259,7 +254,7 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
             code = compile(setup, SETUP_FILENAME, "exec")
         except SyntaxError as exc:
             raise TargetError("importing", f"setup code has a syntax error: {exc}", exc) from exc
-        with BuildRecorder(user, record), (torch.device("meta") if meta else _nullcontext()):
+        with BuildRecorder(user, record), (torch.device("meta") if meta else contextlib.nullcontext()):
             _call_user("running setup", exec, code, namespace)
         for what, name in SETUP_NAMES.items():
             if name in namespace:

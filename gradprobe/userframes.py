@@ -18,6 +18,11 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _DEMO_DIR = os.path.join(_PACKAGE_DIR, "demo") + os.sep  # the bundled broken model is user code
 
 
+def location(filename: str, line: int, function: str) -> dict:
+    """A finding's location: file, line, function and the source text of that line."""
+    return {"file": filename, "line": int(line), "function": function, "code": linecache.getline(filename, line).strip()}
+
+
 class UserCode:
     """Decides, with a cache, whether a code file belongs to the user's project."""
 
@@ -44,12 +49,7 @@ class UserCode:
         return path.startswith(self.root)
 
     def location_of(self, filename: str, line: int, function: str) -> dict:
-        return {
-            "file": filename,
-            "line": int(line),
-            "function": function,
-            "code": linecache.getline(filename, line).strip(),
-        }
+        return location(filename, line, function)
 
     def innermost(self, frame: FrameType | None = None, skip: int = 1) -> dict | None:
         """The innermost user frame of the current stack (or of `frame` outward)."""

@@ -108,7 +108,7 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     if not prompt_on:
         findings += prompt_tuning.checkpoint_findings(tracer, tfacts)
     if prompt_on:
-        pfindings, pfacts = prompt_tuning.prompt_findings(loaded, None, (tfindings, tfacts, tracer, grads, step), base_obs, found)
+        pfindings, pfacts = prompt_tuning.prompt_findings(loaded, (tfindings, tfacts, tracer, grads, step), base_obs, found)
         findings += pfindings
         facts["prompt_tuning"] = pfacts
         facts["checks"].append("prompt_tuning")

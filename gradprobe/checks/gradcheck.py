@@ -23,6 +23,7 @@ from gradprobe.checks._apply import ApplyWatch, inside_custom_function  # noqa: 
 from gradprobe.checks._step import call_model, param_names
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
+from gradprobe.userframes import location
 
 RULES = {
     "GP401": {
@@ -94,25 +95,18 @@ def _backward_lines(cls) -> tuple[dict | None, dict | None]:
     if fn is None:
         return None, None
     try:
-        lines, start = inspect.getsourcelines(fn)
+        lines, start = inspect.getsourcelines(fn)  # start is the first decorator's line
         filename = inspect.getsourcefile(fn)
     except (OSError, TypeError):
         return None, None
-    src = textwrap.dedent("".join(lines))
-    def_loc = {"file": filename, "line": start, "function": f"{cls.__name__}.backward", "code": lines[0].strip()}
+    name = f"{cls.__name__}.backward"
+    def_offset = next((i for i, line in enumerate(lines) if line.lstrip().startswith("def ")), 0)
+    def_loc = location(filename, start + def_offset, name)
     try:
-        tree = ast.parse(src)
+        rets = [n.lineno for n in ast.walk(ast.parse(textwrap.dedent("".join(lines)))) if isinstance(n, ast.Return)]
     except SyntaxError:
-        return def_loc, None
-    rets = [n for n in ast.walk(tree) if isinstance(n, ast.Return)]
-    if not rets:
-        return def_loc, None
-    ln = max(r.lineno for r in rets)
-    # decorators shift: source starts at the first decorator line
-    ret_line = start + ln - 1
-    return ({**def_loc, "line": start + next((i for i, l in enumerate(lines) if l.strip().startswith("def ")), 0),
-             "code": next((l.strip() for l in lines if l.strip().startswith("def ")), lines[0].strip())},
-            {"file": filename, "line": ret_line, "function": f"{cls.__name__}.backward", "code": lines[ln - 1].strip()})
+        rets = []
+    return def_loc, (location(filename, start + max(rets) - 1, name) if rets else None)
 
 
 def _as_double(inputs: tuple) -> tuple[tuple, bool]:
@@ -247,7 +241,8 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
         return findings, facts
     gos = [torch.randn_like(o) for o in outs_req]
     try:
-        grads = torch.autograd.grad(outs_req, [inputs64[j] for j in req], gos, allow_unused=True)
+        # autograd validates the backward's count and shapes here: its errors are the findings
+        torch.autograd.grad(outs_req, [inputs64[j] for j in req], gos, allow_unused=True)
     except Exception as exc:
         text = str(exc)
         parsed = _parse_structure_error(text)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import module_of, param_names
+from gradprobe.checks._step import module_of
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
 
@@ -223,7 +223,7 @@ def _n_virtual(model, prompt_params: dict, attrs: list[dict], base) -> int | Non
     return None
 
 
-def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObserver | None, found: tuple) -> tuple[list[Finding], dict]:
+def prompt_findings(loaded, trace: tuple, base_obs: BaseObserver | None, found: tuple) -> tuple[list[Finding], dict]:
     model = loaded.model
     names_, attrs, rule = found
     trace_list, trace_facts, tracer, grads, step = trace
@@ -274,17 +274,14 @@ def prompt_findings(loaded, prompt: str | None, trace: tuple, base_obs: BaseObse
                 evidence={"break": f["evidence"], "base_inputs": facts.get("base_inputs")},
             ))
             explained = True
-        elif gens and f["code"] in ("GP303", "GP310"):
-            findings.append(make_finding(
-                "GP505", "The loss is computed from generate(), which runs under no_grad: nothing links it to the prompt.",
-                parameters=sorted(pnames & set(f["parameters"])) or sorted(pnames), location=gens[0]["location"],
-                evidence={"break": f["evidence"], "generate_calls": len(gens)},
-            ))
-            explained = True
-    if gens and no_grad and not explained:
+    gen_breaks = [f for f in breaks if f["code"] in ("GP303", "GP310")] if gens else []
+    if gens and (gen_breaks or (no_grad and not explained)):
+        cut = sorted(pnames & {n for f in gen_breaks for n in f["parameters"]})
         findings.append(make_finding(
             "GP505", "The loss is computed from generate(), which runs under no_grad: nothing links it to the prompt.",
-            parameters=no_grad, location=gens[0]["location"], evidence={"generate_calls": len(gens)}))
+            parameters=cut or (sorted(pnames) if gen_breaks else no_grad), location=gens[0]["location"],
+            evidence={"break": gen_breaks[0]["evidence"] if gen_breaks else None, "generate_calls": len(gens)},
+        ))
         explained = True
     # mask and labels alignment
     align: dict[str, Any] = {}
@@ -447,7 +444,7 @@ def run_prompt_checks(loaded, prompt: str | None = None):
             trace = trace_findings(loaded, provenance=True)
     else:
         trace = trace_findings(loaded, provenance=True)
-    findings, facts = prompt_findings(loaded, prompt, trace, obs, found)
+    findings, facts = prompt_findings(loaded, trace, obs, found)
     return findings, facts, trace, found
 
 

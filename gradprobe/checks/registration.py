@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.report import make_report
+from gradprobe.userframes import location
 from gradprobe.findings import Finding, make_finding
 
 RULES = {
@@ -235,12 +236,7 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
             fwd = type(module).forward
             wrapped = getattr(fwd, "__wrapped__", fwd)
             code = getattr(wrapped, "__code__", None)
-            loc = None
-            if code is not None:
-                import linecache
-
-                loc = {"file": code.co_filename, "line": code.co_firstlineno, "function": code.co_name,
-                       "code": linecache.getline(code.co_filename, code.co_firstlineno).strip()}
+            loc = location(code.co_filename, code.co_firstlineno, code.co_name) if code is not None else None
             findings.append(make_finding(
                 "GP111",
                 f"{type(module).__name__}.forward is decorated with {kind}: its {len(names)} parameters never get a gradient.",

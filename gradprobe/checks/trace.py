@@ -17,7 +17,6 @@ module too: ForkingPickler reducers and Tensor.__reduce_ex__ are watched).
 
 from __future__ import annotations
 
-import copyreg
 import math
 import re
 import sys
@@ -148,13 +147,12 @@ CODES_BY_KIND = {"detach": "GP302", "no_grad": "GP303", "left": "GP304", "rewrap
 
 class Candidate:
     __slots__ = ("index", "kind", "op", "location", "grad_enabled", "inputs", "direct", "disable_site",
-                 "left_at", "came_back_at", "out_ptrs", "process_at", "backwards_before")
+                 "left_at", "came_back_at", "process_at", "backwards_before")
 
     def __init__(self, index, kind, op, location, grad_enabled, inputs, direct, disable_site):
         self.index, self.kind, self.op, self.location = index, kind, op, location
         self.grad_enabled, self.inputs, self.direct, self.disable_site = grad_enabled, inputs, direct, disable_site
         self.left_at = self.came_back_at = self.process_at = None
-        self.out_ptrs: set[int] = set()
         self.backwards_before = 0
 
     def can_explain(self, n_backward: int) -> bool:
@@ -322,7 +320,6 @@ class GradTracer(TorchFunctionMode):
                 ptr = _storage_ptr(o)
                 if ptr is not None:
                     self.detached[ptr] = cand.index
-                    cand.out_ptrs.add(ptr)
         if kind == "left":
             cand.left_at = loc
             self.left_events.append((cand.index, loc))
@@ -529,7 +526,6 @@ def _reach(cands: list[Candidate], targets: set[int]) -> dict[int, set[int]]:
             return memo[key]
         memo[key] = frozenset()
         stack = [(node, iter(node.next_functions), set())]
-        result_of: dict[int, set] = {}
         while stack:
             n, it, acc = stack[-1]
             advanced = False
@@ -745,9 +741,6 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: dic
             "GP301", msg, parameters=rnames,
             evidence={"custom_function_inputs": via, "backward_called": bool(tracer.backward_calls)},
         ))
-    for p in zero:
-        if id(p) in attributed:
-            continue
     zero_rest = [names[id(p)][0] for p in zero if id(p) not in attributed and wanted(names[id(p)][0])]
     if zero_rest:
         findings.append(make_finding(

@@ -45,12 +45,10 @@ def _err() -> str:
 
 
 def join_cgroups(procs_files: list[str]) -> str | None:
-    done = []
     for path in procs_files:
         try:
             with open(path, "w") as f:
                 f.write(str(os.getpid()))
-            done.append(path.rsplit("/", 3)[-3] if path.count("/") > 3 else path)
         except OSError as exc:
             return f"could not join {path}: {exc.strerror}"
     return None

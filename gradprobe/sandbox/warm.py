@@ -17,6 +17,8 @@ import subprocess
 import sys
 import threading
 
+from gradprobe.sandbox.zygote import split_frames
+
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 START_TIMEOUT_S = 120.0
 
@@ -85,11 +87,8 @@ class WarmWorker:
             if not chunk:
                 break
             buf += chunk
-            while len(buf) >= 4:
-                (n,) = struct.unpack("!I", buf[:4])
-                if len(buf) < 4 + n:
-                    break
-                msg, buf = json.loads(buf[4:4 + n]), buf[4 + n:]
+            msgs, buf = split_frames(buf)
+            for msg in msgs:
                 self._loop.call_soon_threadsafe(self._dispatch, msg)
         self._loop.call_soon_threadsafe(self._died, proc)
 

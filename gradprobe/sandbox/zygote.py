@@ -32,6 +32,18 @@ PRELOAD = (
 _WAKE: tuple[int, int] = ()
 
 
+def split_frames(buf: bytes) -> tuple[list[dict], bytes]:
+    """The complete length-prefixed JSON messages in buf, and the incomplete rest (both ends use this)."""
+    msgs = []
+    while len(buf) >= 4:
+        (n,) = struct.unpack("!I", buf[:4])
+        if len(buf) < 4 + n:
+            break
+        msgs.append(json.loads(buf[4:4 + n]))
+        buf = buf[4 + n:]
+    return msgs, buf
+
+
 def send_msg(sock: socket.socket, obj: dict) -> None:
     data = json.dumps(obj).encode()
     sock.sendall(struct.pack("!I", len(data)) + data)
@@ -118,11 +130,8 @@ def serve(sock: socket.socket) -> None:
             return  # the server went away
         buf += msg
         pending += fds
-        while len(buf) >= 4:
-            (n,) = struct.unpack("!I", buf[:4])
-            if len(buf) < 4 + n:
-                break
-            req, buf = json.loads(buf[4:4 + n]), buf[4 + n:]
+        reqs, buf = split_frames(buf)
+        for req in reqs:
             these, pending = pending[:3], pending[3:]
             pid = os.fork()
             if pid == 0:
