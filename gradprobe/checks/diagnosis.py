@@ -15,28 +15,17 @@ import contextlib
 import torch
 
 from gradprobe.checks import gradcheck, optimizer, prompt_tuning, registration, trace
-from gradprobe.findings import Finding
+from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.flowchart import flow_mermaid
 from gradprobe.report import make_report
 
-# root causes first: what makes a parameter invisible or the model unloadable, then wrong
-# backward code, then cuts on the path, then the optimizer, then symptoms
-ROOT_CAUSE_ORDER = [
-    "GP100", "GP106", "GP110", "GP111", "GP101", "GP102", "GP103", "GP107", "GP109", "GP510",
-    "GP202", "GP206", "GP208", "GP204",
-    "GP402", "GP403", "GP404", "GP401", "GP406",
-    "GP502", "GP505", "GP506", "GP511", "GP507",
-    "GP309", "GP304", "GP302", "GP303", "GP305", "GP308", "GP307",
-    "GP504", "GP201", "GP301", "GP310", "GP501", "GP207",
-]
-# parameterless consequences: folded into the top root cause when one exists
-CONSEQUENCES = {"GP310", "GP308", "GP501"}
-
-
 def _rank(f: Finding) -> tuple:
-    sev = {"error": 0, "warning": 1, "info": 2}[f["severity"]]
-    order = ROOT_CAUSE_ORDER.index(f["code"]) if f["code"] in ROOT_CAUSE_ORDER else len(ROOT_CAUSE_ORDER)
-    return (sev, order, -len(f["parameters"]))
+    """Severity, then the rule's root-cause rank (declared with the rule), then the widest finding first."""
+    return (SEVERITY_RANK[f["severity"]], catalogue()[f["code"]]["rank"], -len(f["parameters"]))
+
+
+def _consequence(code: str) -> bool:
+    return catalogue()[code]["consequence"]
 
 
 def fold(findings: list[Finding]) -> list[Finding]:
@@ -52,8 +41,8 @@ def fold(findings: list[Finding]) -> list[Finding]:
                 if params and params <= set(k["parameters"]):
                     host = k
                     break
-            if host is None and not params and f["code"] in CONSEQUENCES:
-                host = next((k for k in kept if k["severity"] == "error" and k["code"] not in CONSEQUENCES), None)
+            if host is None and not params and _consequence(f["code"]):
+                host = next((k for k in kept if k["severity"] == "error" and not _consequence(k["code"])), None)
         if host is not None:
             host["evidence"].setdefault("related", []).append(
                 {"code": f["code"], "name": f["name"], "message": f["message"], "location": f["location"]})

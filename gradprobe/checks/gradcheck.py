@@ -27,56 +27,56 @@ from gradprobe.userframes import location
 
 RULES = {
     "GP401": {
-        "name": "gradcheck-mismatch", "severity": "error",
+        "name": "gradcheck-mismatch", "severity": "error", "rank": 18,
         "summary": "Analytical and numerical Jacobians differ.",
         "why": "The hand-written backward computes a wrong derivative: training follows wrong gradients, silently.",
         "example": "d/dz (0.044715 z^3) written as 0.044715 z^2",
         "fix": "Re-derive the backward for the reported input; compare against torch.autograd.gradcheck on float64 inputs.",
     },
     "GP402": {
-        "name": "wrong-gradient-count", "severity": "error",
+        "name": "wrong-gradient-count", "severity": "error", "rank": 15,
         "summary": "backward returns a different number of gradients than forward took inputs.",
         "why": "backward must return one value per forward input (None for non-tensor or non-differentiable ones); autograd raises otherwise.",
         "example": "forward(ctx, x, weight, eps) ... return grad_x, grad_weight",
         "fix": "Return one value per forward input, None for non-differentiable ones: return grad_x, grad_weight, None",
     },
     "GP403": {
-        "name": "wrong-gradient-shape", "severity": "error",
+        "name": "wrong-gradient-shape", "severity": "error", "rank": 16,
         "summary": "A returned gradient's shape does not match its input.",
         "why": "Each gradient must have its input's shape (reduce broadcast dimensions with sum).",
         "example": "return grad_out  # for a bias of shape [d] broadcast over a batch",
         "fix": "Reduce over the broadcast dimensions: grad_bias = grad_out.reshape(-1, d).sum(0)",
     },
     "GP404": {
-        "name": "missing-gradient", "severity": "error",
+        "name": "missing-gradient", "severity": "error", "rank": 17,
         "summary": "backward returns None (or zeros) for an input that requires grad.",
         "why": "The parameters fed to that input never learn, and autograd raises nothing.",
         "example": "grad_bias = None ... return grad_x, grad_weight, grad_bias",
         "fix": "Compute the gradient when ctx.needs_input_grad[i]: e.g. grad_bias = grad_out.sum(0)",
     },
     "GP405": {
-        "name": "low-precision-check", "severity": "info",
+        "name": "low-precision-check", "severity": "info", "rank": 99,
         "summary": "Inputs were not float64; the check ran on float64 copies.",
         "why": "Finite differences need double precision to be meaningful.",
         "example": "float32 activations",
         "fix": "Nothing to fix: informational.",
     },
     "GP406": {
-        "name": "forward-called-directly", "severity": "error",
+        "name": "forward-called-directly", "severity": "error", "rank": 19,
         "summary": "Function.forward was called instead of Function.apply.",
         "why": "Calling forward directly records no graph node: the custom backward never runs and inputs get no gradient.",
         "example": "y = MyFn.forward(None, x, w)",
         "fix": "Call MyFn.apply(x, w)",
     },
     "GP407": {
-        "name": "gradgradcheck-mismatch", "severity": "warning",
+        "name": "gradgradcheck-mismatch", "severity": "warning", "rank": 99,
         "summary": "Second derivatives are wrong (checked only when asked for).",
         "why": "Double backward (gradient penalties, MAML, Hessian-vector products) gets wrong values.",
         "example": "a backward written with non-differentiable ops or saved .data",
         "fix": "Write backward with differentiable torch ops, or mark it once_differentiable.",
     },
     "GP408": {
-        "name": "nondeterministic-backward", "severity": "warning",
+        "name": "nondeterministic-backward", "severity": "warning", "rank": 99,
         "summary": "Two backward passes on the same input differ.",
         "why": "Gradients that change run to run make training irreproducible and gradcheck meaningless.",
         "example": "backward uses torch.rand or index_add_ with atomics",
@@ -252,11 +252,11 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
             if code == "GP402":
                 msg = (f"{name}.backward returns {ev['returned']} gradient(s) but forward takes {ev['expected']} input(s); "
                        f"positions {', '.join(str(i) for i in range(ev['returned'], ev['expected'])) or '?'} are missing.")
-                fix = f"Return one value per forward input, None for non-differentiable ones (forward takes {n_in})."
+                fix: str | None = f"Return one value per forward input, None for non-differentiable ones (forward takes {n_in})."
             else:
                 idx = ev.get("input_index", 0)
                 msg = f"{name}.backward returns a gradient for {label(idx)} of shape {ev.get('returned_shape', '?')}, but that input has shape {ev.get('input_shape', '?')}."
-                fix = RULES["GP403"]["fix"]
+                fix = None
             ps = sorted({p for ns in params_at.values() for p in ns}) if code == "GP402" else params_at.get(ev.get("input_index", -1), [])
             findings.append(make_finding(code, msg, parameters=[name] + ps, location=ret_loc or def_loc,
                                          evidence={"function": name, **ev, "error": text[:500]}, fix=fix))

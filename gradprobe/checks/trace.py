@@ -37,98 +37,98 @@ from gradprobe.report import make_report
 
 RULES = {
     "GP301": {
-        "name": "param-gets-no-grad", "severity": "error",
+        "name": "param-gets-no-grad", "severity": "error", "rank": 34,
         "summary": "A trainable parameter that the forward read has .grad None after backward.",
         "why": "The path from it to the loss is cut somewhere; the more precise GP30x codes say where when it can be located.",
         "example": "out = MyFn.apply(x, self.w)  # whose backward returns None for w",
         "fix": "Follow evidence.chain to the op that cut the path and keep the computation inside autograd.",
     },
     "GP302": {
-        "name": "detach-in-forward", "severity": "error",
+        "name": "detach-in-forward", "severity": "error", "rank": 27,
         "summary": "The path is cut by .detach(), .data or detach_().",
         "why": "detach() returns a tensor with no history: everything computed before it gets no gradient from what comes after.",
         "example": "x_hat = ((x - mean) / std).detach()",
         "fix": "Remove the .detach() (or .data) on the training path; detach only values that must not be trained through.",
     },
     "GP303": {
-        "name": "op-under-no-grad", "severity": "error",
+        "name": "op-under-no-grad", "severity": "error", "rank": 28,
         "summary": "The path is cut because an op ran under no_grad / inference_mode.",
         "why": "No graph is recorded under no_grad, so its outputs do not depend on the parameters as far as autograd knows.",
         "example": "@torch.no_grad()\ndef encode(self, x): ...  # reused by forward",
         "fix": "Remove the no_grad decorator/block from the training path, or call an undecorated twin in forward.",
     },
     "GP304": {
-        "name": "left-torch", "severity": "error",
+        "name": "left-torch", "severity": "error", "rank": 26,
         "summary": "The value left autograd (.item(), .tolist(), .numpy(), float()) and came back as a new tensor.",
         "why": "NumPy and Python numbers carry no autograd history; torch.tensor/torch.from_numpy makes a fresh leaf.",
         "example": "h = torch.from_numpy(clip(h.detach().numpy()))",
         "fix": "Do the computation with torch ops (torch.clamp, torch.quantile, ...) so it stays in the graph.",
     },
     "GP305": {
-        "name": "non-differentiable-op", "severity": "error",
+        "name": "non-differentiable-op", "severity": "error", "rank": 29,
         "summary": "The path goes through an op with no gradient (argmax, round, comparisons, integer casts).",
         "why": "Discrete ops have zero or no derivative; an integer tensor cannot carry a gradient.",
         "example": "ids = torch.cat([prompt, input_ids], 1).long()",
         "fix": "Keep the value continuous (softmax instead of argmax, embeddings instead of ids, a straight-through estimator).",
     },
     "GP306": {
-        "name": "zero-gradient", "severity": "warning",
+        "name": "zero-gradient", "severity": "warning", "rank": 99,
         "summary": "A parameter's gradient is exactly zero.",
         "why": "Masked out, a dead ReLU, all labels ignored, or an attention mask that hides it: the parameter cannot learn from this batch.",
         "example": "attention_mask zero on the positions that use the parameter",
         "fix": "Check masks, ignore-index labels and activations on the path of this parameter.",
     },
     "GP307": {
-        "name": "nonfinite-gradient", "severity": "error",
+        "name": "nonfinite-gradient", "severity": "error", "rank": 31,
         "summary": "A gradient holds NaN or Inf.",
         "why": "One NaN poisons every parameter the optimizer updates with it.",
         "example": "torch.sqrt(x) at x == 0, log(0), division by a zero norm",
         "fix": "Guard the op at the reported line (clamp, eps, log1p, safe norms).",
     },
     "GP308": {
-        "name": "backward-failed", "severity": "error",
+        "name": "backward-failed", "severity": "error", "rank": 30, "consequence": True,
         "summary": "backward() raised.",
         "why": "In-place modification of a tensor saved for backward, a second backward through a freed graph, a leaf modified in place, inference tensors saved for backward, or a custom backward returning the wrong number of gradients.",
         "example": "h = torch.sigmoid(x); h += 1  # sigmoid saved its output",
         "fix": "See the message: use out-of-place ops, retain_graph=True only when needed, clone inference tensors.",
     },
     "GP309": {
-        "name": "crossed-process-boundary", "severity": "error",
+        "name": "crossed-process-boundary", "severity": "error", "rank": 25,
         "summary": "A tensor on the loss's path, or a parameter, was sent to or received from another process.",
         "why": "Autograd graphs never cross processes: what comes back is a new tensor with no history, and a parameter's gradient computed in a worker never reaches the parent.",
         "example": "parts = pool.map(f, frames.detach().chunk(2))",
         "fix": "Keep the differentiable computation in the training process (vectorise it in torch); use processes only for data loading.",
     },
     "GP310": {
-        "name": "loss-not-differentiable", "severity": "error",
+        "name": "loss-not-differentiable", "severity": "error", "rank": 35, "consequence": True,
         "summary": "The loss is not a scalar, does not require grad, or has no grad_fn.",
         "why": "backward() needs a scalar that depends on parameters through recorded ops.",
         "example": "loss = torch.tensor(loss_value)",
         "fix": "Compute the loss with torch ops from the model's output; reduce it to a scalar (.mean()).",
     },
     "GP311": {
-        "name": "unused-parameter", "severity": "warning",
+        "name": "unused-parameter", "severity": "warning", "rank": 99,
         "summary": "A trainable parameter was never read by the forward on this batch.",
         "why": "It cannot get a gradient; DDP will also complain about it.",
         "example": "self.aux_head = nn.Linear(...)  # never called in forward",
         "fix": "Use it, freeze it, or remove it (DDP: find_unused_parameters=True if it is conditional).",
     },
     "GP312": {
-        "name": "vanishing-or-exploding", "severity": "warning",
+        "name": "vanishing-or-exploding", "severity": "warning", "rank": 99,
         "summary": "Per-layer gradient norms span more than a set ratio.",
         "why": "Layers far below their neighbours barely learn; far above, they destabilise training.",
         "example": "a 50-layer plain MLP with sigmoid activations",
         "fix": "Normalisation layers, residual connections, better init, gradient clipping.",
     },
     "GP313": {
-        "name": "grad-hook-altered", "severity": "warning",
+        "name": "grad-hook-altered", "severity": "warning", "rank": 99,
         "summary": "A registered hook changed the gradient.",
         "why": "A tensor or module backward hook that returns a new value replaces the gradient the optimizer sees.",
         "example": "p.register_hook(lambda g: g * 0)",
         "fix": "Check the hook; return None from hooks that only observe.",
     },
     "GP314": {
-        "name": "non-leaf-grad-read", "severity": "warning",
+        "name": "non-leaf-grad-read", "severity": "warning", "rank": 99,
         "summary": "The user reads .grad of a non-leaf tensor.",
         "why": "Only leaves get .grad; a non-leaf's .grad stays None without retain_grad().",
         "example": "h = self.fc(x); ...; print(h.grad)",
@@ -141,8 +141,6 @@ REWRAP_OPS = {"tensor", "as_tensor", "asarray", "from_numpy", "frombuffer"}
 DETACH_OPS = {"detach", "detach_"}
 ZERO_DERIVATIVE_OPS = {"round", "floor", "ceil", "trunc", "sign", "frac_", "round_", "floor_", "ceil_", "sign_", "heaviside"}
 _GRAD_ENABLE = torch._C._set_grad_enabled
-CODES_BY_KIND = {"detach": "GP302", "no_grad": "GP303", "left": "GP304", "rewrap": "GP304", "nondiff": "GP305",
-                 "zero_derivative": "GP305", "process": "GP309", "other": "GP301"}
 
 
 class Candidate:
@@ -616,16 +614,21 @@ _KIND_TEXT = {
     "process": "crosses a process boundary: the tensor is pickled for another process and what comes back has no history",
     "other": "stops requiring grad at `{op}`",
 }
-_KIND_FIX = {
-    "detach": "Remove the .detach()/.data on this line so the value stays in the graph (detach only what must not be trained).",
-    "no_grad": "Remove the no_grad/inference_mode (decorator or block) from the training path, or call an undecorated version in forward.",
-    "left": "Replace the NumPy/Python round trip with torch ops (torch.clamp, torch.quantile, torch.where...).",
-    "rewrap": "Use the tensor itself instead of torch.tensor(...)/as_tensor(...) of its values.",
-    "nondiff": "Keep the value continuous: no integer cast, argmax or comparison on the trained path (e.g. pass embeddings, use softmax).",
-    "zero_derivative": "Replace the rounding/sign op by a differentiable surrogate (straight-through estimator).",
-    "process": "Do this computation in the training process with torch ops; send only data (never parameters or activations to train) to workers.",
-    "other": "Keep this op inside autograd, or check why its output stops requiring grad.",
-}
+
+
+def _code_of(kind: str) -> str:
+    """The code of a break candidate's kind: what cut the path decides the rule."""
+    if kind == "detach":
+        return "GP302"
+    if kind == "no_grad":
+        return "GP303"
+    if kind in ("left", "rewrap"):
+        return "GP304"
+    if kind in ("nondiff", "zero_derivative"):
+        return "GP305"
+    if kind == "process":
+        return "GP309"
+    return "GP301"
 
 
 def _location_for(cand: Candidate) -> dict | None:
@@ -679,7 +682,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: dic
     for idx, ps in sorted(by_cand.items()):
         cand = tracer.candidates[idx]
         where = _location_for(cand)
-        key = (CODES_BY_KIND[cand.kind], (where or {}).get("file"), (where or {}).get("line"), cand.op if where is None else None)
+        key = (_code_of(cand.kind), (where or {}).get("file"), (where or {}).get("line"), cand.op if where is None else None)
         if key in merged:
             merged[key][1].extend(ps)
         else:
@@ -689,7 +692,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: dic
         pnames = [names[id(p)][0] for p in ps if wanted(names[id(p)][0])]
         if not pnames:
             continue
-        code = CODES_BY_KIND[cand.kind]
+        code = _code_of(cand.kind)
         where = _location_for(cand)
         text = _KIND_TEXT[cand.kind].format(op=cand.op)
         evidence: dict[str, Any] = {"op": cand.op, "kind": cand.kind, "grad_enabled": cand.grad_enabled,
@@ -706,7 +709,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: dic
         findings.append(make_finding(
             code, f"The path from the loss to {len(pnames)} parameter(s) ({', '.join(pnames[:5])}{'...' if len(pnames) > 5 else ''}) {text}"
             + (f" at line {where['line']} of {where['file'].rsplit('/', 1)[-1]}." if where else "."),
-            parameters=pnames, location=where, evidence=evidence, fix=_KIND_FIX[cand.kind],
+            parameters=pnames, location=where, evidence=evidence,
         ))
     # parameters sent to other processes as they are (leaf crossings are silent in PyTorch)
     crossed = {}
@@ -721,7 +724,6 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: dic
                 "GP309", f"{len(pnames)} parameter(s) were pickled for another process ({', '.join(pnames[:5])}): "
                 "gradients computed there never reach the parent's .grad.",
                 parameters=pnames, location=first.get("location"), evidence={"crossings": list(crossed.values())[:10]},
-                fix=RULES["GP309"]["fix"],
             ))
             attributed |= {id(p) for p in broken if names[id(p)][0] in crossed}
     backward_broke = tracer.backward_error is not None and "does not require grad" not in str(tracer.backward_error)
