@@ -12,8 +12,10 @@ import threading
 import torch
 from torch.autograd.function import Function
 
+from gradprobe.checks.torchcompat import untraced
+
 _state = threading.local()
-_watchers: list["ApplyWatch"] = []
+_watchers: list[ApplyWatch] = []
 _original_apply = Function.__dict__["apply"]
 
 
@@ -22,7 +24,7 @@ def inside_custom_function() -> bool:
 
 
 def _snapshot(args):
-    with torch._C.DisableTorchFunction():  # our own copies are not the user's ops: keep them out of traces
+    with untraced():  # our own copies are not the user's ops: keep them out of traces
         return _copy(args)
 
 

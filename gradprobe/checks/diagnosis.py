@@ -16,7 +16,8 @@ import torch
 
 from gradprobe.checks import gradcheck, optimizer, prompt_tuning, registration, trace
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
-from gradprobe.flowchart import flow_mermaid
+from gradprobe.checks._step import param_names
+from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.report import make_report
 
 def _rank(f: Finding) -> tuple:
@@ -66,13 +67,14 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         return findings, facts
     found = prompt_tuning.find_prompt(model)
     peftish = hasattr(model, "peft_config")
-    prompt_on = bool(found[0] or found[1]) and (peftish or "named" in found[2] or "PEFT" in found[2])
+    # a mostly frozen model alone is no prompt tuning: diagnose checks it only when PEFT says so
+    prompt_on = found.any and (peftish or found.how in ("caller", "peft", "named"))
     base = prompt_tuning.find_base(model) if prompt_on else None
     opt = loaded.optimizer if isinstance(loaded.optimizer, torch.optim.Optimizer) else None
     before = optimizer.snapshot(model) if opt is not None else None
     tracer = trace.GradTracer(model, loaded.user, provenance=prompt_on)
     grads = trace.GradRecorder(model)
-    capture = gradcheck.ApplyWatch(loaded.user, {i: n[0] for i, n in trace.param_names(model).items()}, capture=True)
+    capture = gradcheck.ApplyWatch(loaded.user, {i: n[0] for i, n in param_names(model).items()}, capture=True)
     direct = gradcheck.DirectForwardWatch(loaded.user)
     base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
     with contextlib.ExitStack() as stack:
@@ -86,7 +88,7 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     findings += tfindings
     facts.update(tfacts)
     facts["checks"].append("trace")
-    if step_obs is not None and step.get("error") is None and tracer.backward_error is None:
+    if step_obs is not None and step.error is None and tracer.backward_error is None:
         findings += optimizer.analyze_step(model, opt, before, step_obs, coverage)
         facts["step_events"] = step_obs.events[:50]
     if capture.calls or direct.hits:
@@ -97,7 +99,7 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     if not prompt_on:
         findings += prompt_tuning.checkpoint_findings(tracer, tfacts)
     if prompt_on:
-        pfindings, pfacts = prompt_tuning.prompt_findings(loaded, (tfindings, tfacts, tracer, grads, step), base_obs, found)
+        pfindings, pfacts = prompt_tuning.prompt_findings(loaded, trace.TraceRun(tfindings, tfacts, tracer, grads, step), base_obs, found)
         findings += pfindings
         facts["prompt_tuning"] = pfacts
         facts["checks"].append("prompt_tuning")
@@ -119,7 +121,7 @@ def diagnose_report(loaded) -> dict:
     names_in_table = {r["name"] for r in table}
     rows = table + [r for r in _unregistered_rows(kept) if r["name"] not in names_in_table]
     frozen = [n for n, p in loaded.model.named_parameters() if not p.requires_grad]
-    facts["flow"] = trace.flow_graph(rows, kept, frozen)
+    facts["flow"] = flow_graph(rows, kept, frozen)
     facts["mermaid"] = flow_mermaid(facts["flow"])
     summary = [f"Checks run: {', '.join(facts['checks'])}."]
     if facts.get("note"):

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import ast
 import inspect
-import re
 import textwrap
 from typing import Any
 
 import torch
 from torch.autograd.function import Function
 
-from gradprobe.checks._apply import ApplyWatch, inside_custom_function  # noqa: F401 (re-exported for diagnose)
+from gradprobe.checks._apply import ApplyWatch, inside_custom_function
 from gradprobe.checks._step import call_model, param_names
+from gradprobe.checks.torchcompat import INVALID_GRADIENT, WRONG_GRADIENT_COUNT, WRONG_GRADIENT_SHAPE, GradcheckError
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
 from gradprobe.userframes import location
@@ -186,17 +186,17 @@ def _analytical_jacobians(fn, inputs, req: list[int]) -> list[torch.Tensor | Non
             if g is not None:
                 got_any[i] = True
                 jacs[i][k] = g.detach().reshape(-1).to(torch.float64)
-    return [jac if got else None for jac, got in zip(jacs, got_any)]
+    return [jac if got else None for jac, got in zip(jacs, got_any, strict=True)]
 
 
 def _parse_structure_error(text: str) -> tuple[str, dict] | None:
-    m = re.search(r"returned an incorrect number of gradients \(expected (\d+), got (\d+)\)", text)
+    m = WRONG_GRADIENT_COUNT.search(text)
     if m:
         return "GP402", {"expected": int(m.group(1)), "returned": int(m.group(2))}
-    m = re.search(r"returned an invalid gradient at index (\d+) - got (\[[^\]]*\]) but expected shape compatible with (\[[^\]]*\])", text)
+    m = WRONG_GRADIENT_SHAPE.search(text)
     if m:
         return "GP403", {"input_index": int(m.group(1)), "returned_shape": m.group(2), "input_shape": m.group(3)}
-    m = re.search(r"returned an invalid gradient at index (\d+) - (.*)", text)
+    m = INVALID_GRADIENT.search(text)
     if m:
         return "GP403", {"input_index": int(m.group(1)), "problem": m.group(2)[:200]}
     return None
@@ -274,11 +274,16 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
     use_fast = fast_mode if fast_mode is not None else (n_out > MAX_OUTPUT_ELEMS or sum(inputs64[j].numel() for j in req) > 4 * MAX_INPUT_ELEMS)
     facts["mode"] = "fast (random projections)" if use_fast else "full Jacobian"
     if use_fast:
-        ok = torch.autograd.gradcheck(fn, inputs64, atol=atol, rtol=rtol, fast_mode=True, raise_exception=False)
-        if not ok:
+        try:  # raise_exception=False would return False on exactly this error and drop PyTorch's explanation
+            torch.autograd.gradcheck(fn, inputs64, atol=atol, rtol=rtol, fast_mode=True, raise_exception=True)
+            gradcheck_error = None
+        except GradcheckError as exc:
+            gradcheck_error = str(exc)
+        if gradcheck_error is not None:
             findings.append(make_finding(
                 "GP401", f"{name}.backward disagrees with finite differences (fast mode: v^T J u differs).",
-                parameters=[name], location=def_loc, evidence={"function": name, "mode": "fast"}))
+                parameters=[name], location=def_loc,
+                evidence={"function": name, "mode": "fast", "gradcheck_error": gradcheck_error[-2000:]}))
         return findings, facts
     analytical = _analytical_jacobians(fn, inputs64, req)
     mismatches = []

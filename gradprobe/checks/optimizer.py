@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import module_of, param_names, run_step
+from gradprobe.checks.torchcompat import OPTIMIZER_EMPTY, OPTIMIZER_NON_LEAF, OPTIMIZER_PARAM_IN_SEVERAL_GROUPS, untraced
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
 
@@ -208,7 +209,7 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
 
 
 def _grad_max(p) -> float:
-    with torch._C.DisableTorchFunction():  # not the user's ops: invisible to a trace running beside us
+    with untraced():  # not the user's ops: invisible to a trace running beside us
         return float(p.grad.abs().max()) if p.grad is not None and p.grad.numel() else 0.0
 
 
@@ -305,8 +306,10 @@ def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
     before = snapshot(loaded.model)
     with StepObserver(loaded.model, loaded.optimizer) as obs:
         result = run_step(loaded, optimizer_step=True)
-    facts = {"events": obs.events[:50], "step_error": f"{type(result['error']).__name__}: {result['error']}" if result["error"] else None}
-    if result["error"] is not None:
+    err = result.error
+    facts = {"events": obs.events[:50],
+             "step_error": f"{type(err).__name__}: {err}" if err is not None else result.loss_problem}
+    if result.failed:
         return [], facts
     return analyze_step(loaded.model, loaded.optimizer, before, obs, coverage), facts
 
@@ -325,13 +328,13 @@ def optimizer_findings(loaded, step: bool = True) -> tuple[list[Finding], dict]:
         exc = loaded.optimizer_error
         text = str(exc.cause or exc)
         loc = loaded.user.innermost_of_traceback(exc.cause) if exc.cause is not None else None
-        if "empty parameter list" in text:
+        if OPTIMIZER_EMPTY in text:
             return [make_finding("GP208", f"make_optimizer failed: the optimizer got an empty parameter list ({text}).", location=loc,
                                  evidence={"error": text})], {}
-        if "more than one parameter group" in text:
+        if OPTIMIZER_PARAM_IN_SEVERAL_GROUPS in text:
             return [make_finding("GP204", f"make_optimizer failed: {text}. A parameter appears in several param groups.", location=loc,
                                  evidence={"error": text})], {}
-        if "non-leaf" in text:
+        if OPTIMIZER_NON_LEAF in text:
             return [make_finding("GP206", f"make_optimizer failed: {text}", location=loc, evidence={"error": text})], {}
         return [make_finding("GP100", f"make_optimizer failed: {text}", location=loc,
                              evidence={"traceback": loaded.user.trimmed_traceback(exc.cause) if exc.cause else text})], {}

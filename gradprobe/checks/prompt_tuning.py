@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import module_of
+from gradprobe.checks.torchcompat import untraced
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
+
+if TYPE_CHECKING:
+    from gradprobe.checks.trace import TraceRun
 
 RULES = {
     "GP501": {
@@ -118,28 +123,45 @@ def find_base(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def find_prompt(model: nn.Module, prompt: str | None = None) -> tuple[list[str], list[dict], str]:
-    """(parameter names, non-leaf tensor attributes, the rule that picked them)."""
+PromptSource = Literal["caller", "peft", "named", "mostly_frozen", "none"]
+
+
+@dataclass
+class FoundPrompt:
+    """What find_prompt picked: parameter names, non-leaf tensor attributes ({"name", "tensor"}), how, and that rule in words."""
+
+    params: list[str]
+    attrs: list[dict[str, Any]]
+    how: PromptSource
+    rule: str  # shown to the user (facts.prompt_rule, the summary)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.params or self.attrs)
+
+
+def find_prompt(model: nn.Module, prompt: str | None = None) -> FoundPrompt:
+    """The prompt's parameter names and tensor attributes, how they were found, and that rule in words."""
     params = dict(model.named_parameters())
     if prompt:
         if prompt in params:
-            return [prompt], [], "named by the caller"
+            return FoundPrompt([prompt], [], "caller", "named by the caller")
         under = [n for n in params if n.startswith(prompt + ".")]
         if under:
-            return under, [], "named by the caller"
+            return FoundPrompt(under, [], "caller", "named by the caller")
         owner_path, _, attr = prompt.rpartition(".")
         try:
             owner = model.get_submodule(owner_path) if owner_path else model
             value = getattr(owner, attr)
         except AttributeError:
-            return [], [], f"the caller named {prompt!r}, which is no parameter or attribute of the model"
+            return FoundPrompt([], [], "none", f"the caller named {prompt!r}, which is no parameter or attribute of the model")
         if isinstance(value, torch.Tensor):
-            return [], [{"name": prompt, "tensor": value}], "named by the caller"
-        return [], [], f"{prompt!r} is a {type(value).__name__}, not a tensor"
+            return FoundPrompt([], [{"name": prompt, "tensor": value}], "caller", "named by the caller")
+        return FoundPrompt([], [], "none", f"{prompt!r} is a {type(value).__name__}, not a tensor")
     if hasattr(model, "peft_config") and hasattr(model, "prompt_encoder"):
         names = [n for n in params if n.startswith("prompt_encoder.")]
         if names:
-            return names, [], "PEFT prompt encoder (prompt tuning / prefix tuning / p-tuning)"
+            return FoundPrompt(names, [], "peft", "PEFT prompt encoder (prompt tuning / prefix tuning / p-tuning)")
     named = [n for n, p in params.items() if PROMPT_NAME.search(n.rpartition(".")[0] or n) or PROMPT_NAME.search(n)]
     attrs = []
     for mod_name, module in model.named_modules():
@@ -147,12 +169,12 @@ def find_prompt(model: nn.Module, prompt: str | None = None) -> tuple[list[str],
             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and PROMPT_NAME.search(attr) and value.is_floating_point():
                 attrs.append({"name": f"{mod_name}.{attr}" if mod_name else attr, "tensor": value})
     if named or attrs:
-        return named, attrs, "parameters or tensor attributes named like a prompt (prompt, virtual, soft token/embedding, prefix, learned embedding)"
+        return FoundPrompt(named, attrs, "named", "parameters or tensor attributes named like a prompt (prompt, virtual, soft token/embedding, prefix, learned embedding)")
     total = sum(p.numel() for p in params.values())
     trainable = [n for n, p in params.items() if p.requires_grad]
     if trainable and total and sum(params[n].numel() for n in trainable) < 0.5 * total:
-        return trainable, [], "the only trainable parameters of a mostly frozen model (under half of its values)"
-    return [], [], "nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft token/prefix/learned embedding, and a mostly frozen model"
+        return FoundPrompt(trainable, [], "mostly_frozen", "the only trainable parameters of a mostly frozen model (under half of its values)")
+    return FoundPrompt([], [], "none", "nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft token/prefix/learned embedding, and a mostly frozen model")
 
 
 class BaseObserver:
@@ -223,10 +245,10 @@ def _n_virtual(model, prompt_params: dict, attrs: list[dict], base) -> int | Non
     return None
 
 
-def prompt_findings(loaded, trace: tuple, base_obs: BaseObserver | None, found: tuple) -> tuple[list[Finding], dict]:
+def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, found: FoundPrompt) -> tuple[list[Finding], dict]:
     model = loaded.model
-    names_, attrs, rule = found
-    trace_list, trace_facts, tracer, grads, step = trace
+    names_, attrs, rule = found.params, found.attrs, found.rule
+    trace_list, trace_facts, tracer, grads = trace.findings, trace.facts, trace.tracer, trace.grads
     params = dict(model.named_parameters())
     prompt_params = {n: params[n] for n in names_}
     findings: list[Finding] = []
@@ -286,7 +308,7 @@ def prompt_findings(loaded, trace: tuple, base_obs: BaseObserver | None, found: 
     # mask and labels alignment
     align: dict[str, Any] = {}
     peft_prefix = _peft_type(model) in ("PREFIX_TUNING",)
-    in_sequence = not rule.startswith("the only trainable")  # adapters (LoRA, ...) occupy no sequence positions
+    in_sequence = found.how != "mostly_frozen"  # adapters (LoRA, ...) occupy no sequence positions
     if peft_prefix:
         align["note"] = "prefix tuning: the virtual tokens reach the base as past_key_values, not as sequence positions"
     elif not in_sequence:
@@ -402,7 +424,7 @@ def _prompt_start(embeds, prompts: list, n_virt: int) -> int:
     copied into inputs_embeds (prepended, appended or in the middle), else assumed prepended."""
     if not isinstance(embeds, torch.Tensor) or embeds.dim() != 3:
         return 0
-    with torch.no_grad(), torch._C.DisableTorchFunction():
+    with torch.no_grad(), untraced():
         row0 = embeds[0].detach()
         for p in prompts:
             if not isinstance(p, torch.Tensor) or p.dim() != 2 or p.shape[-1] != row0.shape[-1] or p.shape[0] != n_virt:
@@ -449,13 +471,13 @@ def run_prompt_checks(loaded, prompt: str | None = None):
 
 
 def prompt_report(loaded, prompt: str | None = None) -> dict:
-    findings, facts, trace, (names_, attrs, rule) = run_prompt_checks(loaded, prompt)
-    if not names_ and not attrs:
-        return make_report("verify_prompt_tuning", findings, [f"No soft prompt found ({rule}). Name it with `prompt`."], **facts)
+    findings, facts, trace, found = run_prompt_checks(loaded, prompt)
+    if not found.any:
+        return make_report("verify_prompt_tuning", findings, [f"No soft prompt found ({found.rule}). Name it with `prompt`."], **facts)
     # keep trace findings about the prompt that no GP5xx explains
     shown = {n for f in findings for n in f["parameters"]}
-    pn = set(names_)
-    for f in trace[0]:
+    pn = set(found.params)
+    for f in trace.findings:
         if f["severity"] == "error" and pn & set(f["parameters"]) and not (pn & set(f["parameters"])) <= shown:
             findings.append(f)
     rows = facts.get("prompt", [])

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.report import make_report
+from gradprobe.checks.torchcompat import is_grad_mode_decorator_frame
 from gradprobe.userframes import location
 from gradprobe.findings import Finding, make_finding
 
@@ -95,7 +96,7 @@ _WEIGHT_WORDS = {"weight", "bias", "scale", "logit_scale", "temperature", "gamma
 def _grad_mode_decorator(fn) -> str | None:
     """If fn is wrapped by torch's no_grad/inference_mode decorator, the context's name."""
     code = getattr(fn, "__code__", None)
-    if code is None or code.co_name != "decorate_context" or not code.co_filename.endswith("_contextlib.py"):
+    if not is_grad_mode_decorator_frame(code):
         return None
     for cell in fn.__closure__ or ():
         try:

@@ -6,7 +6,6 @@ bug inside a check) both build these reports.
 
 from __future__ import annotations
 
-import re
 import traceback
 from typing import Any
 
@@ -53,7 +52,9 @@ def load_failure_report(tool: str, exc: Any, user: Any) -> dict:
     text = str(cause)
     evidence = {"phase": exc.phase, "exception": type(cause).__name__, "traceback": tb}
     finding: Finding
-    if re.search(r"before Module.__init__\(\) call|has no attribute '_(parameters|modules|buffers)'", text):
+    from gradprobe.checks.torchcompat import MISSING_SUPER_INIT  # the child has torch
+
+    if MISSING_SUPER_INIT.search(text):
         cls = _class_of_failing_init(cause)
         finding = make_finding(
             "GP106",

@@ -18,7 +18,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 from gradprobe.sandbox.cgroups import CallCgroup
 
