@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import functools
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from typing_extensions import TypedDict
 
@@ -73,7 +73,7 @@ def catalogue() -> dict[str, Rule]:
     here = Path(__file__).parent
     for mod in RULE_MODULES:
         for code, rule in _rules_of(here / mod).items():
-            out[code] = Rule(code=code, consequence=rule.pop("consequence", False), **rule)
+            out[code] = cast(Rule, {"code": code, "consequence": False, **rule})
     return dict(sorted(out.items()))
 
 
@@ -82,7 +82,7 @@ def make_finding(
     message: str,
     *,
     parameters: list[str] | None = None,
-    location: Location | None = None,
+    location: Location | dict[str, Any] | None = None,
     evidence: dict[str, Any] | None = None,
     fix: str | None = None,
 ) -> Finding:
@@ -94,7 +94,7 @@ def make_finding(
         severity=rule["severity"],
         message=message,
         parameters=list(parameters or []),
-        location=location,
+        location=cast("Location | None", location),
         evidence=dict(evidence or {}),
         fix=fix or rule["fix"],
     )

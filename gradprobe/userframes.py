@@ -53,7 +53,7 @@ class UserCode:
 
     def innermost(self, frame: FrameType | None = None, skip: int = 1) -> dict | None:
         """The innermost user frame of the current stack (or of `frame` outward)."""
-        f = frame if frame is not None else sys._getframe(skip)
+        f: FrameType | None = frame if frame is not None else sys._getframe(skip)
         while f is not None:
             code = f.f_code
             if self.is_user_file(code.co_filename):
@@ -63,8 +63,8 @@ class UserCode:
 
     def user_stack(self, frame: FrameType | None = None, skip: int = 1, limit: int = 8) -> list[dict]:
         """User frames from the innermost outward (for chains and evidence)."""
-        out = []
-        f = frame if frame is not None else sys._getframe(skip)
+        out: list[dict] = []
+        f: FrameType | None = frame if frame is not None else sys._getframe(skip)
         while f is not None and len(out) < limit:
             code = f.f_code
             if self.is_user_file(code.co_filename):

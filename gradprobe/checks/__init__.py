@@ -27,6 +27,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    fn: Any
     # the heavier checks import on first use, so `inspect_parameters` stays cheap
     if name == "check_optimizer_coverage":
         from gradprobe.checks.optimizer import check_optimizer_coverage as fn

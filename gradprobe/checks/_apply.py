@@ -40,8 +40,7 @@ def _copy(args):
     return tuple(out)
 
 
-@classmethod
-def _watched_apply(cls, *args, **kwargs):
+def _watched_apply_fn(cls, *args, **kwargs):
     if not _watchers or cls.__module__.startswith("torch."):
         return _original_apply.__func__(cls, *args, **kwargs)
     for w in _watchers:
@@ -51,6 +50,9 @@ def _watched_apply(cls, *args, **kwargs):
         return _original_apply.__func__(cls, *args, **kwargs)
     finally:
         _state.depth -= 1
+
+
+_watched_apply = classmethod(_watched_apply_fn)
 
 
 class ApplyWatch:

@@ -88,7 +88,7 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     findings += tfindings
     facts.update(tfacts)
     facts["checks"].append("trace")
-    if step_obs is not None and step.error is None and tracer.backward_error is None:
+    if step_obs is not None and before is not None and step.error is None and tracer.backward_error is None:
         findings += optimizer.analyze_step(model, opt, before, step_obs, coverage)
         facts["step_events"] = step_obs.events[:50]
     if capture.calls or direct.hits:

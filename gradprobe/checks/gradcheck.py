@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.autograd.function import Function
@@ -99,6 +99,7 @@ def _backward_lines(cls) -> tuple[dict | None, dict | None]:
         filename = inspect.getsourcefile(fn)
     except (OSError, TypeError):
         return None, None
+    filename = cast(str, filename)  # getsourcelines found the source, so it has a file
     name = f"{cls.__name__}.backward"
     def_offset = next((i for i, line in enumerate(lines) if line.lstrip().startswith("def ")), 0)
     def_loc = location(filename, start + def_offset, name)

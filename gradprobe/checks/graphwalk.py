@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
+from typing import Any
 
 from gradprobe.checks.tracer import Candidate, GradTracer
 
@@ -18,7 +20,7 @@ def reach(cands: list[Candidate], targets: set[int]) -> dict[int, set[int]]:
         if key in memo:
             return memo[key]
         memo[key] = frozenset()
-        stack = [(node, iter(node.next_functions), set())]
+        stack: list[tuple[Any, Iterator[Any], set[int]]] = [(node, iter(node.next_functions), set())]
         while stack:
             n, it, acc = stack[-1]
             advanced = False
@@ -66,7 +68,7 @@ def chain(cand: Candidate, target_id: int, tracer: GradTracer, limit: int = 400)
                 return []
             continue
         start = t.grad_fn
-        parents = {id(start): None}
+        parents: dict[int, int | None] = {id(start): None}
         nodes = {id(start): start}
         q = deque([start])
         found = None
@@ -85,7 +87,8 @@ def chain(cand: Candidate, target_id: int, tracer: GradTracer, limit: int = 400)
                 q.append(child)
         if found is None:
             continue
-        path, k = [], parents[found]
+        path: list[dict] = []
+        k = parents[found]
         while k is not None and len(path) < limit:
             loc = tracer.grad_fn_loc.get(k)
             if loc and (not path or (path[-1]["line"], path[-1]["file"]) != (loc["line"], loc["file"])):

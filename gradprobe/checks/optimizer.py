@@ -6,6 +6,8 @@ has the same counts and shapes but none of the same tensors.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 
@@ -118,7 +120,12 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
         return findings, []
     names = param_names(model)
     seq, site = _opt_site(record, optimizer)
-    groups, seen, dupes, stale, frozen, nonleaf = [], {}, [], [], [], []
+    groups: list[dict] = []
+    seen: dict[int, Any] = {}
+    dupes: list[tuple[str, int, int]] = []
+    stale: list[torch.Tensor] = []
+    frozen: list[str] = []
+    nonleaf: list[str] = []
     for gi, group in enumerate(optimizer.param_groups):
         gnames = []
         for t in group["params"]:
@@ -152,7 +159,7 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
     if stale:
         # pair each stale tensor with the missing parameter it most likely was: same shape, same order
         pool = list(missing)
-        guesses = []
+        guesses: list[dict[str, Any]] = []
         for t in stale:
             match = next((m for m in pool if tuple(m[1].shape) == tuple(t.shape)), None)
             if match is not None:
@@ -341,7 +348,7 @@ def optimizer_findings(loaded, step: bool = True) -> tuple[list[Finding], dict]:
     if loaded.optimizer is None:
         return [], {"note": "the target has no optimizer: only registration-level facts apply"}
     findings, groups = check_coverage(loaded.model, loaded.optimizer, loaded.record)
-    facts = {"optimizer": type(loaded.optimizer).__name__, "param_groups": groups}
+    facts: dict[str, Any] = {"optimizer": type(loaded.optimizer).__name__, "param_groups": groups}
     if step and isinstance(loaded.optimizer, torch.optim.Optimizer) and (loaded.batch is not None or loaded.train_step is not None):
         more, step_facts = check_step(loaded, findings)
         findings += more

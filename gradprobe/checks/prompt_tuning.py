@@ -377,7 +377,8 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
     ids_prompt = {id(p) for p in prompt_params.values()}
     base_module = find_base(model)
     in_base = {id(p) for p in base_module.parameters()} if base_module is not None else None
-    seen, base_trainable = set(), {}
+    seen: set[int] = set()
+    base_trainable: dict[str, int] = {}
     for n, p in model.named_parameters():
         if in_base is not None and id(p) not in in_base:
             continue  # prompt encoders and heads around the base are not "the base"
@@ -394,8 +395,9 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
             evidence={"by_module": base_trainable}))
     base = find_base(model)
     if base is not None and hasattr(base, "get_input_embeddings"):
-        emb, head = base.get_input_embeddings(), base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-        if emb is not None and head is not None and getattr(head, "weight", None) is emb.weight and emb.weight.requires_grad:
+        emb: Any = base.get_input_embeddings()  # type: ignore[operator]  # a transformers PreTrainedModel (hasattr above)
+        head: Any = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None  # type: ignore[operator]
+        if emb is not None and head is not None and getattr(head, "weight", None) is emb.weight and emb.weight.requires_grad:  # type: ignore[union-attr]
             ename = next((n for n, p in model.named_parameters() if p is emb.weight), "input embedding")
             findings.append(make_finding(
                 "GP508", f"The input embedding `{ename}` is trainable and tied to the output head: training it moves the output layer too.",

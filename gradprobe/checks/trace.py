@@ -173,7 +173,11 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
     names = tracer.names
     trainable = [p for p in model.parameters() if p.requires_grad]
     read = tracer.read | tracer.apply_watch.read
-    table, broken, zero, nonfinite, unused = [], [], [], [], []
+    table: list[dict[str, Any]] = []
+    broken: list[nn.Parameter] = []
+    zero: list[nn.Parameter] = []
+    nonfinite: list[nn.Parameter] = []
+    unused: list[nn.Parameter] = []
     for p in trainable:
         n = names[id(p)][0]
         g = grads.got.get(id(p))
@@ -240,7 +244,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
             parameters=pnames, location=where, evidence=evidence,
         ))
     # parameters sent to other processes as they are (leaf crossings are silent in PyTorch)
-    crossed = {}
+    crossed: dict[str, dict] = {}
     for c in tracer.crossings:
         if "parameter" in c:
             crossed.setdefault(c["parameter"], c)
@@ -355,8 +359,8 @@ def _health_findings(tracer, grads, model, names, wanted) -> list[Finding]:
             m = module_of(names[id(p)][0])
             per_module[m] = math.sqrt(per_module.get(m, 0.0) ** 2 + g["norm"] ** 2)
     if len(per_module) >= 3:
-        hi = max(per_module, key=per_module.get)
-        lo = min(per_module, key=per_module.get)
+        hi = max(per_module, key=lambda m: per_module[m])
+        lo = min(per_module, key=lambda m: per_module[m])
         ratio = per_module[hi] / per_module[lo]
         if ratio > 1e6:
             out.append(make_finding(

@@ -9,6 +9,8 @@ prints. Every failure becomes a finding; nothing here trusts the user's code.
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import os
 import sys
@@ -85,7 +87,7 @@ def run(job: dict, fd: int) -> None:
     faulthandler.enable()
     chan.progress("starting")
     policy = job.get("isolation") or {}
-    isolation = {"cgroup": policy.get("cgroup_state", "off")}
+    isolation: dict[str, Any] = {"cgroup": policy.get("cgroup_state", "off")}
     if policy.get("enabled"):
         from gradprobe.sandbox import isolation as layers
 
@@ -93,6 +95,7 @@ def run(job: dict, fd: int) -> None:
     missing = [k for k, v in isolation.items() if str(v).startswith("MISSING") or v == "off"]
     from gradprobe.sandbox.job import run_job
 
+    report: dict[str, Any]
     if policy.get("require") and missing:
         report = {"tool_error": f"isolation required but missing here: {', '.join(missing)} ({isolation})"}
     else:

@@ -141,6 +141,7 @@ async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, f
         python or sys.executable, "-I", CHILD, stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
         cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)), start_new_session=True, pass_fds=(res_w,),
     )
+    assert proc.stdin is not None  # stdin=PIPE
     proc.stdin.write(json.dumps(job).encode())
     try:
         await proc.stdin.drain()
@@ -176,8 +177,8 @@ async def run_child(
     }
     pipes = [os.pipe() for _ in range(3)]
     t0 = time.monotonic()
-    pid = None
-    transports = []
+    pid: int | None = None
+    transports: list[asyncio.BaseTransport] = []
     mode, warm_note = "cold", None
     try:
         if warm is not None and python is None:
@@ -185,7 +186,7 @@ async def run_child(
                 mode = "warm"
             else:
                 warm_note = f"warm worker unavailable ({warm.error}); used a cold child"
-        w_ends = tuple(w for _, w in pipes)
+        w_ends = (pipes[0][1], pipes[1][1], pipes[2][1])  # stdout, stderr, result
         if mode == "warm":
             try:
                 pid, exited = await warm.fork(job, scratch, dict(env), w_ends)
@@ -246,6 +247,7 @@ async def run_child(
             await asyncio.wait_for(asyncio.shield(exited), timeout=timeout_s)
         except asyncio.TimeoutError:
             timed_out = True
+        assert pid is not None  # the child started
         _kill_group(pid)  # anything the child left behind in its group
         if cgroup is not None and cgroup.ok:
             cgroup.kill()  # ... and anything that left the group (setsid daemons)
@@ -269,8 +271,8 @@ async def run_child(
         if cgroup is not None:
             cgroup.kill()
             cgroup.remove()
-        for t in transports:
-            t.close()
+        for tr in transports:
+            tr.close()
         for r, w in pipes:
             for fd in (r, w):
                 if fd >= 0:
