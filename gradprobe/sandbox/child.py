@@ -87,12 +87,13 @@ def run(job: dict, fd: int) -> None:
     faulthandler.enable()
     chan.progress("starting")
     policy = job.get("isolation") or {}
-    isolation: dict[str, Any] = {"cgroup": policy.get("cgroup_state", "off")}
-    if policy.get("enabled"):
-        from gradprobe.sandbox import isolation as layers
+    from gradprobe.sandbox.isolation import Layer, apply
 
-        isolation.update(layers.apply(policy))
-    missing = [k for k, v in isolation.items() if str(v).startswith("MISSING") or v == "off"]
+    layers = {"cgroup": Layer(bool(policy.get("cgroup_enforced")), policy.get("cgroup_state", "off"))}
+    if policy.get("enabled"):
+        layers.update(apply(policy))
+    isolation = {k: layer.text for k, layer in layers.items()}
+    missing = [k for k, layer in layers.items() if not layer.enforced]
     from gradprobe.sandbox.job import run_job
 
     report: dict[str, Any]

@@ -41,7 +41,8 @@ def run_job(job: dict, progress: Callable[[str], None]) -> dict:
         from gradprobe.loading import TargetError, TargetRefError, load_target
         from gradprobe.userframes import UserCode
     except Exception as exc:  # torch missing or too old in the chosen interpreter
-        return {"tool_error": f"this interpreter cannot run gradprobe's checks: {type(exc).__name__}: {exc}"}
+        return {"tool_error": f"this interpreter cannot run gradprobe's checks: {type(exc).__name__}: {exc}",
+                "tool_error_kind": "interpreter"}
     target = job.get("target") or {}
     try:
         if not spec.allows_meta and target.get("device") == "meta":

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from collections.abc import Awaitable, Callable
 
 from gradprobe.sandbox.cgroups import CallCgroup
@@ -126,6 +126,8 @@ class ChildOutcome:
     mode: str = "cold"
     note: str | None = None
     oom: bool = False
+    # what the tool_error is about: the caller's arguments, or the interpreter the target named
+    tool_error_kind: Literal["caller", "interpreter"] = "caller"
 
 
 async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
@@ -172,6 +174,7 @@ async def run_child(
         "enabled": limits.isolate, "require": limits.require_isolation,
         "cgroups": cgroup.procs_files if cgroup is not None and cgroup.ok else [],
         "cgroup_state": cgroup.describe() if cgroup is not None else "off",
+        "cgroup_enforced": cgroup is not None and cgroup.ok,
         "project_dir": (job.get("target") or {}).get("project_dir") or scratch,
         "package_root": PACKAGE_ROOT, "scratch": scratch,
     }
@@ -204,7 +207,8 @@ async def run_child(
         transports = [t1, t2, t3]
         pipes = []
         out, err = CappedStream(), CappedStream()
-        state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "events": [], "bytes": 0}
+        state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "tool_error_kind": "caller",
+                                 "events": [], "bytes": 0}
 
         async def read_results() -> None:
             while True:
@@ -232,6 +236,7 @@ async def run_child(
                     rep = msg["report"]
                     if "tool_error" in rep:
                         state["tool_error"] = str(rep["tool_error"])[:2000]
+                        state["tool_error_kind"] = "interpreter" if rep.get("tool_error_kind") == "interpreter" else "caller"
                     else:
                         state["report"] = rep
 
@@ -256,7 +261,7 @@ async def run_child(
             t.cancel()
         code = exited.result() if exited.done() and not exited.cancelled() and exited.exception() is None else None
         return ChildOutcome(
-            report=state["report"], tool_error=state["tool_error"], phase=state["phase"],
+            report=state["report"], tool_error=state["tool_error"], tool_error_kind=state["tool_error_kind"], phase=state["phase"],
             returncode=code, timed_out=timed_out, stdout=out.text(), stderr=err.text(),
             seconds=time.monotonic() - t0, events=state["events"], mode=mode, note=warm_note,
             oom=bool(cgroup is not None and cgroup.oom_killed()),
