@@ -20,7 +20,7 @@ def flow_graph(table: list[dict], findings: list[Any], frozen: list[str]) -> dic
     """Module groups of parameters with their status, for the flowchart."""
     breaks: dict[str, dict] = {}
     for f in findings:
-        if f["severity"] == "error" and f["code"].startswith(("GP30", "GP31", "GP4", "GP5", "GP1", "GP2")):
+        if f["severity"] == "error":
             for n in f["parameters"]:
                 breaks.setdefault(n, {"code": f["code"], "op": (f["evidence"].get("op") or f["name"]),
                                       "line": (f.get("location") or {}).get("line")})

@@ -120,6 +120,18 @@ def test_patched_restores_attributes_and_mapping_items_even_on_error():
         raise RuntimeError
     assert ns.f == 1 and table["k"] == "old"
 
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+    class Sub(Fn):
+        pass
+
+    with patched(Fn, "forward", staticmethod(lambda ctx, x: x + 1)), patched(Sub, "forward", staticmethod(lambda ctx, x: x)):
+        assert "forward" in vars(Sub)
+    assert isinstance(vars(Fn)["forward"], staticmethod) and "forward" not in vars(Sub)
+
 
 def test_tracer_leaves_torch_as_it_found_it():
     from gradprobe.checks.tracer import GradTracer

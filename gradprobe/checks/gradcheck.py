@@ -11,6 +11,7 @@ finding can name the input, the output and the worst element in words.
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import textwrap
 from typing import Any, cast
@@ -21,6 +22,7 @@ from torch.autograd.function import Function
 from gradprobe.checks._apply import ApplyWatch, inside_custom_function
 from gradprobe.checks._step import call_model, param_names
 from gradprobe.checks.torchcompat import INVALID_GRADIENT, WRONG_GRADIENT_COUNT, WRONG_GRADIENT_SHAPE, GradcheckError
+from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
 from gradprobe.userframes import location
@@ -375,9 +377,9 @@ class DirectForwardWatch:
     def __init__(self, user):
         self.user = user
         self.hits: dict[type, dict] = {}
-        self._saved = []
 
     def __enter__(self):
+        self._stack = contextlib.ExitStack()
         for cls in _user_functions(self.user):
             orig = cls.__dict__.get("forward")
             if not isinstance(orig, staticmethod):
@@ -389,13 +391,11 @@ class DirectForwardWatch:
                     self.hits[_cls] = {"location": self.user.innermost(skip=1)}
                 return _f(*a, **k)
 
-            self._saved.append((cls, orig))
-            cls.forward = staticmethod(watched)
+            self._stack.enter_context(patched(cls, "forward", staticmethod(watched)))
         return self
 
     def __exit__(self, *exc):
-        for cls, orig in self._saved:
-            cls.forward = orig
+        self._stack.close()
         return False
 
 
@@ -462,7 +462,7 @@ def _explicit(loaded, ref: str, watch: ApplyWatch) -> ApplyWatch:
     args = batch if isinstance(batch, tuple) else tuple(batch.values()) if isinstance(batch, dict) else (batch,)
     args = tuple(a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a for a in args)
     if isinstance(obj, type) and issubclass(obj, Function):
-        entry = {"inputs": args, "kwargs": {}, "count": 1, "params_at": {}, "location": None, "grad_enabled": True}
+        entry = {"inputs": args, "count": 1, "params_at": {}, "location": None}
         watch.calls[obj] = entry
         return watch
     target = obj() if isinstance(obj, type) else obj

@@ -6,6 +6,7 @@ has the same counts and shapes but none of the same tensors.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -13,6 +14,7 @@ import torch.nn as nn
 
 from gradprobe.checks._step import module_of, param_names, run_step
 from gradprobe.checks.torchcompat import OPTIMIZER_EMPTY, OPTIMIZER_NON_LEAF, OPTIMIZER_PARAM_IN_SEVERAL_GROUPS, untraced
+from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
 
@@ -230,26 +232,25 @@ class StepObserver:
         self.grad_after_backward: dict[int, float] = {}
 
     def __enter__(self):
-        self._orig_zero = torch.optim.Optimizer.zero_grad
-        self._orig_mzero = nn.Module.zero_grad
-        obs = self
+        orig_zero, orig_mzero = torch.optim.Optimizer.zero_grad, nn.Module.zero_grad
+        events = self.events
 
         def opt_zero(opt, *a, **k):
-            obs.events.append("optimizer.zero_grad")
-            return obs._orig_zero(opt, *a, **k)
+            events.append("optimizer.zero_grad")
+            return orig_zero(opt, *a, **k)
 
         def mod_zero(mod, *a, **k):
-            obs.events.append("model.zero_grad")
-            return obs._orig_mzero(mod, *a, **k)
+            events.append("model.zero_grad")
+            return orig_mzero(mod, *a, **k)
 
-        torch.optim.Optimizer.zero_grad = opt_zero
-        nn.Module.zero_grad = mod_zero
-        self._hooks = []
+        stack = self._stack = contextlib.ExitStack()
+        stack.enter_context(patched(torch.optim.Optimizer, "zero_grad", opt_zero))
+        stack.enter_context(patched(nn.Module, "zero_grad", mod_zero))
         if isinstance(self.optimizer, torch.optim.Optimizer):
-            self._hooks.append(self.optimizer.register_step_pre_hook(self._pre_step))
+            stack.callback(self.optimizer.register_step_pre_hook(self._pre_step).remove)
         for p in self.model.parameters():
             if p.requires_grad:
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulated))
+                stack.callback(p.register_post_accumulate_grad_hook(self._accumulated).remove)
         return self
 
     def _accumulated(self, p):
@@ -263,10 +264,7 @@ class StepObserver:
             self.grad_at_step[id(p)] = _grad_max(p)
 
     def __exit__(self, *exc):
-        torch.optim.Optimizer.zero_grad = self._orig_zero
-        nn.Module.zero_grad = self._orig_mzero
-        for h in self._hooks:
-            h.remove()
+        self._stack.close()
         return False
 
 

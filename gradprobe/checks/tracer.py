@@ -97,7 +97,7 @@ def _storage_ptr(t: torch.Tensor) -> int | None:
 class GradTracer(TorchFunctionMode):
     """Records reads of parameters, break candidates, backward calls and process crossings."""
 
-    def __init__(self, model: nn.Module, user, chain: bool = True, provenance: bool = False):
+    def __init__(self, model: nn.Module, user, provenance: bool = False):
         super().__init__()
         self.provenance: dict[int, tuple] | None = {} if provenance else None  # id(out) -> (out, user line)
         self.user = user
@@ -112,7 +112,6 @@ class GradTracer(TorchFunctionMode):
         self.backward_calls: list[dict] = []
         self.backward_error: BaseException | None = None
         self.grad_fn_loc: dict[int, dict] = {}
-        self.chain = chain
         self.disable_site: dict | None = None
         self.crossings: list[dict] = []
         self.nonleaf_grad_reads: list[dict] = []
@@ -158,7 +157,7 @@ class GradTracer(TorchFunctionMode):
                 cand = self._candidate(name, req, outs, out)
                 if cand is not None:
                     tags = frozenset({cand.index}) if tags is None else tags | {cand.index}
-            elif self.chain:
+            else:
                 for o in outs:
                     gf = o.grad_fn
                     if gf is not None and id(gf) not in self.grad_fn_loc:
@@ -220,7 +219,7 @@ class GradTracer(TorchFunctionMode):
         return cand
 
     def _came_back(self, out):
-        idx, left_loc = self.left_events[-1]
+        idx = self.left_events[-1][0]
         loc = self.user.innermost(skip=3)
         if idx >= 0:
             cand = self.candidates[idx]

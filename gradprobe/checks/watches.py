@@ -26,12 +26,22 @@ def patched(obj: Any, name: Any, new: Any) -> Iterator[Any]:
         finally:
             obj[name] = old
         return
-    old = getattr(obj, name)
+    own = getattr(obj, "__dict__", {})
+    found = getattr(obj, name)
+    if name in own:  # restore the object's own entry as it was (a staticmethod stays one)
+        saved = own[name]
+
+        def restore() -> None:
+            setattr(obj, name, saved)
+    else:  # inherited: remove our shadowing entry again
+
+        def restore() -> None:
+            delattr(obj, name)
     setattr(obj, name, new)
     try:
-        yield old
+        yield found
     finally:
-        setattr(obj, name, old)
+        restore()
 
 
 def pickle_watch(on_pickle: Callable[[Any], None]) -> contextlib.ExitStack:

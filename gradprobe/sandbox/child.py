@@ -33,7 +33,7 @@ def _apply_limits(limits: dict) -> None:
         if value is None:
             return
         try:
-            soft, hard = resource.getrlimit(which)
+            _, hard = resource.getrlimit(which)
             value = int(value)
             if hard != resource.RLIM_INFINITY:
                 value = min(value, hard)
