@@ -210,5 +210,17 @@ def test_no_grad_decorator_wrapper_is_recognised():
 def test_multiprocessing_tensor_reducers_exist():
     import torch.multiprocessing
 
-    reducers = ForkingPickler._extra_reducers
+    reducers = tc.multiprocessing_tensor_reducers()
+    assert reducers is ForkingPickler._extra_reducers
     assert any(isinstance(c, type) and issubclass(c, torch.Tensor) for c in reducers)
+
+
+def test_tensor_hooks_are_visible():
+    p = nn.Parameter(torch.ones(2))
+    assert not tc.tensor_hooks(p)
+    p.register_hook(lambda g: g * 0)
+    assert len(tc.tensor_hooks(p)) == 1
+
+
+def test_function_apply_is_a_classmethod_of_function():
+    assert isinstance(tc.custom_function_apply(), classmethod)

@@ -12,12 +12,12 @@ import threading
 import torch
 from torch.autograd.function import Function
 
-from gradprobe.checks.torchcompat import untraced
+from gradprobe.checks.torchcompat import custom_function_apply, untraced
 
 MAX_CALLS_PER_FN = 64  # parameter positions are recorded for the first calls of each Function
 _state = threading.local()
 _watchers: list[ApplyWatch] = []
-_original_apply = Function.__dict__["apply"]
+_original_apply = custom_function_apply()
 
 
 def inside_custom_function() -> bool:

@@ -38,6 +38,24 @@ def decorated_function(frame: FrameType) -> Any:
     return frame.f_locals.get("func")
 
 
+def tensor_hooks(t: torch.Tensor) -> dict[Any, Any]:
+    """The hooks registered with t.register_hook (torch keeps them in the private `_backward_hooks`)."""
+    return getattr(t, "_backward_hooks", None) or {}
+
+
+def custom_function_apply() -> Any:
+    """Function.apply as torch defines it (a classmethod object), to patch and restore."""
+    return torch.autograd.Function.__dict__["apply"]
+
+
+def multiprocessing_tensor_reducers() -> dict[Any, Any]:
+    """multiprocessing's reducer table, where torch.multiprocessing registers its tensor reducers."""
+    from multiprocessing.reduction import ForkingPickler
+
+    reducers: dict[Any, Any] = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+    return reducers
+
+
 # ---- backward() errors ---------------------------------------------------------------------
 
 # the loss is not connected to any parameter: "element 0 of tensors does not require grad and does not have a grad_fn"

@@ -26,6 +26,7 @@ from gradprobe.checks.torchcompat import (
     LOSS_DOES_NOT_REQUIRE_GRAD,
     LOSS_NOT_DIFFERENTIABLE,
     explain_backward_error,
+    tensor_hooks,
     is_anomaly_forward_trace,
 )
 from gradprobe.checks.tracer import Candidate, GradRecorder, GradTracer
@@ -370,7 +371,7 @@ def _health_findings(tracer, grads, model, names, wanted) -> list[Finding]:
             ))
     # GP313: hooks on parameters whose gradient ended zero or None
     for p in model.parameters():
-        hooks = getattr(p, "_backward_hooks", None)
+        hooks = tensor_hooks(p)
         if hooks and p.requires_grad:
             g = grads.got.get(id(p))
             if g is None or g["zero"]:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from gradprobe.checks.torchcompat import multiprocessing_tensor_reducers
+
 
 @contextlib.contextmanager
 def patched(obj: Any, name: Any, new: Any) -> Iterator[Any]:
@@ -46,10 +48,8 @@ def patched(obj: Any, name: Any, new: Any) -> Iterator[Any]:
 
 def pickle_watch(on_pickle: Callable[[Any], None]) -> contextlib.ExitStack:
     """Tensors pickled for another process: multiprocessing's tensor reducers and Tensor.__reduce_ex__."""
-    from multiprocessing.reduction import ForkingPickler
-
     stack = contextlib.ExitStack()
-    reducers = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+    reducers = multiprocessing_tensor_reducers()
     for cls, red in list(reducers.items()):
         if isinstance(cls, type) and issubclass(cls, torch.Tensor):
             def watched(t: Any, _red: Any = red) -> Any:
