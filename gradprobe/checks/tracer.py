@@ -306,13 +306,15 @@ class GradTracer(TorchFunctionMode):
             self.checkpoint_warnings.append(self.user.innermost(skip=2))
 
     def __enter__(self):
-        stack = self._stack = contextlib.ExitStack()
-        stack.enter_context(pickle_watch(self._pickled))
-        stack.enter_context(from_numpy_watch(self._on_from_numpy))
-        stack.enter_context(inference_mode_watch(self._on_inference_mode))
-        stack.enter_context(self.apply_watch)
-        stack.enter_context(warning_watch(self._on_warning))
-        return super().__enter__()
+        with contextlib.ExitStack() as stack:  # a watch that fails to enter undoes the ones before it
+            stack.enter_context(pickle_watch(self._pickled))
+            stack.enter_context(from_numpy_watch(self._on_from_numpy))
+            stack.enter_context(inference_mode_watch(self._on_inference_mode))
+            stack.enter_context(self.apply_watch)
+            stack.enter_context(warning_watch(self._on_warning))
+            entered = super().__enter__()
+            self._stack = stack.pop_all()
+        return entered
 
     def __exit__(self, *exc):
         try:
