@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+import sys
 import textwrap
 from typing import Any, cast
 
@@ -387,8 +388,12 @@ class DirectForwardWatch:
             func = orig.__func__
 
             def watched(*a, _cls=cls, _f=func, **k):
-                if not inside_custom_function() and _cls not in self.hits:
-                    self.hits[_cls] = {"location": self.user.innermost(skip=1)}
+                # "called directly" only when the user's own code is the caller: apply's C core
+                # calls forward with our apply watch (or torch's functorch path) as the Python caller
+                caller = sys._getframe(1)
+                if (_cls not in self.hits and not inside_custom_function()
+                        and self.user.is_user_file(caller.f_code.co_filename)):
+                    self.hits[_cls] = {"location": self.user.innermost(caller)}
                 return _f(*a, **k)
 
             self._stack.enter_context(patched(cls, "forward", staticmethod(watched)))
