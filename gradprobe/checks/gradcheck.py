@@ -20,6 +20,7 @@ from typing import Any, cast
 import torch
 from torch.autograd.function import Function
 
+from gradprobe.checks import backward_lines, rewrites
 from gradprobe.checks._apply import ApplyWatch, inside_custom_function
 from gradprobe.checks._step import call_model, param_names
 from gradprobe.checks.torchcompat import INVALID_GRADIENT, WRONG_GRADIENT_COUNT, WRONG_GRADIENT_SHAPE, GradcheckError
@@ -291,9 +292,12 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
         return findings, facts
     analytical = _analytical_jacobians(fn, inputs64, req)
     mismatches = []
+    jacobians: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for pos, j in enumerate(req):
         numerical = _numerical_jacobian(fn, inputs64, j)
         ana = analytical[pos]
+        if ana is not None:
+            jacobians[j] = (ana, numerical)
         num_nonzero = bool((numerical.abs() > atol).any())
         ps = params_at.get(j, [])
         if ana is None or (not bool((ana != 0).any()) and num_nonzero):
@@ -316,15 +320,26 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
                                "analytical": ana[k, i].item(), "numerical": numerical[k, i].item(),
                                "max_abs_error": diff.max().item(),
                                "max_rel_error": (diff / numerical.abs().clamp_min(1e-12)).max().item()})
+    rewrite = rewrites.Rewrite()
+    if mismatches:
+        rewrite = rewrites.classify(fn, inputs64, jacobians, _flat_out, atol, rtol)
+        findings += _rewrite_findings(name, rewrite, mismatches, label, def_loc)
+        explained = set(rewrite.surrogate) | (set(rewrite.scaled) if rewrite.recognised else set())
+        mismatches = [m for m in mismatches if m["input_index"] not in explained]
     if mismatches:
         mismatches.sort(key=lambda m: -m["max_abs_error"])
         w = mismatches[0]
+        uniform = rewrite.factor if rewrite.scaled and not rewrite.recognised else None
+        line = backward_lines.wrong_gradient_line(cls, inputs64, req, w["input_index"])
+        where = location(def_loc["file"], line, def_loc["function"]) if def_loc and line else None
         findings.append(make_finding(
             "GP401", f"{name}.backward is wrong for {', '.join(m['input'] for m in mismatches)}: worst at "
             f"d(output[{w['output_index']}])/d(input{w['input_index']}{w['element']}) = {w['analytical']:.6g} analytically "
-            f"but {w['numerical']:.6g} numerically (max abs error {w['max_abs_error']:.3g}).",
-            parameters=[name] + [p for m in mismatches for p in m["parameters"]], location=def_loc,
-            evidence={"function": name, "mismatches": mismatches, "atol": atol, "rtol": rtol},
+            f"but {w['numerical']:.6g} numerically (max abs error {w['max_abs_error']:.3g})"
+            + (f"; it is {uniform:.6g} x the true gradient for every element: a constant factor is wrong." if uniform else "."),
+            parameters=[name] + [p for m in mismatches for p in m["parameters"]], location=where or ret_loc or def_loc,
+            evidence={"function": name, "mismatches": mismatches, "atol": atol, "rtol": rtol,
+                      **({"uniform_factor": uniform} if uniform else {})},
         ))
     # determinism: the same backward twice
     again = _analytical_jacobians(fn, inputs64, req)
@@ -344,6 +359,35 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
                 "GP407", f"{name}: second derivatives disagree with finite differences (gradgradcheck).",
                 parameters=[name], location=def_loc, evidence={"function": name, "error": facts.get("second_order_error")}))
     return findings, facts
+
+
+def _rewrite_findings(name: str, rw: rewrites.Rewrite, mismatches: list[dict], label, def_loc) -> list[Finding]:
+    """Info findings for the intentional rewrites among the mismatches (see checks/rewrites.py for the rule)."""
+    out = []
+    by_input = {m["input_index"]: m for m in mismatches}
+    for j in rw.surrogate:
+        m = by_input.get(j)
+        f = make_finding(
+            "GP401", f"{name}.backward passes a surrogate gradient for {label(j)} through a piecewise-constant forward "
+            "(its true gradient is zero almost everywhere): a straight-through estimator, by design.",
+            parameters=[name] + (m["parameters"] if m else []), location=def_loc,
+            evidence={"function": name, "rewrite": "surrogate", "input_index": j},
+            fix="Nothing to fix if the surrogate is intended (straight-through estimator).")
+        f["severity"] = "info"
+        out.append(f)
+    if rw.scaled and rw.recognised and rw.factor is not None:
+        c = rw.factor
+        kind = "a gradient reversal" if c < 0 else "a gradient scaling"
+        ps = [p for j in rw.scaled if j in by_input for p in by_input[j]["parameters"]]
+        f = make_finding(
+            "GP401", f"{name}.backward is {c:.6g} x the true gradient for every element of "
+            f"{', '.join(label(j) for j in rw.scaled)}: {kind}, by design.",
+            parameters=[name] + ps, location=def_loc,
+            evidence={"function": name, "rewrite": "reversal" if c < 0 else "scaling", "factor": c, "inputs": rw.scaled},
+            fix=f"Nothing to fix if {kind} is intended.")
+        f["severity"] = "info"
+        out.append(f)
+    return out
 
 
 def _is_user_class(cls, user) -> bool:

@@ -56,10 +56,10 @@ def custom_function_entry() -> tuple[type, str, Any]:
     return _SingleLevelFunction, "apply", torch._C._FunctionBase.__dict__["apply"]
 
 
-def function_class_of_node(node: Any) -> type | None:
+def function_class_of_node(node: Any) -> type[torch.autograd.Function] | None:
     """The autograd.Function class behind a grad_fn node (a BackwardCFunction carries `_forward_cls`)."""
     cls = getattr(node, "_forward_cls", None)
-    return cls if isinstance(cls, type) else None
+    return cls if isinstance(cls, type) and issubclass(cls, torch.autograd.Function) else None
 
 
 def multiprocessing_tensor_reducers() -> dict[Any, Any]:
