@@ -68,7 +68,7 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     found = prompt_tuning.find_prompt(model)
     peftish = hasattr(model, "peft_config")
     # a mostly frozen model alone is no prompt tuning: diagnose checks it only when PEFT says so
-    prompt_on = found.any and (peftish or found.how in ("caller", "peft", "named"))
+    prompt_on = found.any and (peftish or found.how in ("caller", "peft", "named", "embedding"))
     base = prompt_tuning.find_base(model) if prompt_on else None
     opt = loaded.optimizer if isinstance(loaded.optimizer, torch.optim.Optimizer) else None
     before = optimizer.snapshot(model) if opt is not None else None

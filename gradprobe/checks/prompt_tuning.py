@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from gradprobe.checks._step import module_of
 from gradprobe.checks.torchcompat import untraced
@@ -123,7 +125,7 @@ def find_base(model: nn.Module) -> nn.Module | None:
     return None
 
 
-PromptSource = Literal["caller", "peft", "named", "mostly_frozen", "none"]
+PromptSource = Literal["caller", "peft", "named", "embedding", "mostly_frozen", "none"]
 
 
 @dataclass
@@ -172,23 +174,71 @@ def find_prompt(model: nn.Module, prompt: str | None = None) -> FoundPrompt:
         return FoundPrompt(named, attrs, "named", "parameters or tensor attributes named like a prompt (prompt, virtual, soft token/embedding, prefix, learned embedding)")
     total = sum(p.numel() for p in params.values())
     trainable = [n for n, p in params.items() if p.requires_grad]
+    base = find_base(model)
+    get_emb = getattr(base, "get_input_embeddings", None)
+    emb = get_emb() if callable(get_emb) else None
+    if trainable and isinstance(emb, nn.Module) and len(trainable) < len(params):
+        in_emb = {id(p) for p in emb.parameters()}
+        if all(id(params[n]) in in_emb for n in trainable):
+            return FoundPrompt(trainable, [], "embedding", "the input embedding is the only trainable part of a frozen language model "
+                               "(new token embeddings trained as the tuning mechanism)")
     if trainable and total and sum(params[n].numel() for n in trainable) < 0.5 * total:
         return FoundPrompt(trainable, [], "mostly_frozen", "the only trainable parameters of a mostly frozen model (under half of its values)")
     return FoundPrompt([], [], "none", "nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft token/prefix/learned embedding, and a mostly frozen model")
 
 
+class _EmbeddingOps(TorchFunctionMode):
+    """Records the embedding lookups (F.embedding: integer indices, table) run while the base model's forward runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = 0
+        self.lookups: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.active and func is F.embedding and len(self.lookups) < 64:
+            idx = args[0] if args else (kwargs or {}).get("input")
+            weight = args[1] if len(args) > 1 else (kwargs or {}).get("weight")
+            if isinstance(idx, torch.Tensor) and isinstance(weight, torch.Tensor):
+                self.lookups.append((idx, weight))
+        return func(*args, **(kwargs or {}))
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    except RuntimeError:
+        return False
+
+
 class BaseObserver:
-    """Forward pre-hook on the HF base model and a wrapper around generate()."""
+    """Forward pre-hook on the HF base model, a wrapper around generate(), and the embedding lookups of its forward."""
 
     def __init__(self, base: nn.Module, user):
         self.base, self.user = base, user
         self.calls: list[dict] = []
         self.generate_calls: list[dict] = []
         self._in_generate = 0
+        self._embedding_ops = _EmbeddingOps()
+
+    def input_embedding(self) -> torch.Tensor | None:
+        """The table the forward looked token ids up in: the lookup whose indices are (a view of) the input_ids the
+        base received, else the first lookup of the base's forward. Found by what ran, whatever wraps it."""
+        lookups = self._embedding_ops.lookups
+        ids = [c["tensors"]["input_ids"] for c in self.calls if "input_ids" in c.get("tensors", {})]
+        for idx, weight in lookups:
+            if any(idx is t or _same_storage(idx, t) for t in ids):
+                return weight
+        return lookups[0][1] if lookups else None
+
+    def _post(self, module, args, kwargs, out):
+        if not self._in_generate:
+            self._embedding_ops.active = max(0, self._embedding_ops.active - 1)
 
     def _pre(self, module, args, kwargs):
         if self._in_generate:
             return
+        self._embedding_ops.active += 1
         rec: dict[str, Any] = {"location": self.user.innermost(skip=2), "tensors": {}}
         for key in ("input_ids", "inputs_embeds", "attention_mask", "labels", "past_key_values", "use_cache"):
             v = kwargs.get(key)
@@ -203,6 +253,8 @@ class BaseObserver:
 
     def __enter__(self):
         self._hook = self.base.register_forward_pre_hook(self._pre, with_kwargs=True)
+        self._post_hook = self.base.register_forward_hook(self._post, with_kwargs=True, always_call=True)
+        self._embedding_ops.__enter__()
         gen = getattr(self.base, "generate", None)
         self._had_generate = "generate" in vars(self.base)
         if gen is not None:
@@ -220,23 +272,22 @@ class BaseObserver:
         return self
 
     def __exit__(self, *exc):
+        self._embedding_ops.__exit__(None, None, None)
         self._hook.remove()
+        self._post_hook.remove()
         if "generate" in vars(self.base) and not self._had_generate:
             del self.base.generate
         return False
 
 
-def _n_virtual(model, prompt_params: dict, attrs: list[dict], base) -> int | None:
+def _n_virtual(model, prompt_params: dict, attrs: list[dict], emb_weight: torch.Tensor | None) -> int | None:
     cfg = getattr(model, "peft_config", None)
     if isinstance(cfg, dict) and cfg:
         c = next(iter(cfg.values()))
         n = getattr(c, "num_virtual_tokens", None)
         if n:
             return int(n)
-    hidden = None
-    emb = base.get_input_embeddings() if base is not None and hasattr(base, "get_input_embeddings") else None
-    if emb is not None:
-        hidden = emb.weight.shape[-1]
+    hidden = emb_weight.shape[-1] if emb_weight is not None and emb_weight.dim() == 2 else None
     for t in list(prompt_params.values()) + [a["tensor"] for a in attrs]:
         if t.dim() >= 2 and (hidden is None or t.shape[-1] == hidden):
             return int(t.shape[-2])
@@ -284,7 +335,8 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
     no_grad = [r["name"] for r in prompt_rows if r["grad"] in ("none", "zero") and prompt_params[r["name"]].requires_grad]
     zero_grad = [r["name"] for r in prompt_rows if r["grad"] == "zero"]
     explained = False
-    n_virt = _n_virtual(model, prompt_params, attrs, find_base(model))
+    emb_weight = base_obs.input_embedding() if base_obs else None
+    n_virt = _n_virtual(model, prompt_params, attrs, emb_weight)
     facts["virtual_tokens"] = n_virt
     for f in breaks:
         if f["code"] == "GP305" and re.search(r"long|int|to|type|embedding", str(f["evidence"].get("op", ""))):
@@ -308,9 +360,11 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
     # mask and labels alignment
     align: dict[str, Any] = {}
     peft_prefix = _peft_type(model) in ("PREFIX_TUNING",)
-    in_sequence = found.how != "mostly_frozen"  # adapters (LoRA, ...) occupy no sequence positions
+    in_sequence = found.how not in ("mostly_frozen", "embedding")  # adapters and token tables occupy no virtual positions
     if peft_prefix:
         align["note"] = "prefix tuning: the virtual tokens reach the base as past_key_values, not as sequence positions"
+    elif found.how == "embedding":
+        align["note"] = "the input embedding itself is trained: no virtual positions, no mask/labels alignment to check"
     elif not in_sequence:
         align["note"] = "the trainable parts are adapters, not virtual tokens: no mask/labels alignment to check"
     if call and n_virt and not peft_prefix and in_sequence:
@@ -394,14 +448,13 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
                         and (in_base is None or id(p) in in_base)][:50],
             evidence={"by_module": base_trainable}))
     base = find_base(model)
-    if base is not None and hasattr(base, "get_input_embeddings"):
-        emb: Any = base.get_input_embeddings()  # type: ignore[operator]  # a transformers PreTrainedModel (hasattr above)
-        head: Any = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None  # type: ignore[operator]
-        if emb is not None and head is not None and getattr(head, "weight", None) is emb.weight and emb.weight.requires_grad:  # type: ignore[union-attr]
-            ename = next((n for n, p in model.named_parameters() if p is emb.weight), "input embedding")
-            findings.append(make_finding(
-                "GP508", f"The input embedding `{ename}` is trainable and tied to the output head: training it moves the output layer too.",
-                parameters=[ename], evidence={"tied": True}))
+    head: Any = base.get_output_embeddings() if base is not None and hasattr(base, "get_output_embeddings") else None  # type: ignore[operator]
+    head_weight = getattr(head, "weight", None)
+    if emb_weight is not None and head_weight is emb_weight and emb_weight.requires_grad:
+        ename = next((n for n, p in model.named_parameters() if p is emb_weight), "input embedding")
+        findings.append(make_finding(
+            "GP508", f"The input embedding `{ename}` is trainable and tied to the output head: training it moves the output layer too.",
+            parameters=[ename], evidence={"tied": True}))
     if no_grad and not explained:
         f0 = breaks[0] if breaks else None
         findings.append(make_finding(
