@@ -188,20 +188,35 @@ def find_prompt(model: nn.Module, prompt: str | None = None) -> FoundPrompt:
 
 
 class _EmbeddingOps(TorchFunctionMode):
-    """Records the embedding lookups (F.embedding: integer indices, table) run while the base model's forward runs."""
+    """Records the embedding lookups (F.embedding: integer indices, table, inside the base's forward or not) of a step."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.active = 0
-        self.lookups: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.active = 0  # > 0 while the base model's forward runs
+        self.lookups: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if self.active and func is F.embedding and len(self.lookups) < 64:
+        if func is F.embedding and len(self.lookups) < 64:
             idx = args[0] if args else (kwargs or {}).get("input")
             weight = args[1] if len(args) > 1 else (kwargs or {}).get("weight")
             if isinstance(idx, torch.Tensor) and isinstance(weight, torch.Tensor):
-                self.lookups.append((idx, weight))
+                self.lookups.append((idx, weight, self.active > 0))
         return func(*args, **(kwargs or {}))
+
+
+def _prompt_mask(embeds: torch.Tensor, lookups: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> torch.Tensor | None:
+    """[batch, seq] True where inputs_embeds does not hold the token row its own id lookup produced: the positions the
+    prompt vectors were written to (prepended, interleaved around the input, or at template slots), found by value."""
+    if embeds.dim() != 3:
+        return None
+    with torch.no_grad(), untraced():
+        for idx, weight, _ in lookups:
+            if idx.dim() == 2 and tuple(idx.shape) == tuple(embeds.shape[:2]) and weight.dim() == 2 and weight.shape[-1] == embeds.shape[-1]:
+                rows = F.embedding(idx, weight.detach()).to(embeds.dtype)
+                differ = (rows != embeds.detach()).any(dim=-1)
+                if bool(differ.any()):
+                    return differ
+    return None
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -226,10 +241,14 @@ class BaseObserver:
         base received, else the first lookup of the base's forward. Found by what ran, whatever wraps it."""
         lookups = self._embedding_ops.lookups
         ids = [c["tensors"]["input_ids"] for c in self.calls if "input_ids" in c.get("tensors", {})]
-        for idx, weight in lookups:
+        for idx, weight, _ in lookups:
             if any(idx is t or _same_storage(idx, t) for t in ids):
                 return weight
-        return lookups[0][1] if lookups else None
+        embeds = [c["tensors"]["inputs_embeds"] for c in self.calls if "inputs_embeds" in c.get("tensors", {})]
+        for _idx, weight, in_base in lookups:  # looked up by the user's code, then passed as inputs_embeds
+            if not in_base and weight.dim() == 2 and any(weight.shape[-1] == e.shape[-1] for e in embeds):
+                return weight
+        return next((w for _, w, in_base in lookups if in_base), None)
 
     def _post(self, module, args, kwargs, out):
         if not self._in_generate:
@@ -246,6 +265,10 @@ class BaseObserver:
                 v = args[0]
             if isinstance(v, torch.Tensor):
                 rec["tensors"][key] = v
+                if key == "inputs_embeds":
+                    pm = _prompt_mask(v, self._embedding_ops.lookups)
+                    if pm is not None:
+                        rec["tensors"]["prompt_mask"] = pm
                 rec[key] = {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", ""), "requires_grad": v.requires_grad}
             elif v is not None:
                 rec[key] = v if isinstance(v, (bool, int, float, str)) else type(v).__name__
@@ -367,17 +390,27 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
         align["note"] = "the input embedding itself is trained: no virtual positions, no mask/labels alignment to check"
     elif not in_sequence:
         align["note"] = "the trainable parts are adapters, not virtual tokens: no mask/labels alignment to check"
-    if call and n_virt and not peft_prefix and in_sequence:
-        t = call["tensors"]
-        seq = t["inputs_embeds"].shape[1] if "inputs_embeds" in t else (t["input_ids"].shape[1] if "input_ids" in t else None)
-        align = {"embedded_length": seq, "virtual_tokens": n_virt}
-        start = _prompt_start(t.get("inputs_embeds"), list(prompt_params.values()) + [a["tensor"] for a in attrs], n_virt)
-        align["prompt_positions"] = [start, start + n_virt]
+    t = call["tensors"] if call else {}
+    seq_t = t.get("inputs_embeds", t.get("input_ids"))
+    if call and isinstance(seq_t, torch.Tensor) and seq_t.dim() >= 2 and (n_virt or "prompt_mask" in t) and not peft_prefix and in_sequence:
+        seq = seq_t.shape[1]
+        pm = t.get("prompt_mask")  # where the prompt vectors really are, found by value in inputs_embeds
+        if pm is None:
+            nv = n_virt or 0
+            start = _prompt_start(t.get("inputs_embeds"), list(prompt_params.values()) + [a["tensor"] for a in attrs], nv)
+            pm = torch.zeros(seq_t.shape[:2], dtype=torch.bool)
+            pm[:, start:start + nv] = True
+            where = "the prompt's values found in inputs_embeds" if start else "the first positions (the prompt's values were not found)"
+        else:
+            n_virt = int(pm[0].sum())
+            where = "the positions whose embedding is not their token's row"
+        align = {"embedded_length": seq, "virtual_tokens": n_virt,
+                 "prompt_positions": pm[0].nonzero().flatten().tolist()[:64], "prompt_positions_from": where}
         mask = t.get("attention_mask")
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and seq:
             align["mask_length"] = mask.shape[1]
             if mask.shape[1] == seq:
-                cols = mask[:, start:start + n_virt]
+                cols = mask[pm]
                 align["mask_on_prompt_positions"] = float(cols.float().mean())
                 if bool((cols == 0).all()):
                     loc = tracer.made_at(mask) if tracer else None
@@ -385,7 +418,7 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
                         "GP506", f"The attention mask passed to the base model is 0 on all {n_virt} prompt positions: nothing attends to the "
                         "virtual tokens, so the loss does not depend on the prompt" + (" (its gradient is exactly zero)." if zero_grad else "."),
                         parameters=sorted(pnames) or [a["name"] for a in attrs], location=loc or call["location"],
-                        evidence={"mask_prompt_columns": cols[0].tolist(), "mask_shape": list(mask.shape), "embedded_length": seq},
+                        evidence={"mask_prompt_columns": mask[0][pm[0]].tolist(), "mask_shape": list(mask.shape), "embedded_length": seq},
                     ))
                     explained = True
         labels = t.get("labels")
@@ -397,13 +430,16 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
                     parameters=sorted(pnames), location=(tracer.made_at(labels) if tracer else None) or call["location"],
                     evidence={"labels_length": labels.shape[1], "embedded_length": seq, "virtual_tokens": n_virt}))
             else:
-                ignored = bool((labels[:, start:start + n_virt] == -100).all())
+                ignored = bool((labels[pm] == -100).all())
                 align["labels_ignore_prompt_positions"] = ignored
                 if not ignored:
                     findings.append(make_finding(
                         "GP507", f"labels on the {n_virt} prompt positions are not the ignore index -100: the model is trained to predict tokens at virtual positions.",
                         parameters=sorted(pnames), location=(tracer.made_at(labels) if tracer else None) or call["location"],
-                        evidence={"labels_prompt_columns": labels[0, start:start + n_virt].tolist()}))
+                        evidence={"labels_prompt_columns": labels[0][pm[0]].tolist(), "prompt_positions": align["prompt_positions"]},
+                        fix=None if bool(pm[:, :n_virt].all()) else
+                        f"Set the labels to -100 at the positions the prompt vectors fill ({align['prompt_positions']} here), "
+                        "e.g. labels = labels.masked_fill(is_prompt_slot, -100), keeping only the positions to predict."))
     facts["alignment"] = align
     # cache in training
     for c in train_calls:
@@ -450,7 +486,7 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
     base = find_base(model)
     head: Any = base.get_output_embeddings() if base is not None and hasattr(base, "get_output_embeddings") else None  # type: ignore[operator]
     head_weight = getattr(head, "weight", None)
-    if emb_weight is not None and head_weight is emb_weight and emb_weight.requires_grad:
+    if isinstance(emb_weight, torch.Tensor) and emb_weight.requires_grad and head_weight is emb_weight:
         ename = next((n for n, p in model.named_parameters() if p is emb_weight), "input embedding")
         findings.append(make_finding(
             "GP508", f"The input embedding `{ename}` is trainable and tied to the output head: training it moves the output layer too.",
