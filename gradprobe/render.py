@@ -31,6 +31,9 @@ def render_text(report: dict, *, color: bool = False, max_findings: int = 12) ->
         where = _loc(f)
         if where:
             out.append(f"  at: {where}")
+        tb = (f.get("evidence") or {}).get("traceback")
+        if tb and isinstance(tb, str):
+            out.append("  " + tb.strip().replace("\n", "\n  "))
         if f.get("fix") and sev != "info":
             fix = f["fix"].replace("\n", "\n       ")
             out.append(c(_DIM, f"  fix: {fix}"))
