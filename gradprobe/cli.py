@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     http.add_argument("--public-url", default=None, help="the URL clients use (behind a TLS proxy), for the auth metadata")
     http.add_argument("--issuer-url", default=None, help="the authorization server advertised to clients (default: the public URL)")
     sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")
+    sub.add_parser("mcp-config", help="print a host config (claude_desktop_config.json) with this interpreter's full path")
     tool_parsers = {}
     for tool in TOOLS:
         p = tool_parsers[tool] = sub.add_parser(tool, help=f"run {tool} on a target and print the report")
@@ -169,6 +170,11 @@ def main(argv: list[str] | None = None) -> None:
         serve_stdio(max_concurrent=getattr(args, "max_concurrent", None), warm=not getattr(args, "cold", False),
                     allowed_roots=getattr(args, "allow_root", None), allowed_pythons=getattr(args, "allow_python", None),
                     limits=_limits(args), executor=_executor(args))
+        return
+    if args.command == "mcp-config":
+        # hosts start servers without the user's PATH or virtualenv: name this interpreter by its full path
+        server = {"command": sys.executable, "args": ["-m", "gradprobe", "serve"]}
+        print(json.dumps({"mcpServers": {"gradprobe": server}}, indent=2))
         return
     if args.command == "demo":
         from gradprobe.demo import run_demo
