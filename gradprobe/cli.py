@@ -63,10 +63,12 @@ def _run_check(args) -> int:
         report = anyio.run(execute, args.command, target, options)
     except ToolInputError as exc:
         return _fail(args, "bad-target", str(exc), 2)
-    except Exception as exc:  # --json promises JSON whatever happens
+    except Exception as exc:  # a gradprobe bug: exit 3, never mistaken for a finding (1); JSON with --json
         if not args.json:
-            raise
-        return _fail(args, "internal-error", f"gradprobe failed: {type(exc).__name__}: {exc}", 3)
+            import traceback
+
+            traceback.print_exc()
+        return _fail(args, "internal-error", f"gradprobe failed (a gradprobe bug): {type(exc).__name__}: {exc}", 3)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
