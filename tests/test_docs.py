@@ -61,3 +61,11 @@ async def test_the_worked_example_in_targets_md_runs_as_written(client, tmp_path
         assert "optimizer" in " ".join(report["facts"]["checks"]), report["facts"]["checks"]
         grads = {row["name"]: row["grad"] for row in report["facts"]["per_parameter"]}
         assert grads and set(grads.values()) == {"ok"}, grads
+
+
+def test_the_worked_examples_library_call_runs_as_written():
+    text = (DOCS / "targets.md").read_text().split("## A worked example", 1)[1].split("\n## ", 1)[0]
+    code, call = re.findall(r"```python\n(.*?)```", text, re.S)[:2]
+    namespace: dict = {}
+    exec(compile(code + call, "tagger.py", "exec"), namespace)
+    assert namespace["report"]["ok"] is True, namespace["report"]["findings"]
