@@ -124,6 +124,9 @@ _FIELD_HINTS = {
     "seed": "write an integer, e.g. 0",
     "python": 'write the absolute path of an interpreter, e.g. "/home/ana/proj/.venv/bin/python"',
     "timeout_s": "write a number of seconds between 0 and 3600, e.g. 120",
+    "script": 'write the training script\'s path relative to project_dir, e.g. "train.py"',
+    "module": 'write a dotted module name run like python -m, e.g. "mypkg.train"',
+    "args": 'write a list of strings, e.g. ["--max_iters=1", "--device=cpu"]',
 }
 
 
