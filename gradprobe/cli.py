@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-TOOLS = ("diagnose", "inspect_parameters", "check_optimizer_coverage", "trace_grad_path", "run_gradcheck", "verify_prompt_tuning")
+from gradprobe.tools import TOOLS
 
 
 def _target_from_args(args) -> dict:
@@ -42,15 +42,12 @@ def _fail(args, kind: str, message: str, code: int) -> int:
 
 def _run_check(args) -> int:
     import anyio
+    from pydantic import ValidationError
 
     from gradprobe.render import render_text
     from gradprobe.sandbox.execute import execute
     from gradprobe.sandbox.runner import ToolInputError
-    from gradprobe.target import Target
-
-    from pydantic import ValidationError
-
-    from gradprobe.target import explain_validation_error
+    from gradprobe.target import Target, explain_validation_error
 
     try:
         target = Target.model_validate(_target_from_args(args))
@@ -140,8 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")
     sub.add_parser("mcp-config", help="print a host config (claude_desktop_config.json) with this interpreter's full path")
     tool_parsers = {}
-    for tool in TOOLS:
-        p = tool_parsers[tool] = sub.add_parser(tool, help=f"run {tool} on a target and print the report")
+    for spec in TOOLS:
+        tool = spec.name
+        p = tool_parsers[tool] = sub.add_parser(tool, help=f"{spec.help} (prints the report)")
         p.add_argument("file", nargs="?", help="the user's file (e.g. train.py); its directory is the project")
         p.add_argument("--project-dir", default=None)
         p.add_argument("--model", default=None, help="callable in FILE building the model (default: build_model)")
