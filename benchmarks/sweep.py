@@ -513,7 +513,10 @@ def main(argv: list[str] | None = None) -> int:
                 got = [s for s in got if args.match in s["name"]]
             specs += got[: args.limit] if args.limit else got
             skipped += skip
-    log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
     results = asyncio.run(sweep(specs, args.jobs, log))
     wall = time.perf_counter() - t0
     summary = summarize(results, skipped)
