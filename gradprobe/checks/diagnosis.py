@@ -64,7 +64,7 @@ def fold(findings: list[Finding]) -> list[Finding]:
 
 def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     model = loaded.model
-    findings: list[Finding] = registration.check_registration(model, loaded.record, loaded.info)
+    findings: list[Finding] = registration.check_registration(model, loaded.record, loaded.info, user=loaded.user)
     facts: dict = {"checks": ["registration"]}
     coverage: list[Finding] = []
     if loaded.optimizer_error is not None or loaded.optimizer is not None:
@@ -76,8 +76,8 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         facts["note"] = "no inputs and no train_step: the step-based checks were skipped"
         return findings, facts
     found = prompt_tuning.find_prompt(model)
-    peftish = hasattr(model, "peft_config")
-    prompt_on = bool(found[0] or found[1]) and (peftish or "named" in found[2] or "PEFT" in found[2])
+    # adapters (LoRA, IA3, ...) feed no input positions: a mostly frozen PEFT model is not a prompt by itself
+    prompt_on = bool(found[0] or found[1]) and ("named" in found[2] or "PEFT" in found[2])
     base = prompt_tuning.find_base(model) if prompt_on else None
     opt = loaded.optimizer if isinstance(loaded.optimizer, torch.optim.Optimizer) else None
     before = optimizer.snapshot(model) if opt is not None else None

@@ -259,8 +259,10 @@ def prompt_findings(loaded, trace: tuple, base_obs: BaseObserver | None, found: 
     # the break on the prompt's path, from the trace
     pnames = set(prompt_params)
     breaks = [f for f in trace_list if f["severity"] == "error" and pnames & set(f["parameters"])]
-    no_grad = [r["name"] for r in prompt_rows if r["grad"] in ("none", "zero") and prompt_params[r["name"]].requires_grad]
-    zero_grad = [r["name"] for r in prompt_rows if r["grad"] == "zero"]
+    by_init = trace_facts.get("zero_by_init") or {}  # a zero gradient a zero-initialised gate explains is by design
+    no_grad = [r["name"] for r in prompt_rows if r["grad"] in ("none", "zero") and prompt_params[r["name"]].requires_grad
+               and r["name"] not in by_init]
+    zero_grad = [r["name"] for r in prompt_rows if r["grad"] == "zero" and r["name"] not in by_init]
     explained = False
     n_virt = _n_virtual(model, prompt_params, attrs, find_base(model))
     facts["virtual_tokens"] = n_virt
