@@ -303,7 +303,7 @@ def target_for(spec: dict):
         return Target(project_dir=str(EXAMPLES), model=spec["file"], timeout_s=DIAGNOSE_TIMEOUT_S)
     clean = {k: v for k, v in spec.items() if k not in ("name",)}
     setup = ("from sweep_models import build\n"
-             f"model, inputs, loss_fn, optimizer = build({json.dumps(clean)})\n")
+             f"model, inputs, loss_fn, optimizer = build({clean!r})\n")
     return Target(project_dir=str(BENCH), setup=setup, timeout_s=DIAGNOSE_TIMEOUT_S)
 
 
@@ -316,8 +316,10 @@ def raise_sites(code: str) -> list[str]:
         for path in sorted((ROOT / "gradprobe").rglob("*.py")):
             for i, text in enumerate(path.read_text().splitlines(), 1):
                 for m in re.finditer(r'"(GP\d{3})"', text):
-                    if "RULES" in text or ":" in text.split(m.group(0))[1][:2]:
-                        continue  # a RULES key, not a producing site
+                    producing = text.strip().startswith(m.group(0) + ",") or f"make_finding({m.group(0)}" in text
+                    mapped = re.search(r'"\w+": ' + m.group(0), text) is not None  # a kind -> code table (trace's cuts)
+                    if not (producing or mapped):
+                        continue  # a RULES key or a list of codes, not a producing site
                     _RAISE_SITES.setdefault(m.group(1), []).append(f"{path.relative_to(ROOT)}:{i}")
     return _RAISE_SITES.get(code, [])
 
