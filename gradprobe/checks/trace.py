@@ -140,6 +140,9 @@ RULES = {
 LEFT_OPS = {"item", "tolist", "numpy", "__array__", "__float__", "__int__", "__index__", "__complex__"}
 REWRAP_OPS = {"tensor", "as_tensor", "asarray", "from_numpy", "frombuffer"}
 DETACH_OPS = {"detach", "detach_"}
+# new tensors that take only the shape, dtype and device of their input, never its values: not a cut
+SHAPE_ONLY_OPS = {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like",
+                  "new_zeros", "new_ones", "new_empty", "new_full", "size", "dim", "numel", "__len__"}
 ZERO_DERIVATIVE_OPS = {"round", "floor", "ceil", "trunc", "sign", "frac_", "round_", "floor_", "ceil_", "sign_", "heaviside"}
 _GRAD_ENABLE = torch._C._set_grad_enabled
 CODES_BY_KIND = {"detach": "GP302", "no_grad": "GP303", "left": "GP304", "rewrap": "GP304", "nondiff": "GP305",
@@ -261,7 +264,7 @@ class GradTracer(TorchFunctionMode):
         if name in REWRAP_OPS and self.left_events and not req:
             self._came_back(out)
             return out
-        if req and not inside_custom_function():
+        if req and not inside_custom_function() and name not in SHAPE_ONLY_OPS:
             outs = _outputs(out)
             if outs and all(_cut(o, req) for o in outs) or name in LEFT_OPS or name in ZERO_DERIVATIVE_OPS:
                 cand = self._candidate(name, req, outs, out)
