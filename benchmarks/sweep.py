@@ -243,7 +243,7 @@ def _gt_example(spec: dict) -> dict:
         loss_val = None
     else:
         out = model(**batch) if isinstance(batch, dict) else model(*batch) if isinstance(batch, tuple) else model(batch)
-        loss = mod.loss_fn(out, batch) if hasattr(mod, "loss_fn") else out.loss
+        loss = mod.loss_fn(out, batch) if hasattr(mod, "loss_fn") else _default_loss(out)
         loss.backward()
         opt.step()
         loss_val = float(loss.detach())
@@ -254,6 +254,20 @@ def _gt_example(spec: dict) -> dict:
     trains = bool(moved) and (loss_val is None or loss_val == loss_val)
     return {"trains": trains, "why": "" if trains else "no parameter moved", "loss": loss_val, "build_s": build_s,
             "step_s": step_s, "trainable": len(named), "grad_none": none, "grad_zero": zero, "moved": len(moved)}
+
+
+def _default_loss(out):
+    """gradprobe's documented default: an HF output's .loss, a scalar as it is, else a fixed random projection."""
+    import torch
+
+    if getattr(out, "loss", None) is not None:
+        return out.loss
+    if isinstance(out, torch.Tensor) and out.numel() == 1:
+        return out.reshape(())
+    flat = [t for t in (out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else [out])
+            if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    g = torch.Generator().manual_seed(0)
+    return sum((t * torch.randn(t.shape, generator=g)).sum() for t in flat)
 
 
 class GroundTruth:

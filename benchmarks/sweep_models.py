@@ -154,6 +154,11 @@ def tiny_config(config_class):
             config.pad_token_id = 0
         except Exception:
             pass
+    if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+        try:
+            config.decoder_start_token_id = config.pad_token_id
+        except Exception:
+            pass
     for name in ("use_cache",):
         try:
             setattr(config, name, False)
@@ -382,8 +387,8 @@ def build_diffusers(spec: dict):
     elif name == "AutoencoderKL":
         model = diffusers.AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(32, 64), latent_channels=4,
                                         norm_num_groups=8, layers_per_block=1,
-                                        down_encoder_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-                                        up_decoder_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"))
+                                        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+                                        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"))
         x = torch.randn(BATCH, 3, 16, 16, generator=g)
         batch = {"sample": x}
     else:
