@@ -33,7 +33,8 @@ RULES = {
     "GP401": {
         "name": "gradcheck-mismatch", "severity": "error", "rank": 18,
         "summary": "Analytical and numerical Jacobians differ.",
-        "why": "The hand-written backward computes a wrong derivative: training follows wrong gradients, silently.",
+        "why": "The hand-written backward computes a wrong derivative: training follows wrong gradients, silently. "
+               "Intentional rewrites (a gradient reversal or scaling layer, a straight-through surrogate) are reported as info.",
         "example": "d/dz (0.044715 z^3) written as 0.044715 z^2",
         "fix": "Re-derive the backward for the reported input; compare against torch.autograd.gradcheck on float64 inputs.",
     },
