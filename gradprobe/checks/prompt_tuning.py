@@ -214,7 +214,8 @@ def _prompt_mask(embeds: torch.Tensor, lookups: list[tuple[torch.Tensor, torch.T
             if idx.dim() == 2 and tuple(idx.shape) == tuple(embeds.shape[:2]) and weight.dim() == 2 and weight.shape[-1] == embeds.shape[-1]:
                 rows = F.embedding(idx, weight.detach()).to(embeds.dtype)
                 differ = (rows != embeds.detach()).any(dim=-1)
-                if bool(differ.any()):
+                # every position changed is no placement but a transform of all rows (scaling, dropout, positions added)
+                if bool(differ.any()) and not bool(differ.all(dim=-1).any()):
                     return differ
     return None
 
