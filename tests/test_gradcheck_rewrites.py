@@ -205,8 +205,15 @@ class _WeightAsBuffer(nn.Module):
         self.register_buffer("weight", torch.randn(4, 4))
 
 
+class _FixedBetaAct(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("beta", torch.tensor(0.5))  # a fixed constant of the activation
+
+
 def test_gp104_is_quiet_about_a_causal_mask_named_bias_but_not_about_a_weight_buffer():
     assert not [f for f in inspect_parameters(_CausalAttention())["findings"] if f["code"] == "GP104"]
+    assert not [f for f in inspect_parameters(_FixedBetaAct())["findings"] if f["code"] == "GP104"]
     assert [f for f in inspect_parameters(_WeightAsBuffer())["findings"] if f["code"] == "GP104"]
 
 

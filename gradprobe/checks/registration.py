@@ -94,7 +94,10 @@ _WEIGHT_WORDS = {"weight", "bias", "scale", "logit_scale", "temperature", "gamma
 
 
 def _mask_like(buf) -> bool:
-    """A constant mask, not a weight: a matrix of only 0/1 (a GPT causal `bias = tril(ones)`) or holding -inf."""
+    """A constant, not a weight: a scalar (a fixed activation beta), or a matrix of only 0/1 (a GPT causal
+    `bias = tril(ones)`) or holding -inf (an additive mask)."""
+    if buf.dim() == 0:
+        return True
     if buf.dim() < 2 or buf.numel() == 0:
         return False
     with torch.no_grad():
