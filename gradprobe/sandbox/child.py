@@ -1,7 +1,8 @@
 """Entry point of the sandboxed child: read a job, load the target, run one check, write JSON.
 
-Run as `python -I .../gradprobe/sandbox/child.py`: gradprobe reaches the child
-by path, so any interpreter with a compatible torch works. The job arrives on
+Run as `python -I .../gradprobe/sandbox/child.py` by launch.py (already confined:
+see confine.py), or called in a warm worker's confined fork; gradprobe reaches the
+child by path, so any interpreter with a compatible torch works. The job arrives on
 stdin; progress events and the result leave as JSON lines on a dedicated pipe
 (fd given in GRADPROBE_RESULT_FD), never on stdout, which belongs to the user's
 prints. Every failure becomes a finding; nothing here trusts the user's code.
@@ -24,28 +25,6 @@ def _bootstrap_path() -> None:
         sys.path.insert(0, root)
 
 
-def _apply_limits(limits: dict) -> None:
-    import resource
-
-    def cap(which, value):
-        if value is None:
-            return
-        try:
-            soft, hard = resource.getrlimit(which)
-            value = int(value)
-            if hard != resource.RLIM_INFINITY:
-                value = min(value, hard)
-            resource.setrlimit(which, (value, hard))
-        except (ValueError, OSError):
-            pass
-
-    cap(resource.RLIMIT_CORE, 0)
-    cap(resource.RLIMIT_AS, limits.get("memory_bytes"))
-    cap(resource.RLIMIT_CPU, limits.get("cpu_seconds"))
-    cap(resource.RLIMIT_FSIZE, limits.get("file_bytes"))
-    cap(resource.RLIMIT_NOFILE, limits.get("open_files"))
-
-
 class Channel:
     """JSON lines to the parent over the result pipe."""
 
@@ -63,42 +42,17 @@ class Channel:
         self.send({"type": "progress", "phase": phase, "elapsed_s": round(time.monotonic() - self.t0, 3)})
 
 
-def _die_with_parent() -> None:
-    """If whatever started us dies (a killed Ray worker, a crashed server), so do we."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 def run(job: dict, fd: int) -> None:
     """Run one job and exit; shared by the cold child and the warm worker's forked children."""
-    _die_with_parent()
     os.environ.pop("GRADPROBE_RESULT_FD", None)
     chan = Channel(fd)
-    _apply_limits(job.get("limits") or {})
     import faulthandler
 
     faulthandler.enable()
     chan.progress("starting")
-    policy = job.get("isolation") or {}
-    isolation = {"cgroup": policy.get("cgroup_state", "off")}
-    if policy.get("enabled"):
-        from gradprobe.sandbox import isolation as layers
-
-        isolation.update(layers.apply(policy))
-    missing = [k for k, v in isolation.items() if str(v).startswith("MISSING") or v == "off"]
     from gradprobe.sandbox.job import run_job
 
-    if policy.get("require") and missing:
-        report = {"tool_error": f"isolation required but missing here: {', '.join(missing)} ({isolation})"}
-    else:
-        report = run_job(job, chan.progress)
-        if "tool_error" not in report:
-            report.setdefault("facts", {})["isolation"] = isolation
+    report = run_job(job, chan.progress)  # the isolation facts are the server's to report (runner.py), not ours
     chan.send({"type": "result", "report": report})
     chan.out.close()
     sys.stdout.flush()

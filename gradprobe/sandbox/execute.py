@@ -38,8 +38,7 @@ async def execute(
                       "limits": "rlimits (address space on CPU, CPU time, file size, open files)",
                       "timeout_s": target.timeout_s},
     }
-    if outcome.report is not None:
-        sandbox["isolation"].update(outcome.report.get("facts", {}).pop("isolation", {}))
+    sandbox["isolation"].update(outcome.isolation)  # what the server applied and checked, never the child's word
     if outcome.tool_error is not None:
         if outcome.tool_error.startswith("this interpreter cannot run"):
             raise ToolInputError(f"python {target.python or '(server interpreter)'}: {outcome.tool_error}")

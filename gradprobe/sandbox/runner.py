@@ -14,8 +14,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -23,6 +25,7 @@ from typing import Any, Awaitable, Callable
 from gradprobe.sandbox.cgroups import CallCgroup
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
+LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUT_CAP = 64 * 1024
 RESULT_CAP = 8 * 1024 * 1024
@@ -45,6 +48,8 @@ class Limits:
     grace_s: float = 2.0
     isolate: bool = True  # namespaces, Landlock, capabilities, cgroups where the machine allows
     require_isolation: bool = False  # refuse to run user code when a layer is missing
+    scratch_bytes: int = 1024**3  # private tmpfs /tmp (holds the call's scratch dir)
+    shm_bytes: int = 512 * 1024**2  # private tmpfs /dev/shm
 
     def for_child(self, timeout_s: float, device: str) -> dict:
         gpu = device.startswith("cuda") or device == "auto"
@@ -125,6 +130,7 @@ class ChildOutcome:
     mode: str = "cold"
     note: str | None = None
     oom: bool = False
+    isolation: dict = field(default_factory=dict)
 
 
 async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
@@ -134,11 +140,12 @@ async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamR
     return reader, transport
 
 
-async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, fds: tuple[int, int, int]):
-    out_w, err_w, res_w = fds
+async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, fds: tuple[int, int, int, int], policy: dict):
+    out_w, err_w, res_w, ctl = fds
     proc = await asyncio.create_subprocess_exec(
-        python or sys.executable, "-I", CHILD, stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
-        cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)), start_new_session=True, pass_fds=(res_w,),
+        sys.executable, "-I", LAUNCH, str(ctl), json.dumps(policy), python or sys.executable, CHILD,
+        stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
+        cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)), start_new_session=True, pass_fds=(res_w, ctl),
     )
     proc.stdin.write(json.dumps(job).encode())
     try:
@@ -149,6 +156,49 @@ async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, f
     return proc.pid, asyncio.ensure_future(proc.wait())
 
 
+def _ns(pid: int | str, name: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{name}")
+    except OSError:
+        return None
+
+
+def verify(pid: int, claimed: dict, cgroup_name: str | None) -> dict:
+    """What the server sees of the confined process from outside, before any user code runs in it."""
+    seen: dict[str, str] = {}
+    try:
+        status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+        cg = open(f"/proc/{pid}/cgroup").read()
+    except OSError as exc:
+        return {"error": f"could not inspect the child ({exc.strerror})"}
+    status = {k: v.split() for k, v in status.items()}
+    uid = status.get("Uid", ["?"])[0]
+    capeff = int(status.get("CapEff", ["1"])[0], 16)
+    seen["identity"] = (f"uid {uid}, effective capabilities {'none' if capeff == 0 else hex(capeff)}, "
+                        f"no_new_privs {status.get('NoNewPrivs', ['?'])[0]}")
+    seen["syscalls"] = "seccomp filter active" if status.get("Seccomp", ["0"])[0] == "2" else "MISSING: no seccomp filter"
+    if claimed.get("filesystem", "").startswith("Landlock") and hasattr(os, "pidfd_open"):
+        seen["filesystem"] = "Landlock (as claimed; not visible from outside)"
+    apart = [n for n in ("mnt", "pid", "net", "ipc", "uts") if _ns(pid, n) is not None and _ns(pid, n) != _ns("self", n)]
+    seen["namespaces"] = f"own {', '.join(apart)}" if apart else "MISSING: shares the server's namespaces"
+    seen["cgroup"] = (f"in the call's cgroup {cgroup_name}" if cgroup_name and cgroup_name in cg
+                      else "MISSING: not in the call's cgroup")
+    if uid == "0" and "identity" in claimed:
+        seen["identity"] = "MISSING: " + seen["identity"]
+    return seen
+
+
+def _reap_later(cgroup: CallCgroup | None, scratch: str) -> None:
+    """After the reply: wait until the call's cgroup is empty, remove it and the scratch dir."""
+    def work() -> None:
+        if cgroup is not None:
+            cgroup.kill()
+            cgroup.remove()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    threading.Thread(target=work, daemon=True, name="gradprobe-reap").start()
+
+
 async def run_child(
     job: dict,
     *,
@@ -157,52 +207,91 @@ async def run_child(
     limits: Limits | None = None,
     progress: ProgressFn | None = None,
     warm=None,
+    allowed_roots: list[str] | None = None,
 ) -> ChildOutcome:
-    """Run one job in a fresh child process (forked from the warm worker when one is given and
-    usable, else a cold interpreter); never raises for anything the child does."""
+    """Run one job in a fresh confined child (forked from the warm worker when one is given and
+    usable, else launch.py + the named interpreter); never raises for anything the child does."""
     limits = limits or Limits()
     device = (job.get("target") or {}).get("device") or "cpu"
-    job = dict(job, limits=limits.for_child(timeout_s, device))
-    scratch = tempfile.mkdtemp(prefix="gradprobe-call-")
+    scratch = tempfile.mkdtemp(prefix="gradprobe-call-", dir="/tmp")
     env = child_env(scratch)
     cgroup = CallCgroup(limits.memory_bytes, limits.pids) if limits.isolate else None
-    job["isolation"] = {
+    project = (job.get("target") or {}).get("project_dir")
+    policy = {
         "enabled": limits.isolate, "require": limits.require_isolation,
         "cgroups": cgroup.procs_files if cgroup is not None and cgroup.ok else [],
         "cgroup_state": cgroup.describe() if cgroup is not None else "off",
-        "project_dir": (job.get("target") or {}).get("project_dir") or scratch,
-        "package_root": PACKAGE_ROOT, "scratch": scratch,
+        "project_dir": project, "allowed_roots": [os.path.realpath(r) for r in allowed_roots or []],
+        "package_root": PACKAGE_ROOT, "scratch": scratch, "python": python,
+        "extra_ro": [p for p in sys.path if p and os.path.isdir(p)],
+        "scratch_bytes": limits.scratch_bytes, "shm_bytes": limits.shm_bytes,
+        "devices": _gpu_devices() if device.startswith("cuda") or device == "auto" else [],
+        "limits": limits.for_child(timeout_s, device),
     }
+    if project:  # the child mounts the directory it opens at this path (and refuses one outside the roots)
+        job = dict(job, target=dict(job["target"], project_dir=os.path.realpath(project)))
     pipes = [os.pipe() for _ in range(3)]
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     t0 = time.monotonic()
     pid = None
     transports = []
     mode, warm_note = "cold", None
+    confined: dict[str, Any] = {"pid": None, "layers": None, "refused": None, "verified": {}}
+    cgroup_name = cgroup.name if cgroup is not None and cgroup.ok else None
     try:
         if warm is not None and python is None:
             if await warm.ensure():
                 mode = "warm"
             else:
                 warm_note = f"warm worker unavailable ({warm.error}); used a cold child"
-        w_ends = tuple(w for _, w in pipes)
+        w_ends = tuple(w for _, w in pipes) + (theirs.fileno(),)
         if mode == "warm":
             try:
-                pid, exited = await warm.fork(job, scratch, dict(env), w_ends)
+                pid, exited = await warm.fork(job, scratch, dict(env), w_ends, policy)
             except Exception as exc:
                 mode, warm_note = "cold", f"warm worker failed ({type(exc).__name__}: {exc}); used a cold child"
         if mode == "cold":
-            pid, exited = await _launch_cold(job, python, scratch, env, w_ends)
-        for w in w_ends:
+            pid, exited = await _launch_cold(job, python, scratch, env, w_ends, policy)
+        for w in w_ends[:3]:
             os.close(w)
+        theirs.close()
         pipes = [(r, -1) for r, _ in pipes]
         (out_r, _), (err_r, _), (res_r, _) = pipes
         out_reader, t1 = await _reader_for(out_r, 1 << 16)
         err_reader, t2 = await _reader_for(err_r, 1 << 16)
         reader, t3 = await _reader_for(res_r)
-        transports = [t1, t2, t3]
+        ctl_reader, ctl_writer = await asyncio.open_unix_connection(sock=ours)
+        transports = [t1, t2, t3, ctl_writer]
         pipes = []
         out, err = CappedStream(), CappedStream()
         state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "events": [], "bytes": 0}
+
+        async def control() -> None:
+            """The confining code's messages (before any user code runs), checked from outside, then "go"."""
+            while True:
+                try:
+                    line = await ctl_reader.readline()
+                    msg = json.loads(line) if line else None
+                except (ValueError, ConnectionError, asyncio.LimitOverrunError):
+                    msg = None
+                if not isinstance(msg, dict):
+                    return
+                if isinstance(msg.get("pid"), int):
+                    confined["pid"] = msg["pid"]
+                if isinstance(msg.get("refused"), str):
+                    confined["refused"] = msg["refused"][:2000]
+                    return
+                if isinstance(msg.get("layers"), dict):
+                    confined["layers"] = {str(k): str(v)[:300] for k, v in msg["layers"].items()}
+                    if limits.isolate and confined["pid"] is not None:
+                        confined["verified"] = verify(confined["pid"], confined["layers"], cgroup_name)
+                    bad = [k for k, v in confined["verified"].items() if v.startswith("MISSING") or k == "error"]
+                    if limits.require_isolation and bad:
+                        confined["refused"] = f"isolation required but not verified: {', '.join(bad)} ({confined['verified']})"
+                        return
+                    ctl_writer.write(b"g")
+                    await ctl_writer.drain()
+                    return
 
         async def read_results() -> None:
             while True:
@@ -238,6 +327,7 @@ async def run_child(
             asyncio.ensure_future(read_results()),
             asyncio.ensure_future(_drain(out_reader, out)),
             asyncio.ensure_future(_drain(err_reader, err)),
+            asyncio.ensure_future(control()),
         ]
         try:
             # the call ends when the child exits (or its time is up), not when every inherited pipe closes:
@@ -247,16 +337,23 @@ async def run_child(
             timed_out = True
         _kill_group(pid)  # anything the child left behind in its group
         if cgroup is not None and cgroup.ok:
-            cgroup.kill()  # ... and anything that left the group (setsid daemons)
+            cgroup.kill_now()  # ... and anything that left the group (setsid daemons)
         await asyncio.wait(readers + [exited], timeout=limits.grace_s)
         for t in readers:
             t.cancel()
         code = exited.result() if exited.done() and not exited.cancelled() and exited.exception() is None else None
+        report = state["report"]
+        if report is not None:  # the isolation facts are the server's: whatever the child wrote there is dropped
+            report.setdefault("facts", {}).pop("isolation", None)
+        tool_error = state["tool_error"]
+        if confined["refused"]:
+            tool_error, report = confined["refused"], None
         return ChildOutcome(
-            report=state["report"], tool_error=state["tool_error"], phase=state["phase"],
+            report=report, tool_error=tool_error, phase=state["phase"],
             returncode=code, timed_out=timed_out, stdout=out.text(), stderr=err.text(),
             seconds=time.monotonic() - t0, events=state["events"], mode=mode, note=warm_note,
             oom=bool(cgroup is not None and cgroup.oom_killed()),
+            isolation={"applied": confined["layers"] or {}, "verified_by_server": confined["verified"]},
         )
     except asyncio.CancelledError:
         if pid is not None:
@@ -266,8 +363,7 @@ async def run_child(
         if pid is not None:
             _kill_group(pid)
         if cgroup is not None:
-            cgroup.kill()
-            cgroup.remove()
+            cgroup.kill_now()
         for t in transports:
             t.close()
         for r, w in pipes:
@@ -277,7 +373,17 @@ async def run_child(
                         os.close(fd)
                     except OSError:
                         pass
-        shutil.rmtree(scratch, ignore_errors=True)
+        if not transports:
+            ours.close()
+        theirs.close()
+        _reap_later(cgroup, scratch)
+
+
+def _gpu_devices() -> list[str]:
+    try:
+        return [n for n in os.listdir("/dev") if n.startswith("nvidia")]
+    except OSError:
+        return []
 
 
 def describe_exit(rc: int | None) -> str:

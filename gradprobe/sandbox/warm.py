@@ -118,12 +118,13 @@ class WarmWorker:
         if proc is self.proc:
             self.info = {}
 
-    async def fork(self, job: dict, cwd: str, env: dict, fds: tuple[int, int, int]) -> tuple[int, asyncio.Future]:
-        """Fork a child for `job` with stdout/stderr/result on `fds`; returns (pid, future of its exit code)."""
+    async def fork(self, job: dict, cwd: str, env: dict, fds: tuple[int, ...], policy: dict) -> tuple[int, asyncio.Future]:
+        """Fork a child for `job` with stdout/stderr/result/control on `fds`, confined by `policy` (confine.py);
+        returns (pid, future of its exit code)."""
         rid = next(self._ids)
         fut = self._loop.create_future()
         self._forked[rid] = fut
-        data = json.dumps({"id": rid, "job": job, "cwd": cwd, "env": env}).encode()
+        data = json.dumps({"id": rid, "job": job, "cwd": cwd, "env": env, "policy": policy}).encode()
         with self._lock:
             socket.send_fds(self.sock, [struct.pack("!I", len(data)) + data], list(fds))
         pid = await asyncio.wait_for(fut, 30)

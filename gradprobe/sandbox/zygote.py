@@ -77,7 +77,7 @@ def preload() -> list[str]:
 
 
 def child(req: dict, fds: list[int], sock: socket.socket) -> None:
-    """In the forked child: become the sandboxed call."""
+    """In the forked child: confine (confine.py: this process becomes the keeper, its child the call), run the job."""
     try:
         sock.close()
         os.setsid()
@@ -85,7 +85,7 @@ def child(req: dict, fds: list[int], sock: socket.socket) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in _WAKE:
             os.close(fd)
-        out_fd, err_fd, res_fd = fds
+        out_fd, err_fd, res_fd, ctl_fd = fds
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(out_fd, 1)
@@ -95,8 +95,15 @@ def child(req: dict, fds: list[int], sock: socket.socket) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        from gradprobe.sandbox import confine
         from gradprobe.sandbox.child import run
 
+        control = socket.socket(fileno=ctl_fd)
+        try:
+            confine.confine(req["policy"], control)
+        except confine.Refused as exc:
+            confine.send(control, {"refused": str(exc)})
+            os._exit(71)
         run(req["job"], res_fd)
     finally:
         os._exit(70)
@@ -132,7 +139,7 @@ def serve(sock: socket.socket) -> None:
         pending += fds
         reqs, buf = split_frames(buf)
         for req in reqs:
-            these, pending = pending[:3], pending[3:]
+            these, pending = pending[:4], pending[4:]
             pid = os.fork()
             if pid == 0:
                 child(req, these, sock)
@@ -149,6 +156,10 @@ def main() -> None:
     sys.path.insert(0, root)
     sock = socket.socket(fileno=int(sys.argv[1]))
     _nondumpable()
+    if os.geteuid() == 0:
+        from gradprobe.sandbox import confine
+
+        confine.IDMAP_FD = confine.make_idmap_userns()  # made once; every forked call inherits it
     loaded = preload()
     import gc
 
