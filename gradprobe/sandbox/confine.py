@@ -113,11 +113,17 @@ def make_idmap_userns() -> int | None:
         os.waitpid(pid, 0)
 
 
+def _clone_tree(fd: int) -> int:
+    """A detached copy of the mount tree at the opened directory `fd` (made before unshare: a mount of another
+    namespace cannot be cloned afterwards)."""
+    return _check(_libc.syscall(SYS_OPEN_TREE, fd, b"", ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | AT_EMPTY_PATH | os.O_CLOEXEC)), "open_tree")
+
+
 def _bind(source: str | int, target: str, idmap: int | None, writable: bool = False, devices: bool = False) -> bool:
-    """Bind `source` (a path, or an fd of the opened directory) at `target`, read-only and nosuid, id-mapped when
-    the file system allows; returns whether the id mapping took."""
+    """Bind `source` (a path, or a detached tree from _clone_tree) at `target`, read-only and nosuid, id-mapped
+    when the file system allows; returns whether the id mapping took."""
     if isinstance(source, int):
-        tree = _check(_libc.syscall(SYS_OPEN_TREE, source, b"", ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | AT_EMPTY_PATH | os.O_CLOEXEC)), "open_tree")
+        tree = source
     else:
         tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)), f"open_tree {source}")
     try:
@@ -187,12 +193,16 @@ def open_project(policy: dict) -> tuple[int, str]:
         fd = os.open(want, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise Refused(f"project_dir {want!r} cannot be opened: {exc.strerror}") from None
-    real = os.readlink(f"/proc/self/fd/{fd}")
-    roots = policy.get("allowed_roots") or []
-    if roots and not _inside(real, roots):
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        roots = policy.get("allowed_roots") or []
+        if roots and not _inside(real, roots):
+            raise Refused(f"project_dir {want!r} is outside the roots this server may read")
+        if os.geteuid() != 0:
+            return -1, real
+        return _clone_tree(fd), real
+    finally:
         os.close(fd)
-        raise Refused(f"project_dir {want!r} is outside the roots this server may read")
-    return fd, real
 
 
 def build_view(policy: dict, project_fd: int | None, report: dict) -> list[str]:
@@ -201,6 +211,13 @@ def build_view(policy: dict, project_fd: int | None, report: dict) -> list[str]:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     newroot = scratch  # an empty dir the server made; shadowed in this mount namespace only
     _mount("tmpfs", newroot, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
+    # /tmp first: binds below it (a project in /tmp) go on top of the private tmpfs, not under it
+    _place(newroot, "/tmp", True)
+    _mount("tmpfs", newroot + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy['scratch_bytes']},mode=1777")
+    if not scratch.startswith("/tmp/"):
+        raise Refused("the scratch dir must live under /tmp")
+    os.makedirs(newroot + scratch, 0o700)
+    os.chown(newroot + scratch, NOBODY, NOBODY)
     ro: list[str] = []
     mapped = []
     trees = list(SYSTEM_DIRS) + python_trees(policy.get("python")) + [policy["package_root"]] + list(policy.get("extra_ro") or [])
@@ -227,8 +244,10 @@ def build_view(policy: dict, project_fd: int | None, report: dict) -> list[str]:
     if project_fd is not None:
         proj = policy["project_dir_real"]
         if not _inside(proj, ro):
-            mapped.append(_bind(project_fd, _place(newroot, proj, True), IDMAP_FD))
+            mapped.append(_bind(project_fd, _place(newroot, proj, True), IDMAP_FD))  # closes project_fd
             ro.append(proj)
+        else:
+            os.close(project_fd)
     _place(newroot, "/dev", True)
     _mount("tmpfs", newroot + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
     for name in DEV_NODES + tuple(policy.get("devices") or ()):
@@ -239,12 +258,6 @@ def build_view(policy: dict, project_fd: int | None, report: dict) -> list[str]:
         os.symlink(target, newroot + "/dev/" + name)
     _place(newroot, "/dev/shm", True)
     _mount("tmpfs", newroot + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy['shm_bytes']},mode=1777")
-    _place(newroot, "/tmp", True)
-    _mount("tmpfs", newroot + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy['scratch_bytes']},mode=1777")
-    if not scratch.startswith("/tmp/"):
-        raise Refused("the scratch dir must live under /tmp")
-    os.makedirs(newroot + scratch, 0o700)
-    os.chown(newroot + scratch, NOBODY, NOBODY)
     _place(newroot, "/proc", True)
     _mount("proc", newroot + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _place(newroot, "/sys", True)
@@ -257,8 +270,7 @@ def build_view(policy: dict, project_fd: int | None, report: dict) -> list[str]:
     os.rmdir("/.old")
     _mount(None, "/", None, MS_BIND | 32 | MS_RDONLY | MS_NOSUID | MS_NODEV)  # MS_REMOUNT: the view's own root read-only
     os.chdir(scratch)
-    report["view"] = (f"pivot_root into a minimal tree: {len(ro)} read-only binds"
-                      f"{' (id-mapped)' if mapped and all(mapped) else ''}, fresh /proc, "
+    report["view"] = (f"pivot_root into a minimal tree: {len(ro)} read-only binds ({sum(mapped)} id-mapped), fresh /proc, "
                       f"private tmpfs /tmp ({policy['scratch_bytes'] >> 20} MiB, holds scratch) and /dev/shm ({policy['shm_bytes'] >> 20} MiB)")
     return ro
 
@@ -370,8 +382,6 @@ def confine(policy: dict, control: socket.socket) -> None:
         ro = isolation.readable_roots(policy.get("project_dir_real") or policy["scratch"], policy["package_root"],
                                       python_trees(policy.get("python")))
         os.chdir(policy["scratch"])
-    if project_fd is not None:
-        os.close(project_fd)
     ok, how = isolation.landlock(ro, ["/tmp", "/dev/shm", policy["scratch"]], ["/dev/" + n for n in DEV_NODES])
     report["filesystem"] = how if ok else f"MISSING: {how}"
     ok, how = isolation.seccomp_filter()

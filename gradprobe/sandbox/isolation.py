@@ -183,6 +183,11 @@ def seccomp_filter() -> tuple[bool, str]:
                   f"non-Unix sockets and {len(_DENIED_X86_64)} syscalls (ptrace, mount, unshare, bpf, io_uring, ...) denied")
 
 
+def become_subreaper() -> None:
+    """Orphans of our calls (a call's pid-1 whose keeper was killed first) are reparented to us, to be reaped."""
+    _libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 def die_with_parent() -> None:
     """If whatever started us dies (a killed Ray worker, a crashed server), so do we."""
     _libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from gradprobe.sandbox.cgroups import CallCgroup
+from gradprobe.sandbox.isolation import become_subreaper
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
@@ -188,11 +189,20 @@ def verify(pid: int, claimed: dict, cgroup_name: str | None) -> dict:
     return seen
 
 
-def _reap_later(cgroup: CallCgroup | None, scratch: str) -> None:
-    """After the reply: wait until the call's cgroup is empty, remove it and the scratch dir."""
+def _reap_later(cgroup: CallCgroup | None, scratch: str, orphan: int | None) -> None:
+    """After the reply: wait until the call's cgroup is empty, remove it and the scratch dir, and reap the call's
+    pid 1 if its keeper died first (it was reparented to this process, a subreaper)."""
     def work() -> None:
         if cgroup is not None:
             cgroup.kill()
+        for _ in range(100 if orphan else 0):
+            try:
+                if os.waitpid(orphan, os.WNOHANG)[0] != 0:
+                    break
+            except ChildProcessError:
+                break
+            time.sleep(0.05)
+        if cgroup is not None:
             cgroup.remove()
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -251,6 +261,7 @@ async def run_child(
             except Exception as exc:
                 mode, warm_note = "cold", f"warm worker failed ({type(exc).__name__}: {exc}); used a cold child"
         if mode == "cold":
+            become_subreaper()
             pid, exited = await _launch_cold(job, python, scratch, env, w_ends, policy)
         for w in w_ends[:3]:
             os.close(w)
@@ -376,7 +387,7 @@ async def run_child(
         if not transports:
             ours.close()
         theirs.close()
-        _reap_later(cgroup, scratch)
+        _reap_later(cgroup, scratch, confined["pid"] if mode == "cold" else None)
 
 
 def _gpu_devices() -> list[str]:

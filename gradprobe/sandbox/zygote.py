@@ -112,6 +112,7 @@ def child(req: dict, fds: list[int], sock: socket.socket) -> None:
 def serve(sock: socket.socket) -> None:
     buf = b""
     pending: list[int] = []  # fds that arrived with a request not yet complete
+    forked: set[int] = set()
     global _WAKE
     wake_r, wake_w = _WAKE = os.pipe()  # SIGCHLD wakes select at once: exits are reported without polling delay
     os.set_blocking(wake_w, False)
@@ -126,7 +127,9 @@ def serve(sock: socket.socket) -> None:
             if pid == 0:
                 break
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            send_msg(sock, {"exit": pid, "code": code})
+            if pid in forked:  # else an orphan of a call, reaped here as its subreaper
+                forked.discard(pid)
+                send_msg(sock, {"exit": pid, "code": code})
         ready, _, _ = select.select([sock, wake_r], [], [], 1.0)
         if wake_r in ready:
             os.read(wake_r, 4096)
@@ -143,6 +146,7 @@ def serve(sock: socket.socket) -> None:
             pid = os.fork()
             if pid == 0:
                 child(req, these, sock)
+            forked.add(pid)
             for fd in these:
                 os.close(fd)
             send_msg(sock, {"forked": req["id"], "pid": pid})
@@ -156,6 +160,9 @@ def main() -> None:
     sys.path.insert(0, root)
     sock = socket.socket(fileno=int(sys.argv[1]))
     _nondumpable()
+    from gradprobe.sandbox import isolation
+
+    isolation.become_subreaper()
     if os.geteuid() == 0:
         from gradprobe.sandbox import confine
 
