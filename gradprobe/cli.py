@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 TOOLS = ("diagnose", "inspect_parameters", "check_optimizer_coverage", "trace_grad_path", "run_gradcheck", "verify_prompt_tuning")
@@ -60,21 +59,26 @@ def _run_check(args) -> int:
     return 0 if report.get("ok") else 1
 
 
-def _limits(args):
+def serve_options(args):
+    """The one place serving flags become typed options (gradprobe.server.options.ServeOptions)."""
     from gradprobe.sandbox.runner import Limits
+    from gradprobe.server.options import HttpOptions, ServeOptions
 
-    return Limits(memory_bytes=int(getattr(args, "memory_gb", 8.0) * 1024**3),
-                  isolate=not getattr(args, "no_isolation", False), require_isolation=getattr(args, "require_isolation", False))
-
-
-def _executor(args):
-    if getattr(args, "executor", "local") != "ray":
-        return None
-    try:
-        from gradprobe.sandbox.ray_executor import RayExecutor
-    except ImportError:
-        sys.exit("gradprobe: --executor ray needs Ray: pip install 'gradprobe[ray]'")
-    return RayExecutor(args.ray_address, num_cpus=args.max_concurrent)
+    http = None
+    if args.http:
+        http = HttpOptions(host=args.host, port=args.port, token_file=args.token_file, insecure_no_auth=args.insecure_no_auth,
+                           allowed_hosts=tuple(args.allowed_host), allowed_origins=tuple(args.allowed_origin),
+                           max_body=args.max_body, public_url=args.public_url, issuer_url=args.issuer_url)
+    limits = Limits(memory_bytes=int(args.memory_gb * 1024**3), isolate=not args.no_isolation,
+                    require_isolation=args.require_isolation)
+    if args.executor == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            sys.exit("gradprobe: --executor ray needs Ray: pip install 'gradprobe[ray]'")
+    return ServeOptions(max_concurrent=args.max_concurrent, per_caller=args.per_caller, warm=not args.cold,
+                        allowed_roots=tuple(args.allow_root or ()), allowed_pythons=tuple(args.allow_python), limits=limits,
+                        executor=args.executor, ray_address=args.ray_address, http=http)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--memory-gb", type=float, default=8.0, help="memory limit of each check (cgroup; address space on CPU runs)")
     serve.add_argument("--executor", choices=["local", "ray"], default="local", help="where sandboxed jobs run")
     serve.add_argument("--ray-address", default="local", help="Ray cluster address ('auto', 'ray://host:10001'); 'local' starts one here")
-    serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name outside the roots")
+    serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name (repeatable); with --allow-root or over HTTP, no other is accepted")
     http = serve.add_argument_group("Streamable HTTP (for teams)")
     http.add_argument("--http", action="store_true", help="serve Streamable HTTP instead of stdio")
     http.add_argument("--host", default="127.0.0.1")
@@ -125,18 +129,17 @@ def main(argv: list[str] | None = None) -> None:
         if tool == "check_optimizer_coverage":
             p.add_argument("--no-step", action="store_true")
     args = parser.parse_args(argv)
-    if args.command in (None, "serve"):
-        if getattr(args, "http", False):
+    if args.command is None:
+        args = parser.parse_args(["serve"])
+    if args.command == "serve":
+        options = serve_options(args)
+        if options.http is not None:
             from gradprobe.server.http import serve_http
 
-            if args.per_caller is None:
-                args.per_caller = max(1, (args.max_concurrent or os.cpu_count() or 2) // 2)
-            sys.exit(serve_http(args))
+            sys.exit(serve_http(options))
         from gradprobe.server.app import serve_stdio
 
-        serve_stdio(max_concurrent=getattr(args, "max_concurrent", None), warm=not getattr(args, "cold", False),
-                    allowed_roots=getattr(args, "allow_root", None), allowed_pythons=getattr(args, "allow_python", None),
-                    limits=_limits(args), executor=_executor(args))
+        serve_stdio(options)
         return
     if args.command == "demo":
         from gradprobe.demo import run_demo

@@ -4,6 +4,7 @@ in time, with the server alive and no child left behind."""
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 import time
 
@@ -363,7 +364,7 @@ async def test_a_named_interpreter_that_is_not_python_starts_inside_every_layer(
         err = f["evidence"]["stderr_tail"]
         assert f["code"] == "GP100" and "exited with code 3" in f["message"], f
         assert "uid=65534" in err and "LEAK" not in err, err
-        assert int(err.split("procs=")[1].split()[0]) <= 4, err  # its own pid namespace
+        assert int(err.split("procs=")[1].split()[0]) <= 8, err  # its own pid namespace (the host has hundreds)
         assert not (tmp_path / "written-outside").exists()
         verified = sc["facts"]["sandbox"]["isolation"]["verified_by_server"]
         assert verified["identity"].startswith("uid 65534") and "MISSING" not in str(verified), verified

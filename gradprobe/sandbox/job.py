@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import re
 import traceback
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 TOOLS = ("inspect_parameters", "check_optimizer_coverage", "run_gradcheck", "trace_grad_path", "verify_prompt_tuning", "diagnose")
 

@@ -20,7 +20,8 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from gradprobe.sandbox.cgroups import CallCgroup
 from gradprobe.sandbox.isolation import become_subreaper
@@ -244,7 +245,7 @@ async def run_child(
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     t0 = time.monotonic()
     pid = None
-    transports = []
+    transports: list[Any] = []
     mode, warm_note = "cold", None
     confined: dict[str, Any] = {"pid": None, "layers": None, "refused": None, "verified": {}}
     cgroup_name = cgroup.name if cgroup is not None and cgroup.ok else None
@@ -375,8 +376,8 @@ async def run_child(
             _kill_group(pid)
         if cgroup is not None:
             cgroup.kill_now()
-        for t in transports:
-            t.close()
+        for tr in transports:
+            tr.close()
         for r, w in pipes:
             for fd in (r, w):
                 if fd >= 0:

@@ -63,7 +63,7 @@ def preload() -> list[str]:
 
     import torch  # noqa: F401  (import only: no tensor op, no CUDA)
 
-    import gradprobe.checks.diagnosis  # noqa: F401  (every check module)
+    import gradprobe.checks.diagnosis  # every check module
     import gradprobe.sandbox.job  # noqa: F401
 
     loaded = []

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import sys
 
 from pydantic import AnyHttpUrl
 
 from gradprobe.server.app import build_server, make_nondumpable
 from gradprobe.server.auth import StaticTokenVerifier, load_tokens
+from gradprobe.server.options import HttpOptions, ServeOptions
 from gradprobe.server.runtime import Runtime
 
 log = logging.getLogger("gradprobe.http")
@@ -38,37 +38,34 @@ def transport_security(host: str, port: int, allowed_hosts: list[str], allowed_o
     return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
 
 
-def serve_http(args) -> int:
+def serve_http(options: ServeOptions) -> int:
+    http = options.http or HttpOptions()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     try:
-        tokens = load_tokens(args.token_file)
+        tokens = load_tokens(http.token_file)
     except (OSError, ValueError) as exc:
         print(f"gradprobe: cannot read tokens: {exc}", file=sys.stderr)
         return 2
-    if not tokens and not is_loopback(args.host) and not args.insecure_no_auth:
-        print(f"gradprobe: refusing to serve {args.host} without authentication: give --token-file or GRADPROBE_TOKENS "
+    if not tokens and not is_loopback(http.host) and not http.insecure_no_auth:
+        print(f"gradprobe: refusing to serve {http.host} without authentication: give --token-file or GRADPROBE_TOKENS "
               "(or --insecure-no-auth if something in front of it authenticates)", file=sys.stderr)
         return 2
     make_nondumpable()
-    roots = args.allow_root or [os.getcwd()]
-    from gradprobe.cli import _executor, _limits
-
-    runtime = Runtime(max_concurrent=args.max_concurrent, warm=not args.cold, allowed_roots=roots,
-                      per_caller=args.per_caller, allowed_pythons=args.allow_python, limits=_limits(args),
-                      executor=_executor(args))
+    runtime = Runtime(options)
     verifier = auth = None
     if tokens:
         from mcp.server.auth.settings import AuthSettings
 
         verifier = StaticTokenVerifier(tokens)
-        public = args.public_url or f"http://{args.host}:{args.port}"
-        auth = AuthSettings(issuer_url=AnyHttpUrl(args.issuer_url or public), resource_server_url=AnyHttpUrl(f"{public}/mcp"))
+        public = http.public_url or f"http://{http.host}:{http.port}"
+        auth = AuthSettings(issuer_url=AnyHttpUrl(http.issuer_url or public), resource_server_url=AnyHttpUrl(f"{public}/mcp"))
     server = build_server(runtime, token_verifier=verifier, auth=auth)
-    log.info("serving http://%s:%s/mcp roots=%s auth=%s users=%d max_concurrent=%d per_caller=%d", args.host, args.port,
+    log.info("serving http://%s:%s/mcp roots=%s auth=%s users=%d max_concurrent=%d per_caller=%d", http.host, http.port,
              ",".join(runtime.allowed_roots), "bearer" if tokens else "none", len(set(tokens.values())),
              runtime.max_concurrent, runtime.per_caller)
     server.run(
-        "streamable-http", host=args.host, port=args.port, streamable_http_path="/mcp",
-        max_request_body_size=args.max_body, transport_security=transport_security(args.host, args.port, args.allowed_host, args.allowed_origin),
+        "streamable-http", host=http.host, port=http.port, streamable_http_path="/mcp",
+        max_request_body_size=http.max_body,
+        transport_security=transport_security(http.host, http.port, list(http.allowed_hosts), list(http.allowed_origins)),
     )
     return 0

@@ -1,6 +1,6 @@
 """One module per tool: its options, its description for the model reading it, and the call."""
 
-from gradprobe.server.tools import (  # noqa: F401  (each module registers its tool)
+from gradprobe.server.tools import (
     check_optimizer_coverage,
     diagnose,
     inspect_parameters,

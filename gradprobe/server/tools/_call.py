@@ -56,8 +56,7 @@ async def run_tool(runtime, tool: str, target: Target, options: dict[str, Any], 
     try:
         runtime.check_target(target)
         async with runtime.slot(ctx, caller):
-            report = await execute(tool, target, options, progress=progress, limits=runtime.limits, warm=runtime.warm,
-                                     executor=runtime.executor)
+            report = await execute(tool, target, options, progress=progress, executor=runtime.executor)
         if post is not None:
             extra_content = post(report)
         outcome = "ok" if report.get("ok") else "findings"
