@@ -368,6 +368,7 @@ def confine(policy: dict, control: socket.socket) -> None:
         try:
             ro = build_view(policy, project_fd, report)
             report["identity"] = drop_identity()
+            isolation.die_with_parent()  # a uid change clears the parent-death signal: set it again
         except (OSError, Refused) as exc:
             send(control, {"refused": f"could not build the sandbox: {exc}"})
             os._exit(71)
