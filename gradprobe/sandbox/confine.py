@@ -205,33 +205,29 @@ def open_project(policy: dict) -> tuple[int, str]:
         os.close(fd)
 
 
-def build_view(policy: dict, project_fd: int | None, report: dict) -> list[str]:
-    """pivot_root into a tmpfs holding only what the call needs; returns the read-only paths (for Landlock)."""
-    scratch = policy["scratch"]
+def prepare_view(policy: dict, newroot: str) -> tuple[list[str], list[bool]]:
+    """In a new mount namespace, the part of the view every call shares: a tmpfs root at `newroot` (an empty dir,
+    shadowed in this namespace only) with private /tmp, /dev, /dev/shm, /proc, /sys and the read-only binds.
+    Returns the read-only paths (for Landlock) and which binds took the id mapping."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    newroot = scratch  # an empty dir the server made; shadowed in this mount namespace only
     _mount("tmpfs", newroot, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
     # /tmp first: binds below it (a project in /tmp) go on top of the private tmpfs, not under it
     _place(newroot, "/tmp", True)
     _mount("tmpfs", newroot + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy['scratch_bytes']},mode=1777")
-    if not scratch.startswith("/tmp/"):
-        raise Refused("the scratch dir must live under /tmp")
-    os.makedirs(newroot + scratch, 0o700)
-    os.chown(newroot + scratch, NOBODY, NOBODY)
     ro: list[str] = []
-    mapped = []
+    mapped: list[bool] = []
     trees = list(SYSTEM_DIRS) + python_trees(policy.get("python")) + [policy["package_root"]] + list(policy.get("extra_ro") or [])
-    seen: set[str] = set()
+    seen: list[str] = []
     for path in sorted({os.path.abspath(p) for p in trees if p}, key=len):
-        if path in seen or not os.path.lexists(path) or path == "/":
+        if not os.path.lexists(path) or path == "/":
             continue
         if os.path.islink(path) and os.path.dirname(path) == "/":
             _place(newroot, path, True)  # /bin -> usr/bin on merged-/usr systems
             continue
         real = os.path.realpath(path)
-        if _inside(real, list(seen)):
+        if _inside(real, seen):
             continue
-        seen.add(real)
+        seen.append(real)
         _place(newroot, real, os.path.isdir(real))
         mapped.append(_bind(real, newroot + real, IDMAP_FD))
         ro.append(real)
@@ -241,13 +237,6 @@ def build_view(policy: dict, project_fd: int | None, report: dict) -> list[str]:
         if os.path.exists(src):
             _bind(src, _place(newroot, src, os.path.isdir(src)), IDMAP_FD)
     ro.append("/etc")
-    if project_fd is not None:
-        proj = policy["project_dir_real"]
-        if not _inside(proj, ro):
-            mapped.append(_bind(project_fd, _place(newroot, proj, True), IDMAP_FD))  # closes project_fd
-            ro.append(proj)
-        else:
-            os.close(project_fd)
     _place(newroot, "/dev", True)
     _mount("tmpfs", newroot + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
     for name in DEV_NODES + tuple(policy.get("devices") or ()):
@@ -263,6 +252,23 @@ def build_view(policy: dict, project_fd: int | None, report: dict) -> list[str]:
     _place(newroot, "/sys", True)
     _bind("/sys", newroot + "/sys", None)
     ro += ["/proc", "/sys"]
+    return ro, mapped
+
+
+def finish_view(policy: dict, newroot: str, project_tree: int | None, ro: list[str], mapped: list[bool], report: dict) -> None:
+    """The call's own part: the project (the tree opened and checked), the scratch dir, then pivot_root."""
+    scratch = policy["scratch"]
+    if project_tree is not None:
+        proj = policy["project_dir_real"]
+        if not _inside(proj, ro):
+            mapped.append(_bind(project_tree, _place(newroot, proj, True), IDMAP_FD))  # closes project_tree
+            ro.append(proj)
+        else:
+            os.close(project_tree)
+    if not scratch.startswith("/tmp/"):
+        raise Refused("the scratch dir must live under /tmp")
+    os.makedirs(newroot + scratch, 0o700)
+    os.chown(newroot + scratch, NOBODY, NOBODY)
     os.mkdir(newroot + "/.old")
     os.chdir(newroot)
     _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
@@ -272,7 +278,6 @@ def build_view(policy: dict, project_fd: int | None, report: dict) -> list[str]:
     os.chdir(scratch)
     report["view"] = (f"pivot_root into a minimal tree: {len(ro)} read-only binds ({sum(mapped)} id-mapped), fresh /proc, "
                       f"private tmpfs /tmp ({policy['scratch_bytes'] >> 20} MiB, holds scratch) and /dev/shm ({policy['shm_bytes'] >> 20} MiB)")
-    return ro
 
 
 def drop_identity() -> str:
@@ -307,12 +312,9 @@ def apply_rlimits(limits: dict) -> None:
     cap(resource.RLIMIT_NOFILE, limits.get("open_files"))
 
 
-def _keeper(child: int, control: socket.socket) -> None:
-    """Outside the call's namespaces: pass the child's fate on as our own, and nothing else."""
-    try:
-        control.close()
-    except OSError:
-        pass
+def _keeper(child: int) -> None:
+    """Outside the call's pid namespace: pass the child's fate on as our own, and nothing else."""
+    os.closerange(3, 1 << 16)  # nothing of the call's (control socket, result pipe) stays open here
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     while True:
@@ -335,54 +337,28 @@ def send(control: socket.socket, obj: dict) -> None:
     control.sendall((json.dumps(obj) + "\n").encode())
 
 
-def confine(policy: dict, control: socket.socket) -> None:
-    """Apply every layer; returns in the confined process (pid 1 of the call's pid namespace).
-    The keeper never returns. Raises Refused (before any namespace) or exits the child after telling the server."""
+NS_FLAGS = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+NS_REPORT = "mount, pid (own /proc; the call's processes die with it), network (no interface up), IPC, UTS"
+NET_REPORT = "own network namespace: no interface but a down loopback"
+
+
+def enter_namespaces(tell) -> bool:
+    """unshare every namespace and fork: returns True in the child (pid 1 of the new pid namespace); this process
+    becomes the keeper (never returns). `tell(child_pid)` lets the server know the child's pid. False if unshare
+    failed (nothing changed)."""
+    if _libc.unshare(NS_FLAGS) != 0:
+        return False
+    child = os.fork()
+    if child != 0:
+        tell(child)
+        _keeper(child)
     isolation.die_with_parent()
-    report: dict[str, str] = {}
-    if not policy.get("enabled"):
-        apply_rlimits(policy.get("limits") or {})
-        send(control, {"pid": os.getpid(), "layers": {"isolation": "off (--no-isolation)"}})
-        return
-    project_fd = None
-    if policy.get("project_dir"):
-        project_fd, real = open_project(policy)
-        policy["project_dir_real"] = real
-    err = isolation.join_cgroups(policy.get("cgroups") or [])
-    report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
-    root = os.geteuid() == 0
-    if root:
-        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
-        if _libc.unshare(flags) != 0:
-            root = False
-            report["namespaces"] = f"MISSING: unshare failed ({os.strerror(ctypes.get_errno())})"
-    if root:
-        child = os.fork()
-        if child != 0:
-            send(control, {"pid": child})
-            _keeper(child, control)
-        isolation.die_with_parent()
-        os.setsid()
-        report["namespaces"] = "mount, pid (own /proc; the call's processes die with it), network (no interface up), IPC, UTS"
-        report["network"] = "own network namespace: no interface but a down loopback"
-        try:
-            ro = build_view(policy, project_fd, report)
-            report["identity"] = drop_identity()
-            isolation.die_with_parent()  # a uid change clears the parent-death signal: set it again
-        except (OSError, Refused) as exc:
-            send(control, {"refused": f"could not build the sandbox: {exc}"})
-            os._exit(71)
-    else:
-        send(control, {"pid": os.getpid()})
-        report.setdefault("namespaces", "MISSING: the server is not root (pid and mount namespaces need it)")
-        report["view"] = "MISSING: no private file-system view (server not root)"
-        ok, how = isolation.new_network_namespace()
-        report["network"] = how if ok else f"MISSING: {how}"
-        ok, how = isolation.drop_privileges()
-        report["identity"] = f"MISSING: same uid as the server ({os.getuid()}); {how}"
-        ro = isolation.readable_roots(policy.get("project_dir_real") or policy["scratch"], policy["package_root"],
-                                      python_trees(policy.get("python")))
-        os.chdir(policy["scratch"])
+    os.setsid()
+    return True
+
+
+def lock_down(policy: dict, ro: list[str], report: dict, control: socket.socket) -> None:
+    """After the view: Landlock, seccomp, rlimits; then tell the server and wait for its "go"."""
     ok, how = isolation.landlock(ro, ["/tmp", "/dev/shm", policy["scratch"]], ["/dev/" + n for n in DEV_NODES])
     report["filesystem"] = how if ok else f"MISSING: {how}"
     ok, how = isolation.seccomp_filter()
@@ -397,3 +373,108 @@ def confine(policy: dict, control: socket.socket) -> None:
     if control.recv(1) != b"g":  # the server checked this process from outside before any user code runs
         os._exit(73)
     control.close()
+
+
+def confine(policy: dict, control: socket.socket) -> None:
+    """Apply every layer in one go (the cold path); returns in the confined process (pid 1 of the call's pid
+    namespace). Raises Refused before any namespace; exits the child after telling the server otherwise."""
+    isolation.die_with_parent()
+    report: dict[str, str] = {}
+    if not policy.get("enabled"):
+        apply_rlimits(policy.get("limits") or {})
+        send(control, {"pid": os.getpid(), "layers": {"isolation": "off (--no-isolation)"}})
+        return
+    project_tree = None
+    if policy.get("project_dir"):
+        project_tree, policy["project_dir_real"] = open_project(policy)
+    err = isolation.join_cgroups(policy.get("cgroups") or [])
+    report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
+    if os.geteuid() == 0 and enter_namespaces(lambda pid: send(control, {"pid": pid})):
+        report["namespaces"], report["network"] = NS_REPORT, NET_REPORT
+        try:
+            ro, mapped = prepare_view(policy, policy["scratch"])
+            finish_view(policy, policy["scratch"], project_tree, ro, mapped, report)
+            report["identity"] = drop_identity()
+            isolation.die_with_parent()  # a uid change clears the parent-death signal: set it again
+        except (OSError, Refused) as exc:
+            send(control, {"refused": f"could not build the sandbox: {exc}"})
+            os._exit(71)
+    else:
+        send(control, {"pid": os.getpid()})
+        report["namespaces"] = "MISSING: no pid or mount namespace (the server is not root, or unshare failed)"
+        report["view"] = "MISSING: no private file-system view"
+        ok, how = isolation.new_network_namespace()
+        report["network"] = how if ok else f"MISSING: {how}"
+        ok, how = isolation.drop_privileges()
+        report["identity"] = f"MISSING: same uid as the server ({os.getuid()}); {how}"
+        ro = isolation.readable_roots(policy.get("project_dir_real") or policy["scratch"], policy["package_root"],
+                                      python_trees(policy.get("python")))
+        os.chdir(policy["scratch"])
+    lock_down(policy, ro, report, control)
+
+
+def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
+    """A warm call made ahead of time (forked from the warm worker before any job): namespaces entered and the
+    shared part of the view built; it waits for one job, then opens and checks the project, joins the cgroup,
+    finishes the view, drops identity, locks down and runs it. Never returns."""
+    try:
+        isolation.die_with_parent()
+        if not enter_namespaces(lambda pid: None):
+            send(zygote, {"nspid": None, "error": os.strerror(ctypes.get_errno())})
+            os._exit(74)
+        ro, mapped = prepare_view(base, newroot)
+        try:
+            send(zygote, {"ready": True})
+        except OSError:
+            pass
+        req, fds = _recv_job(zygote)
+
+        zygote.close()
+        out_fd, err_fd, res_fd, ctl_fd = fds
+        control = socket.socket(fileno=ctl_fd)
+        policy = req["policy"]
+        report: dict[str, str] = {}
+        try:
+            if any(policy.get(k) != base.get(k) for k in VIEW_KEYS):
+                raise Refused("internal: the spare's view was built for other settings")
+            project_tree = None
+            if policy.get("project_dir"):
+                project_tree, policy["project_dir_real"] = open_project(policy)
+            err = isolation.join_cgroups(policy.get("cgroups") or [])
+            report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
+            report["namespaces"], report["network"] = NS_REPORT, NET_REPORT
+            finish_view(policy, newroot, project_tree, ro, mapped, report)
+            report["identity"] = drop_identity()
+            isolation.die_with_parent()
+        except (OSError, Refused) as exc:
+            send(control, {"refused": f"could not build the sandbox: {exc}" if isinstance(exc, OSError) else str(exc)})
+            os._exit(71)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        for fd in (devnull, out_fd, err_fd):
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        lock_down(policy, ro, report, control)
+        from gradprobe.sandbox.child import run
+
+        run(req["job"], res_fd)
+    finally:
+        os._exit(70)
+
+
+VIEW_KEYS = ("enabled", "python", "package_root", "extra_ro", "scratch_bytes", "shm_bytes", "devices")
+
+
+def _recv_job(sock: socket.socket) -> tuple[dict, list[int]]:
+    buf, fds = b"", []
+    while len(buf) < 4 or len(buf) < 4 + struct.unpack("!I", buf[:4])[0]:
+        msg, got, _flags, _addr = socket.recv_fds(sock, 1 << 20, 8)
+        if not msg:
+            os._exit(0)  # the warm worker went away before a job came
+        buf += msg
+        fds += got
+    (n,) = struct.unpack("!I", buf[:4])
+    return json.loads(buf[4:4 + n]), fds

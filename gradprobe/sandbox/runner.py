@@ -295,6 +295,11 @@ async def run_child(
                     return
                 if isinstance(msg.get("layers"), dict):
                     confined["layers"] = {str(k): str(v)[:300] for k, v in msg["layers"].items()}
+                    if confined["pid"] is None and pid is not None:  # a warm call: pid 1 of the call is the keeper's child
+                        try:
+                            confined["pid"] = int(open(f"/proc/{pid}/task/{pid}/children").read().split()[0])
+                        except (OSError, ValueError, IndexError):
+                            pass
                     if limits.isolate and confined["pid"] is not None:
                         confined["verified"] = verify(confined["pid"], confined["layers"], cgroup_name)
                     bad = [k for k, v in confined["verified"].items() if v.startswith("MISSING") or k == "error"]
