@@ -31,7 +31,7 @@ def _target_from_args(args) -> dict:
 def _run_check(args) -> int:
     import anyio
 
-    from gradprobe.render import render_text
+    from gradprobe.render import clean, render_text
     from gradprobe.sandbox.execute import execute
     from gradprobe.sandbox.runner import ToolInputError
     from gradprobe.target import Target
@@ -53,9 +53,11 @@ def _run_check(args) -> int:
         print(json.dumps(report, indent=1))
     else:
         print(render_text(report, color=sys.stdout.isatty() and not args.no_color))
-        mermaid = (report.get("facts") or {}).get("mermaid")
-        if mermaid and args.mermaid:
-            print("\n" + mermaid)
+        flow = (report.get("facts") or {}).get("flow")
+        if flow and args.mermaid:
+            from gradprobe.flowchart import flow_mermaid
+
+            print("\n" + clean(flow_mermaid(flow)))
     return 0 if report.get("ok") else 1
 
 

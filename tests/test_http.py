@@ -61,7 +61,8 @@ def http_server(tmp_path_factory):
         proc.kill()
         _, err = proc.communicate()
     assert "alice-secret-token" not in err and "bob-secret-token" not in err, "a token reached the log"
-    assert "caller=alice tool=inspect_parameters" in err, "audit lines name the caller"
+    assert '"caller": "alice", "tool": "inspect_parameters"' in err, "audit lines name the caller"
+    assert "?[redacted]" in err, "the query string of a refused request is redacted, not dropped silently"
 
 
 def authed(token: str = "alice-secret-token") -> httpx2.AsyncClient:
@@ -76,6 +77,30 @@ def test_unauthenticated_and_wrong_token_get_401(http_server):
     assert r.status_code == 401
     r = httpx2.post(url, json=INIT, headers={**HEADERS, "Authorization": "Bearer alice-secret-token"})
     assert r.status_code == 200
+
+
+def test_a_token_in_the_query_string_is_refused_and_never_logged(http_server):
+    r = httpx2.post(http_server["url"] + "/mcp?access_token=alice-secret-token", json=INIT, headers=HEADERS)
+    assert r.status_code == 401  # and the fixture's teardown finds no token in the server's log
+
+
+@pytest.mark.anyio
+async def test_only_listed_interpreters_and_one_answer_for_outside_or_missing(http_server):
+    inside = http_server["inside"]
+    fake = inside / "python"
+    fake.write_text("#!/bin/sh\nid > /tmp/gradprobe-should-not-run\n")
+    fake.chmod(0o755)
+    (inside / "case.py").write_text("import torch.nn as nn\ndef build_model():\n    return nn.Linear(2, 2)\n")
+    async with authed("bob-secret-token") as http:
+        async with Client(streamable_http_client(http_server["url"] + "/mcp", http_client=http)) as c:
+            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(inside), "model": "case.py", "python": str(fake)}})
+            assert r.is_error and "--allow-python" in r.content[0].text, r.content[0].text
+            answers = []
+            for model in (f"../../{http_server['outside'].name}/case.py", "../../no-such-dir/nothing.py"):
+                r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(inside), "model": model}})
+                assert r.is_error
+                answers.append(r.content[0].text.split("' is outside")[-1])
+            assert answers[0] == answers[1] and "outside the roots" in answers[0], answers
 
 
 def test_bad_host_and_origin_are_refused(http_server):

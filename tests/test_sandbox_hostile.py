@@ -560,3 +560,24 @@ async def test_project_dir_swapped_while_queued_is_refused(tmp_path):
     got = results["swapped"]
     text = str(got) if isinstance(got, Exception) else str(got[0].content)
     assert "top secret" not in text and "outside the roots" in text, text
+
+
+@pytest.mark.anyio
+async def test_forged_flow_graph_cannot_inject_markup_into_svg_or_mermaid(client, tmp_path):
+    import base64
+    import json as _json
+
+    evil = "</text><script>alert(1)</script>"
+    flow = {"loss": evil, "groups": [{"module": evil, "count": evil, "status": "broken",
+                                      "break": {"code": evil, "op": evil + '"] click n_x "javascript:alert(1)"', "line": evil}}]}
+    forged = {"type": "result", "report": {"tool": "diagnose", "ok": False, "findings": [], "summary": "s",
+                                           "facts": {"flow": flow, "mermaid": evil}}}
+    body = "import os\ndef build_model():\n"
+    body += "    for fd in map(int, os.listdir('/proc/self/fd')):\n        try:\n"
+    body += f"            os.write(fd, {(_json.dumps(forged) + chr(10)).encode()!r})\n        except OSError:\n            pass\n    os._exit(0)\n"
+    result, _ = await call(client, project(tmp_path, body), tool="diagnose")
+    images = [c for c in result.content if getattr(c, "type", "") == "image"]
+    svg = base64.b64decode(images[0].data).decode() if images else ""
+    mermaid = result.structured_content["facts"].get("mermaid", "")
+    assert svg.startswith("<svg") and "<script" not in svg, svg
+    assert "<script" not in mermaid and '"] click' not in mermaid and '"javascript' not in mermaid, mermaid

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import sys
+import time
 
 from pydantic import AnyHttpUrl
 
@@ -63,9 +65,54 @@ def serve_http(options: ServeOptions) -> int:
     log.info("serving http://%s:%s/mcp roots=%s auth=%s users=%d max_concurrent=%d per_caller=%d", http.host, http.port,
              ",".join(runtime.allowed_roots), "bearer" if tokens else "none", len(set(tokens.values())),
              runtime.max_concurrent, runtime.per_caller)
-    server.run(
-        "streamable-http", host=http.host, port=http.port, streamable_http_path="/mcp",
-        max_request_body_size=http.max_body,
+    app = server.streamable_http_app(
+        streamable_http_path="/mcp", max_request_body_size=http.max_body, host=http.host,
         transport_security=transport_security(http.host, http.port, list(http.allowed_hosts), list(http.allowed_origins)),
     )
+    import uvicorn
+
+    logging.getLogger("uvicorn.access").addFilter(RedactingFilter())
+    logging.getLogger("uvicorn.access").addFilter(RateLimitFilter())
+    logging.getLogger("uvicorn.error").addFilter(RateLimitFilter())
+    config = uvicorn.Config(
+        app, host=http.host, port=http.port, log_level="info",
+        limit_concurrency=http.max_connections,  # beyond it: 503 at once, not a stalled server
+        timeout_keep_alive=int(http.header_timeout_s),  # idle connections are closed
+        h11_max_incomplete_event_size=64 * 1024,  # a request head larger than this is refused
+    )
+    uvicorn.Server(config).run()
     return 0
+
+
+class RedactingFilter(logging.Filter):
+    """Access-log lines without query strings (a token sent as ?access_token=... is refused, and not logged)."""
+
+    _QUERY = re.compile(r"\?[^ \"]*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and len(record.args) >= 3:
+            args = list(record.args)
+            args[2] = self._QUERY.sub("?[redacted]", str(args[2]))
+            record.args = tuple(args)
+        record.msg = self._QUERY.sub("?[redacted]", str(record.msg)) if not record.args else record.msg
+        return True
+
+
+class RateLimitFilter(logging.Filter):
+    """At most `per_second` log records a second from the HTTP layer; the rest are counted and reported."""
+
+    def __init__(self, per_second: int = 20):
+        super().__init__()
+        self.per_second, self.window, self.count, self.dropped = per_second, 0, 0, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = int(time.monotonic())
+        if now != self.window:
+            if self.dropped:
+                record.msg = f"[{self.dropped} log lines dropped] " + str(record.msg)
+            self.window, self.count, self.dropped = now, 0, 0
+        self.count += 1
+        if self.count > self.per_second:
+            self.dropped += 1
+            return False
+        return True
