@@ -35,10 +35,13 @@ def _procs() -> dict[int, tuple[int, str, str]]:
             ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
             cgroup = open(f"/proc/{d}/cgroup").read()
             state = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[0]
+            comm = open(f"/proc/{d}/comm").read().strip()
         except (OSError, ValueError, IndexError):
             continue
         if state == "Z":
             cmd = f"<zombie {d} of {ppid}>"
+        elif comm == "gp-spare" and "/srv-" not in cgroup:
+            cmd = "<spare>"  # the warm worker's next call, forked ahead of time and waiting for its job
         out[int(d)] = (ppid, cmd, cgroup)
     return out
 
@@ -57,7 +60,7 @@ def children_alive() -> list[str]:
     while todo:
         pid = todo.pop()
         ppid, cmd, _ = procs[pid]
-        if not (ppid in servers and "gradprobe/sandbox/zygote.py" in cmd):
+        if not (ppid in servers and "gradprobe/sandbox/zygote.py" in cmd) and cmd != "<spare>":
             out.append(cmd)
         todo += kids.get(pid, [])
     marks = [f"/srv-{s}-" for s in servers]

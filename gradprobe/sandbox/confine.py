@@ -419,6 +419,7 @@ def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
     finishes the view, drops identity, locks down and runs it. Never returns."""
     try:
         isolation.die_with_parent()
+        _libc.prctl(15, b"gp-spare", 0, 0, 0)  # PR_SET_NAME: /proc/<pid>/comm tells an idle spare from a call
         if not enter_namespaces(lambda pid: None):
             send(zygote, {"nspid": None, "error": os.strerror(ctypes.get_errno())})
             os._exit(74)
@@ -428,7 +429,7 @@ def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
         except OSError:
             pass
         req, fds = _recv_job(zygote)
-
+        _libc.prctl(15, b"gp-call", 0, 0, 0)
         zygote.close()
         out_fd, err_fd, res_fd, ctl_fd = fds
         control = socket.socket(fileno=ctl_fd)
