@@ -53,10 +53,10 @@ def run(job: dict, fd: int) -> None:
     from gradprobe.sandbox.job import run_job
 
     report = run_job(job, chan.progress)  # the isolation facts are the server's to report (runner.py), not ours
+    sys.stdout.flush()  # before the result: the server may stop reading once the result is in
+    sys.stderr.flush()
     chan.send({"type": "result", "report": report})
     chan.out.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
     os._exit(0)  # skip the user's atexit handlers and non-daemon threads
 
 

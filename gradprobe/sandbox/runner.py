@@ -190,6 +190,24 @@ def verify(pid: int, claimed: dict, cgroup_name: str | None) -> dict:
     return seen
 
 
+_BACKGROUND: set[asyncio.Task] = set()
+
+
+def _close_later(pending: list, transports: list, grace_s: float) -> None:
+    """Close the call's pipes once its readers and exit are done (after the reply), or after the grace time."""
+    async def finish() -> None:
+        if pending:
+            await asyncio.wait(pending, timeout=grace_s)
+        for t in pending:
+            t.cancel()
+        for tr in transports:
+            tr.close()
+
+    task = asyncio.ensure_future(finish())
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
 def _reap_later(cgroup: CallCgroup | None, scratch: str, orphan: int | None) -> None:
     """After the reply: wait until the call's cgroup is empty, remove it and the scratch dir, and reap the call's
     pid 1 if its keeper died first (it was reparented to this process, a subreaper)."""
@@ -346,18 +364,22 @@ async def run_child(
             asyncio.ensure_future(_drain(err_reader, err)),
             asyncio.ensure_future(control()),
         ]
-        try:
-            # the call ends when the child exits (or its time is up), not when every inherited pipe closes:
-            # grandchildren the user's code left behind must not hold the call open
-            await asyncio.wait_for(asyncio.shield(exited), timeout=timeout_s)
-        except asyncio.TimeoutError:
-            timed_out = True
+        # the call ends when the child has sent its result or exited (or its time is up), not when every inherited
+        # pipe closes: grandchildren the user's code left behind must not hold the call open; the child's exit and
+        # the teardown of its namespaces happen after the reply
+        done, _ = await asyncio.wait([exited, readers[0]], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        timed_out = not done
+        early = bool(done) and not exited.done() and (state["report"] is not None or state["tool_error"] is not None)
         _kill_group(pid)  # anything the child left behind in its group
         if cgroup is not None and cgroup.ok:
             cgroup.kill_now()  # ... and anything that left the group (setsid daemons)
-        await asyncio.wait(readers + [exited], timeout=limits.grace_s)
-        for t in readers:
-            t.cancel()
+        if early:
+            for _ in range(3):  # the child flushed stdout/stderr before its result: let the drains take what is there
+                await asyncio.sleep(0)
+        else:
+            await asyncio.wait(readers + [exited], timeout=limits.grace_s)
+            for t in readers:
+                t.cancel()
         code = exited.result() if exited.done() and not exited.cancelled() and exited.exception() is None else None
         report = state["report"]
         if report is not None:  # the isolation facts are the server's: whatever the child wrote there is dropped
@@ -381,8 +403,8 @@ async def run_child(
             _kill_group(pid)
         if cgroup is not None:
             cgroup.kill_now()
-        for tr in transports:
-            tr.close()
+        late = [t for t in locals().get("readers", []) + [locals().get("exited")] if t is not None and not t.done()]
+        _close_later(late, transports, limits.grace_s)
         for r, w in pipes:
             for fd in (r, w):
                 if fd >= 0:

@@ -111,6 +111,7 @@ class WarmWorker:
         for fut in list(self._forked.values()) + list(self._exits.values()):
             if not fut.done():
                 fut.set_exception(err)
+                fut.exception()  # retrieved: a call that stopped waiting for it must not log a warning
         self._forked.clear()
         self._exits.clear()
         if self._ready is not None and not self._ready.done():

@@ -65,7 +65,11 @@ def preload() -> list[str]:
     import torch  # noqa: F401  (import only: no tensor op, no CUDA)
 
     import gradprobe.checks.diagnosis  # every check module
-    import gradprobe.sandbox.job  # noqa: F401
+    import gradprobe.loading  # what a call imports before its check (job.run_job imports them lazily)
+    import gradprobe.sandbox.child
+    import gradprobe.sandbox.confine
+    import gradprobe.sandbox.job
+    import gradprobe.userframes  # noqa: F401
 
     loaded = []
     for name in PRELOAD:
