@@ -383,6 +383,7 @@ def confine(policy: dict, control: socket.socket) -> None:
     if not policy.get("enabled"):
         apply_rlimits(policy.get("limits") or {})
         send(control, {"pid": os.getpid(), "layers": {"isolation": "off (--no-isolation)"}})
+        control.close()
         return
     project_tree = None
     if policy.get("project_dir"):
