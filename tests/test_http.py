@@ -39,7 +39,7 @@ def http_server(tmp_path_factory):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), "--token-file", str(tmp / "tokens"),
-         "--allow-root", str(EXAMPLES), "--allow-root", str(inside)],
+         "--allow-root", str(EXAMPLES), "--allow-root", str(inside), "--header-timeout", "2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )
     url = f"http://127.0.0.1:{port}"
@@ -77,6 +77,14 @@ def test_unauthenticated_and_wrong_token_get_401(http_server):
     assert r.status_code == 401
     r = httpx2.post(url, json=INIT, headers={**HEADERS, "Authorization": "Bearer alice-secret-token"})
     assert r.status_code == 200
+
+
+def test_a_half_sent_request_is_dropped_after_the_header_timeout(http_server):
+    with socket.create_connection(("127.0.0.1", http_server["port"])) as s:
+        s.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and nothing more
+        s.settimeout(8)
+        t0 = time.monotonic()
+        assert s.recv(1024) == b"" and time.monotonic() - t0 < 7  # closed by the server, not by our timeout
 
 
 def test_a_token_in_the_query_string_is_refused_and_never_logged(http_server):

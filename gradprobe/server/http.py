@@ -79,9 +79,51 @@ def serve_http(options: ServeOptions) -> int:
         limit_concurrency=http.max_connections,  # beyond it: 503 at once, not a stalled server
         timeout_keep_alive=int(http.header_timeout_s),  # idle connections are closed
         h11_max_incomplete_event_size=64 * 1024,  # a request head larger than this is refused
+        http=head_timeout_protocol(http.header_timeout_s),
     )
     uvicorn.Server(config).run()
     return 0
+
+
+def head_timeout_protocol(seconds: float):
+    """uvicorn's h11 protocol, closing a connection whose request head has not arrived `seconds` after it opened
+    (or after its previous response): half-finished requests cannot pile up."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimeoutProtocol(H11Protocol):
+        _head_timer = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _expire(self) -> None:
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()  # a request is in: the app's own timeouts apply from here
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeadTimeoutProtocol
 
 
 class RedactingFilter(logging.Filter):
