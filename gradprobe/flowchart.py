@@ -33,7 +33,8 @@ def clean_graph(graph) -> dict:
     if not isinstance(graph, dict):
         return {"loss": "loss", "groups": []}
     groups = []
-    for g in (graph.get("groups") if isinstance(graph.get("groups"), list) else [])[:MAX_GROUPS]:
+    given = graph.get("groups")
+    for g in (given if isinstance(given, list) else [])[:MAX_GROUPS]:
         if not isinstance(g, dict):
             continue
         status = g.get("status") if g.get("status") in _STYLE else "ok"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import Any
 
 from gradprobe.sandbox.runner import ChildOutcome, Limits
 
@@ -35,7 +36,7 @@ class RayExecutor:
         self.allowed_roots = list(allowed_roots or [])
         self.ray = ray
         if not ray.is_initialized():
-            kwargs = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
             if address in (None, "", "local"):
                 kwargs["num_cpus"] = num_cpus
             else:

@@ -142,13 +142,14 @@ async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamR
     return reader, transport
 
 
-async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, fds: tuple[int, int, int, int], policy: dict):
+async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, fds: tuple[int, ...], policy: dict):
     out_w, err_w, res_w, ctl = fds
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-I", LAUNCH, str(ctl), json.dumps(policy), python or sys.executable, CHILD,
         stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
         cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)), start_new_session=True, pass_fds=(res_w, ctl),
     )
+    assert proc.stdin is not None
     proc.stdin.write(json.dumps(job).encode())
     try:
         await proc.stdin.drain()
@@ -169,11 +170,11 @@ def verify(pid: int, claimed: dict, cgroup_name: str | None) -> dict:
     """What the server sees of the confined process from outside, before any user code runs in it."""
     seen: dict[str, str] = {}
     try:
-        status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+        lines = open(f"/proc/{pid}/status").read().splitlines()
         cg = open(f"/proc/{pid}/cgroup").read()
     except OSError as exc:
         return {"error": f"could not inspect the child ({exc.strerror})"}
-    status = {k: v.split() for k, v in status.items()}
+    status: dict[str, list[str]] = {k: v.split() for k, _, v in (line.partition(":") for line in lines)}
     uid = status.get("Uid", ["?"])[0]
     capeff = int(status.get("CapEff", ["1"])[0], 16)
     seen["identity"] = (f"uid {uid}, effective capabilities {'none' if capeff == 0 else hex(capeff)}, "
@@ -214,9 +215,9 @@ def _reap_later(cgroup: CallCgroup | None, scratch: str, orphan: int | None) -> 
     def work() -> None:
         if cgroup is not None:
             cgroup.kill()
-        for _ in range(100 if orphan else 0):
+        for _ in range(100 if orphan is not None else 0):
             try:
-                if os.waitpid(orphan, os.WNOHANG)[0] != 0:
+                if os.waitpid(orphan, os.WNOHANG)[0] != 0:  # type: ignore[arg-type]
                     break
             except ChildProcessError:
                 break
@@ -370,6 +371,7 @@ async def run_child(
         done, _ = await asyncio.wait([exited, readers[0]], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         timed_out = not done
         early = bool(done) and not exited.done() and (state["report"] is not None or state["tool_error"] is not None)
+        assert pid is not None
         _kill_group(pid)  # anything the child left behind in its group
         if cgroup is not None and cgroup.ok:
             cgroup.kill_now()  # ... and anything that left the group (setsid daemons)
