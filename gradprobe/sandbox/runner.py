@@ -368,9 +368,13 @@ async def run_child(
         # the call ends when the child has sent its result or exited (or its time is up), not when every inherited
         # pipe closes: grandchildren the user's code left behind must not hold the call open; the child's exit and
         # the teardown of its namespaces happen after the reply
+        deadline = time.monotonic() + timeout_s
         done, _ = await asyncio.wait([exited, readers[0]], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        got = state["report"] is not None or state["tool_error"] is not None
+        if done and not exited.done() and not got:  # the result pipe closed without a result: wait for the exit
+            done, _ = await asyncio.wait([exited], timeout=max(0.0, deadline - time.monotonic()))
         timed_out = not done
-        early = bool(done) and not exited.done() and (state["report"] is not None or state["tool_error"] is not None)
+        early = bool(done) and not exited.done() and got
         assert pid is not None
         _kill_group(pid)  # anything the child left behind in its group
         if cgroup is not None and cgroup.ok:
