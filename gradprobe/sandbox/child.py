@@ -10,6 +10,7 @@ prints. Every failure becomes a finding; nothing here trusts the user's code.
 
 from __future__ import annotations
 
+
 import json
 import os
 import sys

@@ -43,7 +43,7 @@ async def execute(
     }
     sandbox["isolation"].update(outcome.isolation)  # what the server applied and checked, never the child's word
     if outcome.tool_error is not None:
-        if outcome.tool_error.startswith("this interpreter cannot run"):
+        if outcome.tool_error_kind == "interpreter":
             raise ToolInputError(f"python {target.python or '(server interpreter)'}: {outcome.tool_error}")
         raise ToolInputError(outcome.tool_error)
     if outcome.report is not None and not outcome.timed_out:

@@ -10,9 +10,10 @@ the Ray task; a worker that dies becomes a GP100 finding saying so.
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncio
 import dataclasses
-from typing import Any
 
 from gradprobe.sandbox.runner import ChildOutcome, Limits
 

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from gradprobe.sandbox.cgroups import CallCgroup
 from gradprobe.sandbox.isolation import become_subreaper
@@ -133,6 +133,8 @@ class ChildOutcome:
     note: str | None = None
     oom: bool = False
     isolation: dict = field(default_factory=dict)
+    # what the tool_error is about: the caller's arguments, or the interpreter the target named
+    tool_error_kind: Literal["caller", "interpreter"] = "caller"
 
 
 async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
@@ -295,7 +297,8 @@ async def run_child(
         transports = [t1, t2, t3, ctl_writer]
         pipes = []
         out, err = CappedStream(), CappedStream()
-        state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "events": [], "bytes": 0}
+        state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "tool_error_kind": "caller",
+                                 "events": [], "bytes": 0}
 
         async def control() -> None:
             """The confining code's messages (before any user code runs), checked from outside, then "go"."""
@@ -355,6 +358,7 @@ async def run_child(
                     rep = msg["report"]
                     if "tool_error" in rep:
                         state["tool_error"] = str(rep["tool_error"])[:2000]
+                        state["tool_error_kind"] = "interpreter" if rep.get("tool_error_kind") == "interpreter" else "caller"
                     else:
                         state["report"] = rep
 
@@ -394,7 +398,7 @@ async def run_child(
         if confined["refused"]:
             tool_error, report = confined["refused"], None
         return ChildOutcome(
-            report=report, tool_error=tool_error, phase=state["phase"],
+            report=report, tool_error=tool_error, tool_error_kind=state["tool_error_kind"], phase=state["phase"],
             returncode=code, timed_out=timed_out, stdout=out.text(), stderr=err.text(),
             seconds=time.monotonic() - t0, events=state["events"], mode=mode, note=warm_note,
             oom=bool(cgroup is not None and cgroup.oom_killed()),

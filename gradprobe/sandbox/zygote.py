@@ -11,6 +11,9 @@ non-dumpable, so its children cannot read its memory or environment through /pro
 
 from __future__ import annotations
 
+from typing import Any
+
+
 import json
 import os
 import select
@@ -30,7 +33,7 @@ PRELOAD = (
 )
 
 
-_WAKE: tuple[int, int] = ()
+_WAKE: tuple[int, ...] = ()
 
 
 def split_frames(buf: bytes) -> tuple[list[dict], bytes]:
@@ -183,7 +186,7 @@ def serve(sock: socket.socket) -> None:
             if spare is not None and pid == spare.pid:
                 spare.drop()
                 spare = None
-        watch = [sock, wake_r] + ([spare.sock] if spare is not None else [])
+        watch: list[Any] = [sock, wake_r] + ([spare.sock] if spare is not None else [])
         ready, _, _ = select.select(watch, [], [], 1.0)
         if wake_r in ready:
             os.read(wake_r, 4096)

@@ -42,7 +42,7 @@ def _caller() -> str:
     return token.client_id if token is not None else "local"
 
 
-async def run_tool(runtime, tool: str, target: Target, options: dict[str, Any], ctx: Context | None,
+async def call_tool(runtime, tool: str, target: Target, options: dict[str, Any], ctx: Context | None,
                    extra_content: list | None = None, post=None) -> CallToolResult:
     t0 = time.monotonic()
 
@@ -69,7 +69,7 @@ async def run_tool(runtime, tool: str, target: Target, options: dict[str, Any], 
         # one JSON record per line: a newline or quote in a caller's field cannot forge another record
         log.info("call %s", json.dumps({"caller": caller, "tool": tool, "project": target.project_dir, "model": target.model,
                                         "outcome": outcome, "seconds": round(time.monotonic() - t0, 2)}))
-    facts = report.get("facts") if isinstance(report.get("facts"), dict) else {}
+    facts: dict[str, Any] = report["facts"] if isinstance(report.get("facts"), dict) else {}
     if "mermaid" in facts:  # the child's text is untrusted: rebuilt here from the type-checked graph
         facts["mermaid"] = flow_mermaid(facts["flow"]) if facts.get("flow") else ""
     validated = Report.model_validate(report)  # the child's JSON is untrusted: schema-check it
