@@ -584,3 +584,15 @@ async def test_forged_flow_graph_cannot_inject_markup_into_svg_or_mermaid(client
     mermaid = result.structured_content["facts"].get("mermaid", "")
     assert svg.startswith("<svg") and "<script" not in svg, svg
     assert "<script" not in mermaid and '"] click' not in mermaid and '"javascript' not in mermaid, mermaid
+
+
+def test_cli_output_carries_no_terminal_control_characters(tmp_path):
+    import subprocess
+
+    evil = "\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J\\x1b]0;pwned\\x07\\r\\x9b31m OK"
+    (tmp_path / "case.py").write_text(f"import torch.nn as nn\ndef build_model():\n    raise ValueError('{evil}')\n")
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
+    out = subprocess.run([sys.executable, "-m", "gradprobe", "inspect_parameters", str(tmp_path / "case.py"), "--no-color"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert "ValueError" in out.stdout, out.stdout + out.stderr
+    assert not any(ch in out.stdout for ch in "\x1b\x07\r\x9b"), repr(out.stdout)
