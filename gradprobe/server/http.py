@@ -17,6 +17,7 @@ from pydantic import AnyHttpUrl
 
 from gradprobe.server.app import build_server, make_nondumpable
 from gradprobe.server.auth import StaticTokenVerifier, load_tokens
+from gradprobe.server.events import RETRY_MS, BoundedEventStore
 from gradprobe.server.options import HttpOptions, ServeOptions
 from gradprobe.server.runtime import Runtime
 
@@ -68,6 +69,7 @@ def serve_http(options: ServeOptions) -> int:
     app = server.streamable_http_app(
         streamable_http_path="/mcp", max_request_body_size=http.max_body, host=http.host,
         transport_security=transport_security(http.host, http.port, list(http.allowed_hosts), list(http.allowed_origins)),
+        event_store=BoundedEventStore(), retry_interval=RETRY_MS,  # SSE: a priming event, `retry`, resumable streams
     )
     import uvicorn
 
