@@ -413,8 +413,10 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
         else:
             n_virt = int(pm[0].sum())
             where = "the positions whose embedding is not their token's row"
-        align = {"embedded_length": seq, "virtual_tokens": n_virt,
-                 "prompt_positions": pm[0].nonzero().flatten().tolist()[:64], "prompt_positions_from": where}
+        spans = _spans(pm[0].nonzero().flatten().tolist())
+        align = {"embedded_length": seq, "virtual_tokens": n_virt, "prompt_spans": spans[:32], "prompt_positions_from": where}
+        if len(spans) == 1:
+            align["prompt_positions"] = spans[0]  # one block [start, end)
         mask = t.get("attention_mask")
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and seq:
             align["mask_length"] = mask.shape[1]
@@ -448,9 +450,9 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
                     findings.append(make_finding(
                         "GP507", f"labels on the {n_virt} prompt positions are not the ignore index -100: the model is trained to predict tokens at virtual positions.",
                         parameters=sorted(pnames), location=(tracer.made_at(labels) if tracer else None) or call["location"],
-                        evidence={"labels_prompt_columns": labels[0][pm[0]].tolist(), "prompt_positions": align["prompt_positions"]},
+                        evidence={"labels_prompt_columns": labels[0][pm[0]].tolist(), "prompt_spans": align["prompt_spans"]},
                         fix=None if bool(pm[:, :n_virt].all()) else
-                        f"Set the labels to -100 at the positions the prompt vectors fill ({align['prompt_positions']} here), "
+                        f"Set the labels to -100 at the positions the prompt vectors fill (spans {align['prompt_spans']} here), "
                         "e.g. labels = labels.masked_fill(is_prompt_slot, -100), keeping only the positions to predict."))
     facts["alignment"] = align
     # cache in training
@@ -557,6 +559,17 @@ def _prompt_found(embeds, prompts: list, n_virt: int) -> int | None:
                 if h + n_virt <= row0.shape[0] and torch.equal(row0[h:h + n_virt], p.detach().to(row0.dtype)):
                     return int(h)
     return None
+
+
+def _spans(positions: list[int]) -> list[list[int]]:
+    """Sorted positions as half-open [start, end) runs: [1, 2, 3, 5, 6] -> [[1, 4], [5, 7]]."""
+    out: list[list[int]] = []
+    for p in positions:
+        if out and out[-1][1] == p:
+            out[-1][1] = p + 1
+        else:
+            out.append([p, p + 1])
+    return out
 
 
 def _prompt_start(embeds, prompts: list, n_virt: int) -> int:
