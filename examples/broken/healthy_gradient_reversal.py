@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-EXPECT = {"tool": "run_gradcheck", "codes": ["GP401"], "culprits": ["ReverseGrad"], "severity": "info", "healthy": True}
+EXPECT = {"tool": "run_gradcheck", "codes": ["GP409"], "culprits": ["ReverseGrad"], "severity": "info", "healthy": True}
 
 
 class ReverseGrad(torch.autograd.Function):

@@ -34,7 +34,7 @@ RULES = {
         "name": "gradcheck-mismatch", "severity": "error", "rank": 18,
         "summary": "Analytical and numerical Jacobians differ.",
         "why": "The hand-written backward computes a wrong derivative: training follows wrong gradients, silently. "
-               "Intentional rewrites (a gradient reversal or scaling layer, a straight-through surrogate) are reported as info.",
+               "Intentional rewrites (a gradient reversal or scaling layer, a straight-through surrogate) are GP409, not this.",
         "example": "d/dz (0.044715 z^3) written as 0.044715 z^2",
         "fix": "Re-derive the backward for the reported input; compare against torch.autograd.gradcheck on float64 inputs.",
     },
@@ -79,6 +79,15 @@ RULES = {
         "why": "Double backward (gradient penalties, MAML, Hessian-vector products) gets wrong values.",
         "example": "a backward written with non-differentiable ops or saved .data",
         "fix": "Write backward with differentiable torch ops, or mark it once_differentiable.",
+    },
+    "GP409": {
+        "name": "intentional-gradient-rewrite", "severity": "info", "rank": 99,
+        "summary": "backward deliberately differs from the true gradient: a uniform reversal or scaling, or a surrogate through a piecewise-constant forward.",
+        "why": "Gradient-reversal layers (domain adaptation), gradient scaling and straight-through estimators rewrite the gradient on purpose; "
+               "the check measures that the rewrite is a single factor for every element (and names the scalar the call received), or that "
+               "the forward is piecewise constant, so it is not reported as a wrong derivative.",
+        "example": "class RevGrad(Function): backward returns -alpha * grad_out",
+        "fix": "Nothing to fix if the rewrite is intended.",
     },
     "GP408": {
         "name": "nondeterministic-backward", "severity": "warning", "rank": 99,
@@ -386,24 +395,22 @@ def _rewrite_findings(name: str, rw: rewrites.Rewrite, mismatches: list[dict], l
     for j in rw.surrogate:
         m = by_input.get(j)
         f = make_finding(
-            "GP401", f"{name}.backward passes a surrogate gradient for {label(j)} through a piecewise-constant forward "
+            "GP409", f"{name}.backward passes a surrogate gradient for {label(j)} through a piecewise-constant forward "
             "(its true gradient is zero almost everywhere): a straight-through estimator, by design.",
             parameters=[name] + (m["parameters"] if m else []), location=def_loc,
             evidence={"function": name, "rewrite": "surrogate", "input_index": j},
             fix="Nothing to fix if the surrogate is intended (straight-through estimator).")
-        f["severity"] = "info"
         out.append(f)
     if rw.scaled and rw.recognised and rw.factor is not None:
         c = rw.factor
         kind = "a gradient reversal" if c < 0 else "a gradient scaling"
         ps = [p for j in rw.scaled if j in by_input for p in by_input[j]["parameters"]]
         f = make_finding(
-            "GP401", f"{name}.backward is {c:.6g} x the true gradient {'for every element' if rw.full else 'in every random projection'} of "
+            "GP409", f"{name}.backward is {c:.6g} x the true gradient {'for every element' if rw.full else 'in every random projection'} of "
             f"{', '.join(label(j) for j in rw.scaled)}: {kind}, by design.",
             parameters=[name] + ps, location=def_loc,
             evidence={"function": name, "rewrite": "reversal" if c < 0 else "scaling", "factor": c, "inputs": rw.scaled},
             fix=f"Nothing to fix if {kind} is intended.")
-        f["severity"] = "info"
         out.append(f)
     return out
 
