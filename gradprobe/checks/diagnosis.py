@@ -65,6 +65,10 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     if loaded.batch is None and loaded.train_step is None:
         facts["note"] = "no inputs and no train_step: the step-based checks were skipped"
         return findings, facts
+    if loaded.optimizer_error is not None and loaded.train_step is not None and loaded.optimizer is None:
+        # reported once above, as the root: train_step cannot run without the optimizer it takes
+        facts["note"] = "make_optimizer failed, so train_step was not run: the step-based checks were skipped"
+        return findings, facts
     found = prompt_tuning.find_prompt(model)
     peftish = hasattr(model, "peft_config")
     # a mostly frozen model alone is no prompt tuning: diagnose checks it only when PEFT says so

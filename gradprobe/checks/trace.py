@@ -199,7 +199,9 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
     loss_tags = frozenset().union(*(b.get("tags", frozenset()) for b in tracer.backward_calls)) if tracer.backward_calls else frozenset()
     targets = {id(p) for p in broken + zero}
     by_cand: dict[int, list] = {}
-    if targets and tracer.candidates:
+    # a step that raised before any backward() explains every missing gradient by itself: no cut is blamed
+    stopped_early = step.error is not None and not tracer.backward_calls
+    if targets and tracer.candidates and not stopped_early:
         reached = reach(tracer.candidates, targets)
         for p in broken + zero:
             n_bw = len(tracer.backward_calls)
@@ -336,8 +338,9 @@ def _loss_and_backward_findings(tracer: GradTracer, step: StepResult) -> list[Fi
         out.append(make_finding("GP310", step.loss_problem, evidence=step.loss_evidence))
     elif step.error is not None and not tracer.backward_calls:
         err = step.error
+        text = f"{step.not_run}: {err}" if step.not_run else f"The step raised before backward(): {type(err).__name__}: {err}"
         out.append(make_finding(
-            "GP100", f"The step raised before backward(): {type(err).__name__}: {err}",
+            "GP100", text,
             location=step.error_location, evidence={"traceback": step.error_traceback},
             fix="Fix the error in the traceback; the forward must run before gradients can be traced.",
         ))
