@@ -89,6 +89,11 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
             stack.enter_context(base_obs)
         step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
     tfindings, tfacts = trace.analyze(tracer, grads, model, step)
+    if coverage and not step.failed and tracer.backward_calls and tracer.backward_error is None:
+        settled = optimizer.settle_coverage(coverage, model, set(grads.got))
+        findings = [f for f in findings if not any(f is c for c in coverage)] + settled
+        coverage = settled
+    registration.settle_buffers(findings, model, set(grads.got))
     findings += tfindings
     facts.update(tfacts)
     facts["checks"].append("trace")

@@ -217,6 +217,41 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
     return findings, groups
 
 
+def settle_coverage(coverage: list[Finding], model: nn.Module, got_grad: set[int]) -> list[Finding]:
+    """After a measured step, GP201 stays an error only for the parameters that got a gradient there.
+
+    A trainable parameter outside the optimizer that the step gave no gradient (a calibration temperature
+    fitted after training, a head used only in eval) loses nothing in this step: it is said as info.
+    """
+    names = param_names(model)
+    by_name = {ns[0]: pid for pid, ns in names.items()}
+    out: list[Finding] = []
+    for f in coverage:
+        if f["code"] != "GP201":
+            out.append(f)
+            continue
+        fed = [n for n in f["parameters"] if by_name.get(n) in got_grad]
+        idle = [n for n in f["parameters"] if by_name.get(n) not in got_grad]
+        if fed:
+            out.append(make_finding(
+                "GP201",
+                f"{len(fed)} trainable parameter(s) got a gradient in this step but are in no param group of the optimizer: "
+                f"{', '.join(fed[:6])}{'...' if len(fed) > 6 else ''}. step() never updates them.",
+                parameters=fed, location=f["location"], evidence={**f["evidence"], "missing": len(fed), "got_gradient": True},
+                fix=f["fix"]))
+        if idle:
+            info = make_finding(
+                "GP201",
+                f"{len(idle)} trainable parameter(s) are in no param group and got no gradient in this step: "
+                f"{', '.join(idle[:6])}{'...' if len(idle) > 6 else ''}. Nothing is lost in this step; if they are "
+                "deliberately kept out of training, freeze them (requires_grad_(False)) to say so.",
+                parameters=idle, location=f["location"], evidence={**f["evidence"], "missing": len(idle), "got_gradient": False},
+                fix="If they should learn, add them to the optimizer; if not, p.requires_grad_(False).")
+            info["severity"] = "info"
+            out.append(info)
+    return out
+
+
 def _grad_max(p) -> float:
     with untraced():  # not the user's ops: invisible to a trace running beside us
         return float(p.grad.abs().max()) if p.grad is not None and p.grad.numel() else 0.0
@@ -316,6 +351,7 @@ def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
              "step_error": f"{type(err).__name__}: {err}" if err is not None else result.loss_problem}
     if result.failed:
         return [], facts
+    coverage[:] = settle_coverage(coverage, loaded.model, set(obs.grad_after_backward))
     return analyze_step(loaded.model, loaded.optimizer, before, obs, coverage), facts
 
 

@@ -269,6 +269,18 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
     return findings
 
 
+def settle_buffers(findings: list[Finding], model: nn.Module, got_grad: set[int]) -> None:
+    """After a measured step: a learnable buffer (GP104) that got a gradient is on the loss's path and never
+    optimized, an error; one that got none stays the warning."""
+    ids = {n: id(b) for n, b in model.named_buffers()}
+    for f in findings:
+        if f["code"] == "GP104" and f["parameters"] and ids.get(f["parameters"][0]) in got_grad:
+            f["severity"] = "error"
+            f["message"] = (f"buffer `{f['parameters'][0]}` requires grad and got a gradient in this step: it is on the "
+                            "path to the loss, but buffers are never optimized, so it never learns.")
+            f["evidence"]["got_gradient"] = True
+
+
 def _gp101_fix(attr: str, rhs: str | None) -> str:
     import re
 

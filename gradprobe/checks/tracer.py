@@ -345,6 +345,9 @@ class GradRecorder:
 
     def __enter__(self):
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in self.model.parameters() if p.requires_grad]
+        # buffers that require grad (learnable buffers, GP104): whether they got a gradient decides how bad they are
+        self._hooks += [b.register_post_accumulate_grad_hook(self._hook) for b in self.model.buffers()
+                        if b.requires_grad and b.is_leaf]
         return self
 
     def __exit__(self, *exc):
