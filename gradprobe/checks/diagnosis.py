@@ -18,6 +18,7 @@ from gradprobe.checks import gradcheck, optimizer, prompt_tuning, registration, 
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks._step import param_names
 from gradprobe.flowchart import flow_graph, flow_mermaid
+from gradprobe.loading import BuildRecorder
 from gradprobe.report import make_report
 
 def _rank(f: Finding) -> tuple:
@@ -82,6 +83,8 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     direct = gradcheck.DirectForwardWatch(loaded.user)
     base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
     with contextlib.ExitStack() as stack:
+        # where the step itself sets module attributes: lazily created state, parameters replaced on the first call
+        stack.enter_context(BuildRecorder(loaded.user, loaded.record))
         step_obs = stack.enter_context(optimizer.StepObserver(model, opt)) if opt is not None else None
         stack.enter_context(capture)
         stack.enter_context(direct)
@@ -93,6 +96,7 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         settled = optimizer.settle_coverage(coverage, model, set(grads.got))
         findings = [f for f in findings if not any(f is c for c in coverage)] + settled
         coverage = settled
+    findings += _after_step(loaded, opt, findings)
     registration.settle_buffers(findings, model, set(grads.got))
     findings += tfindings
     facts.update(tfacts)
@@ -113,6 +117,20 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         facts["prompt_tuning"] = pfacts
         facts["checks"].append("prompt_tuning")
     return findings, facts
+
+
+def _after_step(loaded, opt, before: list[Finding]) -> list[Finding]:
+    """Inspect again after the observed step: state the forward created or replaced is invisible before it."""
+    seen = {(f["code"], tuple(f["parameters"])) for f in before}
+    new: list[Finding] = []
+    for f in registration.check_registration(loaded.model, loaded.record, loaded.info):
+        if (f["code"], tuple(f["parameters"])) not in seen and f["code"] in ("GP101", "GP102", "GP103", "GP104", "GP109"):
+            f["evidence"]["created_during_step"] = True
+            f["message"] += " (set during the step: created by the forward, not in __init__)"
+            new.append(f)
+    if opt is not None:
+        new += optimizer.replaced_during_step(loaded.model, opt, loaded.record, seen)
+    return new
 
 
 def _unregistered_rows(findings: list[Finding]) -> list[dict]:

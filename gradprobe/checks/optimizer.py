@@ -217,6 +217,22 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
     return findings, groups
 
 
+def replaced_during_step(model: nn.Module, optimizer, record, seen: set[tuple]) -> list[Finding]:
+    """GP202 for parameters the step itself replaced (a data-dependent init swapping in new nn.Parameter objects
+    on the first call, after the optimizer was built); `seen` holds (code, parameters) already reported."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return []
+    out = []
+    for f in check_coverage(model, optimizer, record)[0]:
+        if f["code"] == "GP202" and (f["code"], tuple(f["parameters"])) not in seen:
+            f["message"] += " The replacement happened during the step (e.g. a data-dependent initialisation on the first call)."
+            f["evidence"]["replaced_during_step"] = True
+            f["fix"] = ("Initialise in place so the optimizer keeps the same tensors (with torch.no_grad(): "
+                        "self.<param>.copy_(<value>)), or build the optimizer after the first forward.")
+            out.append(f)
+    return out
+
+
 def settle_coverage(coverage: list[Finding], model: nn.Module, got_grad: set[int]) -> list[Finding]:
     """After a measured step, GP201 stays an error only for the parameters that got a gradient there.
 
@@ -343,9 +359,13 @@ def analyze_step(model: nn.Module, optimizer, before: dict, obs: StepObserver, c
 
 def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
     """Run one real step and report parameters with a nonzero gradient that did not change (GP207)."""
+    from gradprobe.loading import BuildRecorder
+
     before = snapshot(loaded.model)
-    with StepObserver(loaded.model, loaded.optimizer) as obs:
+    with StepObserver(loaded.model, loaded.optimizer) as obs, BuildRecorder(loaded.user, loaded.record):
         result = run_step(loaded, optimizer_step=True)
+    coverage += replaced_during_step(loaded.model, loaded.optimizer, loaded.record,
+                                     {(f["code"], tuple(f["parameters"])) for f in coverage})
     err = result.error
     facts = {"events": obs.events[:50],
              "step_error": f"{type(err).__name__}: {err}" if err is not None else result.loss_problem}

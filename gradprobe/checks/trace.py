@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import StepResult, attempt_step, module_of, run_step
+from gradprobe.checks._step import StepResult, attempt_step, module_of, param_names, run_step
 from gradprobe.checks.graphwalk import chain, reach
 from gradprobe.checks.torchcompat import (
     ANOMALY_FRAME,
@@ -171,9 +171,16 @@ def _location_for(cand: Candidate) -> dict | None:
 
 
 def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: StepResult, only: list[str] | None = None) -> tuple[list[Finding], dict]:
-    names = tracer.names
+    # parameters swapped in during the step (a data-dependent init replacing nn.Parameter objects on the first
+    # call) have names only now, and no gradient hook: their .grad says what they got
+    names = {**tracer.names, **param_names(model)}
     trainable = [p for p in model.parameters() if p.requires_grad]
     read = tracer.read | tracer.apply_watch.read
+    for p in trainable:
+        if id(p) not in tracer.names and p.grad is not None:
+            read = read | {id(p)}
+            if id(p) not in grads.got:
+                grads.record(p)
     table: list[dict[str, Any]] = []
     broken: list[nn.Parameter] = []
     zero: list[nn.Parameter] = []

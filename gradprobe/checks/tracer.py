@@ -330,6 +330,10 @@ class GradRecorder:
         self.model = model
         self.got: dict[int, dict] = {}
 
+    def record(self, p) -> None:
+        """Read a gradient that no hook saw (a parameter created during the step)."""
+        self._hook(p)
+
     def _hook(self, p):
         g = p.grad
         if g is None:
