@@ -79,6 +79,7 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     before = optimizer.snapshot(model) if opt is not None else None
     tracer = trace.GradTracer(model, loaded.user, provenance=prompt_on)
     grads = trace.GradRecorder(model)
+    tracer.watch_plain(registration.plain_tensor_attributes(model))
     capture = gradcheck.ApplyWatch(loaded.user, {i: n[0] for i, n in param_names(model).items()}, capture=True)
     direct = gradcheck.DirectForwardWatch(loaded.user)
     base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
@@ -96,6 +97,7 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         settled = optimizer.settle_coverage(coverage, model, set(grads.got))
         findings = [f for f in findings if not any(f is c for c in coverage)] + settled
         coverage = settled
+    findings += registration.plain_tensor_findings(model, tracer.plain_uses, loaded.record)
     findings += _after_step(loaded, opt, findings)
     registration.settle_buffers(findings, model, set(grads.got))
     findings += tfindings

@@ -118,6 +118,17 @@ class GradTracer(TorchFunctionMode):
         self.thread = threading.get_ident()
         self.checkpoint_warnings: list[dict | None] = []
         self.apply_watch = ApplyWatch(user, {i: n[0] for i, n in self.names.items()}, capture=False)
+        # plain float tensor attributes of modules (neither Parameter nor buffer): id -> (attribute path, tensor, use).
+        # Values made from them follow under the same path: `use` is None while they come from the attribute alone
+        # (views, slices, .t()), else the op that first combined the attribute with other data, pending until a
+        # value carrying it meets the gradient path (then it is recorded in plain_uses)
+        self.plain: dict[int, tuple[str, torch.Tensor, dict | None]] = {}
+        self.plain_uses: dict[str, list[dict]] = {}
+
+    def watch_plain(self, attrs: dict[str, torch.Tensor]) -> None:
+        """Record how the step uses these module attributes on the way to the loss (GP101 without requires_grad)."""
+        for path, t in attrs.items():
+            self.plain[id(t)] = (path, t, None)
 
     # ---- the mode -------------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -131,16 +142,22 @@ class GradTracer(TorchFunctionMode):
         if name == "__get__":
             attr = getattr(getattr(func, "__self__", None), "__name__", "")
             if attr != "data":
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
+                if self.plain and args and id(args[0]) in self.plain and self.plain[id(args[0])][1] is args[0]:
+                    self._plain_read(attr, [args[0]], [], out, args, {})  # .T, .mT, .real of an attribute
+                return out
             name = ".data"
         if name == "backward":
             return self._backward(func, args, kwargs)
         req, tags = [], None
         params = self.params
+        plain_hits = None
         for t in _tensors_in(args, kwargs):
             tid = id(t)
             if tid in params:
                 self.read.add(tid)
+            if self.plain and tid in self.plain and self.plain[tid][1] is t:
+                plain_hits = [t] if plain_hits is None else plain_hits + [t]
             if t.requires_grad:
                 req.append(t)
             if self.tags:
@@ -148,6 +165,8 @@ class GradTracer(TorchFunctionMode):
                 if tg is not None:
                     tags = tg if tags is None else tags | tg
         out = func(*args, **kwargs)
+        if plain_hits is not None:
+            self._plain_read(name, plain_hits, req, out, args, kwargs)
         if name in REWRAP_OPS and self.left_events and not req:
             self._came_back(out)
             return out
@@ -179,6 +198,23 @@ class GradTracer(TorchFunctionMode):
             for o in _outputs(out):
                 self.provenance[id(o)] = (o, self.user.innermost(skip=2))
         return out
+
+    def _plain_read(self, name: str, hits: list, req: list, out, args, kwargs) -> None:
+        outs = _outputs(out)
+        others = [t for t in _tensors_in(args, kwargs) if not any(t is h for h in hits)]
+        reaches = bool(req) and any(o.requires_grad for o in outs)
+        for h in hits:
+            path, _, use = self.plain[id(h)]
+            if use is None and others:  # first combined with other data: this op is how the attribute is used
+                position = next((i for i, a in enumerate(args) if a is h), None)
+                use = {"op": name, "position": position, "location": self.user.innermost(skip=3)}
+            if use is not None and reaches:
+                uses = self.plain_uses.setdefault(path, [])
+                if len(uses) < 5 and not any(u is use for u in uses):
+                    uses.append(use)
+            elif not reaches:
+                for o in outs:  # carried on: a view of it, or data it was combined with, not yet on the grad path
+                    self.plain[id(o)] = (path, o, use)
 
     def made_at(self, t) -> dict | None:
         """The user line whose op produced tensor t (only with provenance=True)."""
