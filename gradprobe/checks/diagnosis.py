@@ -26,25 +26,43 @@ def _rank(f: Finding) -> tuple:
     return (SEVERITY_RANK[f["severity"]], catalogue()[f["code"]]["rank"], -len(f["parameters"]))
 
 
-def _consequence(code: str) -> bool:
-    return catalogue()[code]["consequence"]
+# causal links: a finding of the key's code makes findings of these codes happen (about the same parameters,
+# or about none); only such a link, or the same op/line, lets one finding fold into another
+_CUTS = frozenset({"GP301", "GP310", "GP501"})  # "no gradient arrived": what every cut explains
+EXPLAINS: dict[str, frozenset[str]] = {
+    "GP101": _CUTS, "GP102": _CUTS, "GP103": _CUTS, "GP109": _CUTS | {"GP206", "GP308", "GP510"}, "GP107": _CUTS | {"GP110"},
+    "GP110": _CUTS | {"GP308", "GP311"}, "GP111": _CUTS | {"GP303", "GP308"},
+    "GP201": frozenset({"GP207", "GP504"}), "GP202": frozenset({"GP201", "GP207", "GP504", "GP311"}),
+    "GP204": frozenset({"GP207"}), "GP206": frozenset({"GP207"}), "GP207": frozenset({"GP205"}), "GP208": frozenset({"GP201", "GP207", "GP504"}),
+    "GP302": _CUTS, "GP303": _CUTS, "GP304": _CUTS, "GP305": _CUTS, "GP309": _CUTS, "GP307": frozenset({"GP207"}),
+    "GP401": frozenset({"GP307"}), "GP402": _CUTS | {"GP308"}, "GP403": _CUTS | {"GP308"},
+    "GP404": _CUTS | {"GP308"}, "GP406": _CUTS, "GP407": _CUTS,
+    "GP502": _CUTS | {"GP305"}, "GP505": _CUTS | {"GP303", "GP305", "GP308"}, "GP510": _CUTS | {"GP504", "GP109"},
+    "GP511": _CUTS | {"GP303", "GP308"}, "GP508": frozenset({"GP503"}),
+}
+
+
+def _same_site(a: Finding, b: Finding) -> bool:
+    la, lb = a.get("location") or {}, b.get("location") or {}
+    return bool(la.get("file") and la.get("line")) and (la.get("file"), la.get("line")) == (lb.get("file"), lb.get("line"))
+
+
+def shares_cause(f: Finding, host: Finding) -> bool:
+    """f is explained by host: the same op or line, or a causal link from host's code to f's."""
+    return _same_site(f, host) or f["code"] in EXPLAINS.get(host["code"], frozenset())
 
 
 def fold(findings: list[Finding]) -> list[Finding]:
-    """Rank, then fold findings explained by a higher-ranked error into its evidence.related."""
+    """Rank, then fold each finding that shares its cause with a higher-ranked error into that error's
+    evidence.related. A finding with parameters folds only into an error that names all of them, so every
+    parameter without a gradient stays named by an unfolded error."""
     kept: list[Finding] = []
     for f in sorted(findings, key=_rank):
         params = set(f["parameters"])
         host = None
         if f["severity"] != "info":
-            for k in kept:
-                if k["severity"] != "error":
-                    continue
-                if params and params <= set(k["parameters"]):
-                    host = k
-                    break
-            if host is None and not params and _consequence(f["code"]):
-                host = next((k for k in kept if k["severity"] == "error" and not _consequence(k["code"])), None)
+            host = next((k for k in kept if k["severity"] == "error" and (not params or params <= set(k["parameters"]))
+                         and shares_cause(f, k)), None)
         if host is not None:
             host["evidence"].setdefault("related", []).append(
                 {"code": f["code"], "name": f["name"], "message": f["message"], "location": f["location"]})
@@ -69,6 +87,9 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     if loaded.optimizer_error is not None and loaded.train_step is not None and loaded.optimizer is None:
         # reported once above, as the root: train_step cannot run without the optimizer it takes
         facts["note"] = "make_optimizer failed, so train_step was not run: the step-based checks were skipped"
+        found = prompt_tuning.find_prompt(model)
+        if found.any:
+            findings += prompt_tuning.nonleaf_prompt_findings(loaded, found.attrs)
         return findings, facts
     found = prompt_tuning.find_prompt(model)
     peftish = hasattr(model, "peft_config")
@@ -155,9 +176,15 @@ def diagnose_report(loaded) -> dict:
     summary = [f"Checks run: {', '.join(facts['checks'])}."]
     if facts.get("note"):
         summary.append(facts["note"])
+    unregistered = [r["name"] for r in rows if r["name"] not in names_in_table]
     if table:
         bad = [r["name"] for r in table if r["grad"] != "ok"]
-        summary.append(f"{len(table)} trainable parameters traced, {len(table) - len(bad)} got a finite nonzero gradient.")
+        line = f"{len(table)} trainable parameters traced, {len(table) - len(bad)} got a finite nonzero gradient"
+        if unregistered:  # what the model does not register is missing from the table, not healthy
+            codes = sorted({f["code"] for f in kept if set(f["parameters"]) & set(unregistered)})
+            line += (f"; {len(unregistered)} more tensor(s) meant to learn are not registered ({', '.join(codes)}) "
+                     "and cannot get a gradient")
+        summary.append(line + ".")
     return make_report("diagnose", kept, summary, **facts)
 
 

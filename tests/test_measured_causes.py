@@ -1,0 +1,87 @@
+"""Issue 16 (accA): folding only what shares a cause, the summary that counts what is missing, and no false
+GP101 on real transformers models that keep constant tables as attributes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradprobe.findings import make_finding
+
+
+def _f(code: str, params: list[str], line: int | None = None) -> dict:
+    loc = {"file": "/p/model.py", "line": line, "function": "forward", "code": "x"} if line else None
+    return dict(make_finding(code, f"{code} on {params}", parameters=params, location=loc))
+
+
+def test_fold_keeps_a_cut_apart_from_an_unrelated_error_on_the_same_parameters():
+    from gradprobe.checks.diagnosis import fold
+
+    prompt = ["encoder.0.weight", "encoder.0.bias"]
+    kept = fold([_f("GP303", prompt, 17), _f("GP507", prompt, 40)])
+    assert sorted(k["code"] for k in kept) == ["GP303", "GP507"]
+    assert all("related" not in k["evidence"] for k in kept)
+
+
+def test_fold_keeps_a_failed_backward_apart_from_an_unrelated_function_finding():
+    from gradprobe.checks.diagnosis import fold
+
+    kept = fold([_f("GP308", [], 12), _f("GP406", ["fc.weight"], 30)])
+    assert sorted(k["code"] for k in kept) == ["GP308", "GP406"]
+
+
+def test_fold_joins_findings_of_one_line_or_one_causal_link():
+    from gradprobe.checks.diagnosis import fold
+
+    same_line = fold([_f("GP302", ["w"], 9), _f("GP501", ["w"], 9)])
+    assert [k["code"] for k in same_line] == ["GP302"]
+    causal = fold([_f("GP202", ["a", "b"], 21), _f("GP201", ["a"])])
+    assert [k["code"] for k in causal] == ["GP202"]
+    assert [r["code"] for r in causal[0]["evidence"]["related"]] == ["GP201"]
+
+
+def test_fold_never_hides_a_parameter_the_host_does_not_name():
+    from gradprobe.checks.diagnosis import fold
+
+    kept = fold([_f("GP302", ["a"], 9), _f("GP301", ["a", "b"], 9)])
+    assert sorted(k["code"] for k in kept) == ["GP301", "GP302"]
+
+
+def test_summary_counts_unregistered_parameters():
+    from conftest import EXAMPLES
+    from gradprobe.sandbox.job import run_job
+
+    report = run_job({"tool": "diagnose", "target": {"project_dir": str(EXAMPLES), "model": "gp103_heads_in_dict.py"},
+                      "options": {}}, lambda phase: None)
+    assert "4 more tensor(s) meant to learn are not registered (GP103)" in report["summary"], report["summary"]
+
+
+def _tiny(kind: str):
+    transformers = pytest.importorskip("transformers")
+    t = transformers
+    if kind == "gpt2":
+        return t.GPT2LMHeadModel(t.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32,
+                                              bos_token_id=0, eos_token_id=0))
+    if kind == "llama":
+        return t.LlamaForCausalLM(t.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                                num_key_value_heads=2, vocab_size=100))
+    if kind == "t5":
+        return t.T5ForConditionalGeneration(t.T5Config(num_layers=2, d_model=32, d_ff=64, num_heads=2, d_kv=16, vocab_size=100))
+    return t.BertForMaskedLM(t.BertConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                                          vocab_size=100))
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "t5", "bert"])
+def test_real_transformers_models_get_no_error(kind):
+    """Their constant tables and caches (causal masks, rotary frequencies, position ids) are no GP101 errors."""
+    from gradprobe.checks import diagnose
+
+    torch.manual_seed(0)
+    model = _tiny(kind)
+    ids = torch.randint(0, 100, (2, 8))
+    batch = {"input_ids": ids, "labels": ids}
+    if kind == "t5":
+        batch["decoder_input_ids"] = ids
+    report = diagnose(model, batch)
+    errors = [(f["code"], f["message"]) for f in report["findings"] if f["severity"] == "error"]
+    assert not errors, errors
