@@ -85,3 +85,42 @@ def test_real_transformers_models_get_no_error(kind):
     report = diagnose(model, batch)
     errors = [(f["code"], f["message"]) for f in report["findings"] if f["severity"] == "error"]
     assert not errors, errors
+
+
+class _ScaledSet(torch.utils.data.Dataset):
+    """Returns each sample with the model's own scale: the workers send back copies (leaves), silently."""
+
+    def __init__(self, data, scale):
+        self.data, self.scale = data, scale
+
+    def __getitem__(self, i):
+        return self.data[i], self.scale
+
+    def __len__(self):
+        return len(self.data)
+
+
+def test_dataloader_workers_returning_leaves_silently_are_gp309_naming_the_parameter():
+    from gradprobe.checks import trace_grad_path
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(3))
+            self.fc = torch.nn.Linear(3, 1)
+
+        def forward(self, x, scale):
+            return self.fc(x * scale)
+
+    def train_step(model, data, optimizer):
+        loader = torch.utils.data.DataLoader(_ScaledSet(data, model.scale), batch_size=2, num_workers=1,
+                                             collate_fn=lambda items: (torch.stack([x for x, _ in items]), items[0][1]))
+        for x, scale in loader:
+            model(x, scale).pow(2).mean().backward()
+            break
+
+    report = trace_grad_path(Net(), torch.randn(4, 3), train_step=train_step)
+    hits = [f for f in report["findings"] if f["code"] == "GP309" and f["parameters"] == ["scale"]]
+    assert hits and hits[0]["severity"] == "error", report["findings"]
+    assert hits[0]["location"]["function"] == "__getitem__"
+    assert hits[0]["evidence"]["worker_error"] is None  # no error in the worker: the copies came back as leaves

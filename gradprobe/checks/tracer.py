@@ -31,7 +31,14 @@ from gradprobe.checks.torchcompat import (
     is_grad_mode_decorator_frame,
     untraced,
 )
-from gradprobe.checks.watches import from_numpy_watch, inference_mode_watch, pickle_watch, warning_watch
+from gradprobe.checks.watches import (
+    dataloader_watch,
+    from_numpy_watch,
+    inference_mode_watch,
+    load_watch,
+    pickle_watch,
+    warning_watch,
+)
 
 LEFT_OPS = {"item", "tolist", "numpy", "__array__", "__float__", "__int__", "__index__", "__complex__"}
 REWRAP_OPS = {"tensor", "as_tensor", "asarray", "from_numpy", "frombuffer"}
@@ -114,6 +121,7 @@ class GradTracer(TorchFunctionMode):
         self.grad_fn_loc: dict[int, dict] = {}
         self.disable_site: dict | None = None
         self.crossings: list[dict] = []
+        self.loaders: list[tuple] = []  # (DataLoader, user line that iterated it)
         self.nonleaf_grad_reads: list[dict] = []
         self.thread = threading.get_ident()
         self.checkpoint_warnings: list[dict | None] = []
@@ -327,6 +335,30 @@ class GradTracer(TorchFunctionMode):
             if cand.kind in ("detach", "left"):
                 cand.kind = "process"
                 cand.process_at = loc
+        elif "parameter" not in info and tensor.grad_fn is not None and threading.get_ident() == self.thread:
+            # a value of the graph itself serialised (torch.save, pickle.dumps, a queue): what is loaded back is a
+            # new leaf, so everything behind it loses its gradient
+            cand = Candidate(len(self.candidates), "process", "pickle", loc, torch.is_grad_enabled(), [tensor], True, None)
+            cand.backwards_before = len(self.backward_calls)
+            cand.process_at = loc
+            self.candidates.append(cand)
+            info["candidate"] = cand.index
+            ptr = _storage_ptr(tensor)
+            if ptr is not None:
+                self.detached[ptr] = cand.index
+
+    def _on_load(self, out) -> None:
+        """torch.load returned: the latest serialised graph value without a return site came back here."""
+        cand = next((c for c in reversed(self.candidates) if c.kind == "process" and c.op == "pickle" and c.came_back_at is None), None)
+        if cand is not None:
+            cand.came_back_at = self.user.innermost(skip=3)
+            for o in _outputs(out):
+                self.tags[id(o)] = frozenset({cand.index})
+                self._tag_keep.append(o)
+
+    def _on_loader(self, loader) -> None:
+        if threading.get_ident() == self.thread and len(self.loaders) < 8:
+            self.loaders.append((loader, self.user.innermost(skip=3)))
 
     def _on_from_numpy(self, out: torch.Tensor) -> None:
         if self.left_events:
@@ -348,6 +380,8 @@ class GradTracer(TorchFunctionMode):
             stack.enter_context(inference_mode_watch(self._on_inference_mode))
             stack.enter_context(self.apply_watch)
             stack.enter_context(warning_watch(self._on_warning))
+            stack.enter_context(load_watch(self._on_load))
+            stack.enter_context(dataloader_watch(self._on_loader))
             entered = super().__enter__()
             self._stack = stack.pop_all()
         return entered
