@@ -124,3 +124,27 @@ def test_dataloader_workers_returning_leaves_silently_are_gp309_naming_the_param
     assert hits and hits[0]["severity"] == "error", report["findings"]
     assert hits[0]["location"]["function"] == "__getitem__"
     assert hits[0]["evidence"]["worker_error"] is None  # no error in the worker: the copies came back as leaves
+
+
+def _run(tool: str, example: str) -> dict:
+    from conftest import EXAMPLES
+    from gradprobe.sandbox.job import run_job
+
+    return run_job({"tool": tool, "target": {"project_dir": str(EXAMPLES), "model": example}, "options": {}}, lambda phase: None)
+
+
+@pytest.mark.parametrize("tool", ["diagnose", "trace_grad_path", "check_optimizer_coverage"])
+def test_failing_make_optimizer_is_the_one_root_and_train_step_is_not_run(tool):
+    report = _run(tool, "gp100_make_optimizer_fails.py")
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    assert [f["code"] for f in errors] == ["GP100"], errors
+    assert errors[0]["location"]["line"] == 24 and "weight_decy" in errors[0]["message"]
+
+
+@pytest.mark.parametrize("tool", ["trace_grad_path", "check_optimizer_coverage"])
+def test_parameters_replaced_in_the_first_forward_do_not_crash_the_other_tools(tool):
+    report = _run(tool, "gp202_actnorm_first_call_init.py")
+    assert not [f for f in report["findings"] if f["code"] in ("GP000", "GP100")], report["findings"]
+    if tool == "check_optimizer_coverage":
+        hit = next(f for f in report["findings"] if f["code"] == "GP202")
+        assert hit["parameters"] == ["norm.log_scale", "norm.shift"] and hit["location"]["line"] == 21

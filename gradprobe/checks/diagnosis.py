@@ -43,7 +43,8 @@ EXPLAINS: dict[str, frozenset[str]] = {
 
 
 def _same_site(a: Finding, b: Finding) -> bool:
-    la, lb = a.get("location") or {}, b.get("location") or {}
+    la: dict = dict(a.get("location") or {})
+    lb: dict = dict(b.get("location") or {})
     return bool(la.get("file") and la.get("line")) and (la.get("file"), la.get("line")) == (lb.get("file"), lb.get("line"))
 
 

@@ -209,15 +209,16 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
     loss_tags = frozenset().union(*(b.get("tags", frozenset()) for b in tracer.backward_calls)) if tracer.backward_calls else frozenset()
     targets = {id(p) for p in broken + zero}
     by_cand: dict[int, list] = {}
-    # a step that raised before any backward() explains every missing gradient by itself: no cut is blamed
+    # a step that raised before any backward() explains every missing gradient by itself: no cut is blamed,
+    # but a value measured crossing into another process before the failure stays a crossing
     stopped_early = step.error is not None and not tracer.backward_calls
-    if targets and tracer.candidates and not stopped_early:
+    if targets and tracer.candidates:
         reached = reach(tracer.candidates, targets)
         for p in broken + zero:
             n_bw = len(tracer.backward_calls)
             hits = [c for c in tracer.candidates if id(p) in reached[c.index] and c.can_explain(n_bw)]
             # a zero-derivative op explains a zero gradient, never a missing one
-            hits = [c for c in hits if (c.kind == "zero_derivative") == (p in zero)]
+            hits = [c for c in hits if (c.kind == "zero_derivative") == (p in zero) and (c.kind == "process" or not stopped_early)]
             if not hits:
                 continue
             hits.sort(key=lambda c: (c.index not in loss_tags, not c.direct, c.index))
