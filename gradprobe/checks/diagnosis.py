@@ -4,8 +4,11 @@ The step runs once with every observer active (the trace mode, gradient hooks,
 the optimizer's step and zero_grad calls, custom Function capture, the HF base
 model's inputs). Each check then reads what it needs. Findings are ranked by
 how much they explain (a missing registration before the traces it causes), and
-a finding whose parameters are all named by a higher-ranked error is folded into
-that error's evidence.related, so one root cause reads as one finding.
+a finding that shares its cause with a higher-ranked error (the same line, or a
+causal link declared in EXPLAINS) and whose parameters that error all names is
+folded into its evidence.related, so one root cause reads as one finding and an
+unrelated error never hides a real one. After the step, what the step itself set
+on modules is inspected again (lazy state, parameters replaced on the first call).
 """
 
 from __future__ import annotations

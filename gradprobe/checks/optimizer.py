@@ -21,8 +21,8 @@ from gradprobe.report import make_report
 RULES = {
     "GP201": {
         "name": "param-not-in-optimizer", "severity": "error", "rank": 33,
-        "summary": "A trainable parameter of the model is in no param group.",
-        "why": "optimizer.step() only updates the tensors it was given: the parameter gets a gradient and never changes.",
+        "summary": "A trainable parameter of the model is in no param group (an error when it gets a gradient; info when the measured step gave it none).",
+        "why": "optimizer.step() only updates the tensors it was given: the parameter gets a gradient and never changes. One deliberately kept out of training and unused by the step (a calibration temperature) loses nothing: freeze it to say so.",
         "example": "opt = Adam(self.parameters())  # in __init__, before a subclass adds value_head",
         "fix": "Build the optimizer after the model is complete: opt = Adam(model.parameters())",
     },

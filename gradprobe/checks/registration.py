@@ -42,7 +42,7 @@ RULES = {
     },
     "GP104": {
         "name": "learnable-buffer", "severity": "warning", "rank": 99,
-        "summary": "A buffer requires grad, or a weight-like tensor was registered as a buffer.",
+        "summary": "A buffer requires grad, or a weight-like tensor was registered as a buffer (an error when diagnose measures that it got a gradient: it is on the loss's path and never optimized).",
         "why": "Buffers are state, not parameters: no optimizer built from parameters() updates them.",
         "example": "self.register_buffer('scale', torch.ones(d, requires_grad=True))",
         "fix": "Make it a parameter: self.scale = nn.Parameter(torch.ones(d))",
