@@ -21,8 +21,8 @@ from gradprobe.report import make_report
 RULES = {
     "GP201": {
         "name": "param-not-in-optimizer", "severity": "error", "rank": 33,
-        "summary": "A trainable parameter of the model is in no param group.",
-        "why": "optimizer.step() only updates the tensors it was given: the parameter gets a gradient and never changes.",
+        "summary": "A trainable parameter of the model is in no param group (an error when it gets a gradient; info when the measured step gave it none).",
+        "why": "optimizer.step() only updates the tensors it was given: the parameter gets a gradient and never changes. One deliberately kept out of training and unused by the step (a calibration temperature) loses nothing: freeze it to say so.",
         "example": "opt = Adam(self.parameters())  # in __init__, before a subclass adds value_head",
         "fix": "Build the optimizer after the model is complete: opt = Adam(model.parameters())",
     },
@@ -226,6 +226,57 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
     return findings, groups
 
 
+def replaced_during_step(model: nn.Module, optimizer, record, seen: set[tuple]) -> list[Finding]:
+    """GP202 for parameters the step itself replaced (a data-dependent init swapping in new nn.Parameter objects
+    on the first call, after the optimizer was built); `seen` holds (code, parameters) already reported."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return []
+    out = []
+    for f in check_coverage(model, optimizer, record)[0]:
+        if f["code"] == "GP202" and (f["code"], tuple(f["parameters"])) not in seen:
+            f["message"] += " The replacement happened during the step (e.g. a data-dependent initialisation on the first call)."
+            f["evidence"]["replaced_during_step"] = True
+            f["fix"] = ("Initialise in place so the optimizer keeps the same tensors (with torch.no_grad(): "
+                        "self.<param>.copy_(<value>)), or build the optimizer after the first forward.")
+            out.append(f)
+    return out
+
+
+def settle_coverage(coverage: list[Finding], model: nn.Module, got_grad: set[int]) -> list[Finding]:
+    """After a measured step, GP201 stays an error only for the parameters that got a gradient there.
+
+    A trainable parameter outside the optimizer that the step gave no gradient (a calibration temperature
+    fitted after training, a head used only in eval) loses nothing in this step: it is said as info.
+    """
+    names = param_names(model)
+    by_name = {ns[0]: pid for pid, ns in names.items()}
+    out: list[Finding] = []
+    for f in coverage:
+        if f["code"] != "GP201":
+            out.append(f)
+            continue
+        fed = [n for n in f["parameters"] if by_name.get(n) in got_grad]
+        idle = [n for n in f["parameters"] if by_name.get(n) not in got_grad]
+        if fed:
+            out.append(make_finding(
+                "GP201",
+                f"{len(fed)} trainable parameter(s) got a gradient in this step but are in no param group of the optimizer: "
+                f"{', '.join(fed[:6])}{'...' if len(fed) > 6 else ''}. step() never updates them.",
+                parameters=fed, location=f["location"], evidence={**f["evidence"], "missing": len(fed), "got_gradient": True},
+                fix=f["fix"]))
+        if idle:
+            info = make_finding(
+                "GP201",
+                f"{len(idle)} trainable parameter(s) are in no param group and got no gradient in this step: "
+                f"{', '.join(idle[:6])}{'...' if len(idle) > 6 else ''}. Nothing is lost in this step; if they are "
+                "deliberately kept out of training, freeze them (requires_grad_(False)) to say so.",
+                parameters=idle, location=f["location"], evidence={**f["evidence"], "missing": len(idle), "got_gradient": False},
+                fix="If they should learn, add them to the optimizer; if not, p.requires_grad_(False).")
+            info["severity"] = "info"
+            out.append(info)
+    return out
+
+
 def _grad_max(p) -> float:
     with untraced():  # not the user's ops: invisible to a trace running beside us
         return float(p.grad.abs().max()) if p.grad is not None and p.grad.numel() else 0.0
@@ -317,14 +368,19 @@ def analyze_step(model: nn.Module, optimizer, before: dict, obs: StepObserver, c
 
 def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
     """Run one real step and report parameters with a nonzero gradient that did not change (GP207)."""
+    from gradprobe.loading import BuildRecorder
+
     before = snapshot(loaded.model)
-    with StepObserver(loaded.model, loaded.optimizer) as obs:
+    with StepObserver(loaded.model, loaded.optimizer) as obs, BuildRecorder(loaded.user, loaded.record):
         result = run_step(loaded, optimizer_step=True)
+    coverage += replaced_during_step(loaded.model, loaded.optimizer, loaded.record,
+                                     {(f["code"], tuple(f["parameters"])) for f in coverage})
     err = result.error
     facts = {"events": obs.events[:50],
              "step_error": f"{type(err).__name__}: {err}" if err is not None else result.loss_problem}
     if result.failed:
         return [], facts
+    coverage[:] = settle_coverage(coverage, loaded.model, set(obs.grad_after_backward))
     return analyze_step(loaded.model, loaded.optimizer, before, obs, coverage), facts
 
 

@@ -320,6 +320,21 @@ def _n_virtual(model, prompt_params: dict, attrs: list[dict], emb_weight: torch.
     return None
 
 
+def nonleaf_prompt_findings(loaded, attrs: list[dict]) -> list[Finding]:
+    """GP510 for prompt attributes that are not leaves (measured on the built model, no step needed)."""
+    findings: list[Finding] = []
+    for a in attrs:
+        t = a["tensor"]
+        if not t.is_leaf:
+            findings.append(make_finding(
+                "GP510", f"The prompt `{a['name']}` is a non-leaf tensor (made by {type(t.grad_fn).__name__ if t.grad_fn else '?'}): "
+                "it is not registered and never gets .grad.",
+                parameters=[a["name"]], location=_attr_site(loaded, a["name"]),
+                evidence={"shape": list(t.shape), "dtype": str(t.dtype), "grad_fn": type(t.grad_fn).__name__ if t.grad_fn else None},
+            ))
+    return findings
+
+
 def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, found: FoundPrompt) -> tuple[list[Finding], dict]:
     model = loaded.model
     names_, attrs, rule = found.params, found.attrs, found.rule
@@ -336,15 +351,7 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
                             "grad": "none" if g is None else ("zero" if g["zero"] else ("nonfinite" if not g["finite"] else "ok")),
                             "grad_norm": None if g is None else g["norm"]})
     facts["prompt"] = prompt_rows
-    for a in attrs:
-        t = a["tensor"]
-        if not t.is_leaf:
-            findings.append(make_finding(
-                "GP510", f"The prompt `{a['name']}` is a non-leaf tensor (made by {type(t.grad_fn).__name__ if t.grad_fn else '?'}): "
-                "it is not registered and never gets .grad.",
-                parameters=[a["name"]], location=_attr_site(loaded, a["name"]),
-                evidence={"shape": list(t.shape), "dtype": str(t.dtype), "grad_fn": type(t.grad_fn).__name__ if t.grad_fn else None},
-            ))
+    findings += nonleaf_prompt_findings(loaded, attrs)
     # what reached the base model
     train_calls = base_obs.calls if base_obs else []
     call = train_calls[0] if train_calls else None
