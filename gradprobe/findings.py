@@ -18,7 +18,7 @@ from typing_extensions import TypedDict
 Severity = Literal["error", "warning", "info"]
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 
-CHECK_MODULES = ("registration", "optimizer", "trace", "gradcheck", "prompt_tuning")
+CHECK_MODULES = ("registration", "optimizer", "trace", "gradcheck", "prompt_tuning", "scriptcodes")
 
 
 class Location(TypedDict):

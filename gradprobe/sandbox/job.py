@@ -78,6 +78,10 @@ def run_job(job: dict, progress: Callable[[str], None]) -> dict:
     except Exception as exc:  # torch missing or too old in the chosen interpreter
         return {"tool_error": f"this interpreter cannot run gradprobe's checks: {type(exc).__name__}: {exc}"}
     target = job.get("target") or {}
+    if target.get("script") or target.get("module"):
+        from gradprobe.scripts.job import run_script_job
+
+        return json_safe(run_script_job(tool, target, options, progress))
     try:
         if tool != "inspect_parameters" and target.get("device") == "meta":
             return {"tool_error": 'device="meta" is only for inspect_parameters (no weights exist to run a step on)'}
