@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any, Callable
 
 from gradprobe.findings import Finding, make_finding
+from gradprobe.report import make_report
 
 
 def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[str], None]) -> dict:
-    import torch
-
-    from gradprobe.checks import run_tool
-    from gradprobe.loading import BuildRecord, BuildRecorder, Loaded, seed_everything
-    from gradprobe.report import make_report
+    from gradprobe.loading import BuildRecord, BuildRecorder, seed_everything
     from gradprobe.scripts.observe import StepWatch
-    from gradprobe.scripts.run import no_step_report, run_script
-    from gradprobe.scripts.step import backward_locations, replay
+    from gradprobe.scripts.run import ScriptRun, run_script
     from gradprobe.userframes import UserCode
 
     project_dir = os.path.realpath(target["project_dir"])
@@ -26,13 +23,59 @@ def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[s
     seed_everything(int(target.get("seed") or 0))
     watch = StepWatch(user)
     t0 = time.monotonic()
-    with BuildRecorder(user, record):
-        run = run_script(target, watch, progress)
+    recorder = BuildRecorder(user, record)
+    holder: dict[str, ScriptRun] = {}
+
+    def finish(run: ScriptRun) -> dict:
+        report = _check_step(tool, target, options, progress, run, record)
+        report.setdefault("facts", {})["script_total_seconds"] = round(time.monotonic() - t0, 3)
+        return report
+
+    def on_stuck() -> None:
+        # the script swallows every stop (a bare `except:` around its loop): finish the job from here
+        run = holder["run"]
+        run.restore()
+        recorder.__exit__(None, None, None)
+        if watch.capture is None:
+            run.ended = "timeout" if run.ended == "timeout" else "stopped-swallowed"
+        report = finish(run)
+        report["facts"]["script_swallowed_stop"] = True
+        _deliver_and_exit(report, progress)
+
+    watch.on_stuck = on_stuck
+    with recorder:
+        run = run_script(target, watch, progress, holder)
+    return finish(run)
+
+
+def _deliver_and_exit(report: dict, progress: Callable[[str], None]) -> None:
+    """Send the report on the child's result channel and exit, without unwinding the script."""
+    from gradprobe.sandbox.job import json_safe
+
+    chan = getattr(progress, "__self__", None)
+    if chan is None or not hasattr(chan, "send"):
+        raise SystemExit(1)  # not in a sandboxed child: nothing better to do
+    chan.send({"type": "result", "report": json_safe(report)})
+    chan.out.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str], None], run, record) -> dict:
+    import torch
+
+    from gradprobe.checks import run_tool
+    from gradprobe.loading import Loaded
+    from gradprobe.scripts.run import no_step_report
+    from gradprobe.scripts.step import backward_locations, replay
+
+    watch = run.watch
     cap = watch.capture
     if cap is None:
         return no_step_report(tool, run, target)
     progress("replaying the captured step")
-    rep = replay(watch, user)
+    rep = replay(watch, watch.user)
     if rep is None:
         return no_step_report(tool, run, target)
     torch.set_grad_enabled(True)
@@ -43,38 +86,27 @@ def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[s
         "optimizer": type(cap.optimizer).__name__ if cap.optimizer is not None else None, **rep.facts,
     }
     info = {"device": _device_of(rep.model), "grad_enabled_after_build": True, "script_step": step_facts}
-    loaded = Loaded(model=rep.model, batch=rep.batch, loss_fn=rep.loss_fn, optimizer=cap.optimizer, make_optimizer=None,
-                    train_step=rep.train_step, user=user, record=record, device=info["device"], info=info)
-    extra: list[Finding] = []
     if rep.batch is None and rep.train_step is None and tool in ("trace_grad_path", "run_gradcheck", "verify_prompt_tuning"):
         return {"tool_error": f"{tool}: the script's step could not be replayed (the model was never called with grad enabled)"}
+    loaded = Loaded(model=rep.model, batch=rep.batch, loss_fn=rep.loss_fn, optimizer=cap.optimizer, make_optimizer=None,
+                    train_step=rep.train_step, user=watch.user, record=record, device=info["device"], info=info)
     progress("checking")
     report = run_tool(tool, loaded, options)
-    lr_zero = bool(cap.lrs) and all(lr == 0 for lr in cap.lrs)
-    if lr_zero:
-        report["findings"] = _lr_zero_findings(report["findings"], cap.lrs, cap.step_location)
-        from gradprobe.report import make_report as _mk
-
-        report = dict(_mk(tool, report["findings"], [report["summary"]], **report.get("facts", {})))
-    report["findings"] = list(report["findings"]) + extra
+    if cap.lrs and all(lr == 0 for lr in cap.lrs):
+        facts = report.get("facts", {})
+        report = make_report(tool, _lr_zero_findings(report["findings"], cap.lrs, cap.step_location),
+                             [line for line in report["summary"].splitlines()[1:]], **facts)
     report.setdefault("facts", {})["script_step"] = step_facts
-    report["facts"]["script_total_seconds"] = round(time.monotonic() - t0, 3)
-    del make_report
     return report
 
 
-def _lr_zero_findings(findings: list, lrs: list, loc: dict | None) -> list:
-    """A first step at lr 0 (a warm-up from 0) moves nothing by design: info, not GP207."""
-    out = []
-    for f in findings:
-        if f["code"] == "GP207" and "lr=0" in f["evidence"].get("reason", ""):
-            continue
-        if f["code"] == "GP205":
-            continue
-        out.append(f)
+def _lr_zero_findings(findings: list[Finding], lrs: list, loc: dict | None) -> list[Finding]:
+    """A first step at lr 0 (a warm-up from 0) moves nothing by design: info, not GP207/GP205."""
+    out = [f for f in findings if f["code"] not in ("GP205",)
+           and not (f["code"] == "GP207" and "lr=0" in f["evidence"].get("reason", ""))]
     out.append(make_finding(
         "GP205", f"The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), "
-                 "typically a scheduler warming up from 0: that step moves nothing, which is expected; "
+                 "typically a scheduler warming up from 0: that step moves nothing, as expected; "
                  "updates were not judged on it.",
         location=loc, evidence={"learning_rates": lrs, "first_step_lr_zero": True}, severity="info",
         fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step."))

@@ -19,15 +19,16 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 
 from gradprobe.userframes import UserCode
 
-PHASES = ("running the script's imports and setup", "building the model", "creating the optimizer",
-          "loading data", "running a forward pass", "running backward", "taking an optimizer step")
+PHASES = ("imports and setup (no module built yet)", "a module built", "an optimizer created",
+          "a DataLoader iterated", "a forward pass with grad", "a backward pass", "an optimizer step")
+STOPS_BEFORE_ESCAPE = 3  # stops swallowed (a bare `except:`) before the job finishes from inside the script
 
 
 class StopScript(BaseException):
@@ -89,6 +90,9 @@ class StepWatch:
         self.optimizers_made = 0
         self._in_backward = False
         self._undo: list = []
+        self.stops_swallowed = 0
+        self.on_stuck: Callable[[], None] | None = None  # finishes the job from inside the script
+        self.forward_error: tuple[BaseException, dict | None] | None = None
 
     # ---- how far the script got ---------------------------------------------------------
     def reached(self, phase: int) -> None:
@@ -99,7 +103,14 @@ class StepWatch:
 
     def _stop_again(self) -> None:
         if self.stopping and threading.get_ident() == self.main:
-            raise StopScript("the script caught gradprobe's stop and went on")
+            self.stop_swallowed()
+
+    def stop_swallowed(self) -> None:
+        """The script went on after a stop: stop it again, or finish from here when it keeps swallowing."""
+        self.stops_swallowed += 1
+        if self.stops_swallowed >= STOPS_BEFORE_ESCAPE and self.on_stuck is not None:
+            self.on_stuck()  # does not return
+        raise StopScript("the script caught gradprobe's stop and went on")
 
     # ---- the patches ----------------------------------------------------------------------
     def install(self) -> None:
@@ -120,6 +131,10 @@ class StepWatch:
             watch.depth += 1
             try:
                 out = orig_call(module, *args, **kwargs)
+            except Exception as exc:
+                if top:
+                    watch.forward_error = (exc, watch.user.innermost_of_traceback(exc) or (rec.location if rec else None))
+                raise
             finally:
                 watch.depth -= 1
             if rec is not None:

@@ -52,28 +52,35 @@ class ScriptRun:
         self.stop_frame_loc: dict | None = None
         self.exit_code: Any = None
         self.seconds = 0.0
+        self.restore: Callable[[], Any] = lambda: None  # stops the timer and the observers
 
 
-def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None]) -> ScriptRun:
+def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None], holder: dict | None = None) -> ScriptRun:
     project_dir = os.path.realpath(target["project_dir"])
     script, module = target.get("script"), target.get("module")
     args = [str(a) for a in (target.get("args") or [])]
     scratch = os.environ.get("TMPDIR") or os.getcwd()
     run = ScriptRun(watch)
+    if holder is not None:
+        holder["run"] = run
     budget = float(target.get("timeout_s") or 120.0) * SCRIPT_SHARE - float(target.get("_elapsed_s") or 0.0)
 
     def on_alarm(signum, frame):
         if watch.capture is None and not watch.stopping:
             run.ended = "timeout"
             run.stop_frame_loc = watch.user.innermost(frame)
+            run.seconds = time.monotonic() - t0
             watch.stopping = True
-        raise StopScript("gradprobe's time for the script ran out")
+            raise StopScript("gradprobe's time for the script ran out")
+        watch.stop_swallowed()
 
     old_handler = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, max(budget, 1.0), 1.0)  # repeats: a swallowed stop comes back
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
     os.chdir(_mirror_cwd(project_dir, scratch))
     t0 = time.monotonic()
+    run.restore = lambda: (signal.setitimer(signal.ITIMER_REAL, 0, 0), watch.uninstall(),
+                           setattr(run, "seconds", run.seconds or time.monotonic() - t0))
     watch.install()
     progress("running the script")
     try:
@@ -100,7 +107,7 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None]) 
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
         signal.signal(signal.SIGALRM, old_handler)
         watch.uninstall()
-        run.seconds = time.monotonic() - t0
+        run.seconds = run.seconds or time.monotonic() - t0
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
     if watch.capture is not None and run.ended != "timeout":
@@ -119,11 +126,11 @@ def no_step_finding(run: ScriptRun, target: dict) -> Finding:
     phase = watch.phase_name()
     loc = run.stop_frame_loc
     evidence: dict[str, Any] = {"ended": run.ended, "furthest_phase": phase, "script_seconds": round(run.seconds, 2),
-                                "forward_calls": watch.seq and len(watch.calls), "backward_calls": len(watch.backwards)}
+                                "modules_called_with_grad": len(watch.calls), "backward_calls": len(watch.backwards)}
     if run.ended == "timeout":
         where = f" at line {loc['line']} of {os.path.basename(loc['file'])}" if loc else ""
         msg = (f"{name} ran for {run.seconds:.0f}s (gradprobe's share of the timeout) without reaching a training step; "
-               f"it was {phase}{where} when stopped.")
+               f"it was{where} when stopped (furthest: {phase}).")
         fix = "Give the call a larger timeout_s, or arguments that reach the first step sooner (fewer eval/warm-up iterations, a smaller dataset)."
     elif run.ended == "exited":
         loc = watch.user.innermost_of_traceback(run.exc) if run.exc is not None else None
@@ -134,6 +141,12 @@ def no_step_finding(run: ScriptRun, target: dict) -> Finding:
         evidence.update(exception=type(run.exc).__name__, traceback=watch.user.trimmed_traceback(run.exc))
         msg = f"{name} failed before any training step while {phase}: {type(run.exc).__name__}: {run.exc}"
         fix = "Fix the error in the traceback (evidence.traceback); the script must reach loss.backward() and optimizer.step()."
+    elif watch.forward_error is not None:
+        exc, loc = watch.forward_error
+        evidence.update(exception=type(exc).__name__, traceback=watch.user.trimmed_traceback(exc))
+        msg = (f"{name} {run.ended} without a training step: its forward raised {type(exc).__name__}: {exc}, "
+               "and the script caught that error and went on.")
+        fix = "Fix the error of the forward (evidence.traceback); do not catch and ignore exceptions around the training loop."
     else:
         msg = (f"{name} finished without calling backward() or optimizer.step() (furthest: {phase}); "
                "an exception caught around the training loop, or arguments that skip training, end it early.")
