@@ -12,6 +12,8 @@ from gradprobe.report import make_report
 
 
 def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[str], None]) -> dict:
+    import torch
+
     from gradprobe.loading import BuildRecord, BuildRecorder, seed_everything
     from gradprobe.scripts.observe import StepWatch
     from gradprobe.scripts.run import ScriptRun, run_script
@@ -36,15 +38,26 @@ def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[s
         run = holder["run"]
         run.restore()
         recorder.__exit__(None, None, None)
-        if watch.capture is None:
-            run.ended = "timeout" if run.ended == "timeout" else "stopped-swallowed"
-        report = finish(run)
+        report = holder.get("report") or finish(run)
         report["facts"]["script_swallowed_stop"] = True
         _deliver_and_exit(report, progress)
 
+    def on_capture() -> None:
+        # the checks run here, inside the script's step, while its state (a Lightning loop, DataLoader
+        # workers, a distributed group) is live; then the script is stopped
+        run = holder["run"]
+        run.restore()
+        recorder.__exit__(None, None, None)
+        with torch.enable_grad():
+            holder["report"] = finish(run)
+        run.rearm()
+
     watch.on_stuck = on_stuck
+    watch.on_capture = on_capture
     with recorder:
         run = run_script(target, watch, progress, holder)
+    if "report" in holder:
+        return holder["report"]
     return finish(run)
 
 

@@ -92,6 +92,7 @@ class StepWatch:
         self._undo: list = []
         self.stops_swallowed = 0
         self.on_stuck: Callable[[], None] | None = None  # finishes the job from inside the script
+        self.on_capture: Callable[[], None] | None = None  # runs the checks at the captured step
         self.forward_error: tuple[BaseException, dict | None] | None = None
 
     # ---- how far the script got ---------------------------------------------------------
@@ -262,8 +263,9 @@ class StepWatch:
             return args, dict(kwargs, closure=observed_closure)
         return (observed_closure,) + tuple(args[1:]), kwargs
 
-    def take(self, opt, loc: dict | None, *, closure: bool, how: str) -> None:
-        """Record the step now: which parameters have a gradient, the learning rates."""
+    def take(self, opt, loc: dict | None, *, closure: bool, how: str, in_script: bool = True) -> None:
+        """Record the step now (which parameters have a gradient, the learning rates), then run
+        `on_capture` (the checks, in place, while the script's state is live)."""
         grads: dict[int, bool] = {}
         lrs: list[float] = []
         if opt is not None:
@@ -276,3 +278,5 @@ class StepWatch:
                     grads[id(p)] = p.grad is not None
         self.capture = Capture(opt, loc, closure, lrs, grads, how)
         self.stopping = True
+        if in_script and self.on_capture is not None:
+            self.on_capture()

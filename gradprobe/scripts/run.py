@@ -53,6 +53,7 @@ class ScriptRun:
         self.exit_code: Any = None
         self.seconds = 0.0
         self.restore: Callable[[], Any] = lambda: None  # stops the timer and the observers
+        self.rearm: Callable[[], Any] = lambda: None  # observers back (to stop the script again), a 1 s timer
 
 
 def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None], holder: dict | None = None) -> ScriptRun:
@@ -63,7 +64,9 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None], 
     run = ScriptRun(watch)
     if holder is not None:
         holder["run"] = run
-    budget = float(target.get("timeout_s") or 120.0) * SCRIPT_SHARE - float(target.get("_elapsed_s") or 0.0)
+    started = getattr(getattr(progress, "__self__", None), "t0", None)  # the child's start (its result channel)
+    elapsed = time.monotonic() - started if isinstance(started, float) else 0.0
+    budget = float(target.get("timeout_s") or 120.0) * SCRIPT_SHARE - elapsed
 
     def on_alarm(signum, frame):
         if watch.capture is None and not watch.stopping:
@@ -81,6 +84,7 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None], 
     t0 = time.monotonic()
     run.restore = lambda: (signal.setitimer(signal.ITIMER_REAL, 0, 0), watch.uninstall(),
                            setattr(run, "seconds", run.seconds or time.monotonic() - t0))
+    run.rearm = lambda: (watch.install(), signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0))
     watch.install()
     progress("running the script")
     try:
@@ -115,7 +119,7 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None], 
     elif watch.capture is None and watch.backwards and run.ended in ("finished", "exited", "timeout", "raised"):
         # backward ran but no optimizer stepped: the last backward is the step
         last = watch.backwards[-1]
-        watch.take(None, last.location, closure=False, how="backward")
+        watch.take(None, last.location, closure=False, how="backward", in_script=False)
     return run
 
 
