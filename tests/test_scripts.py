@@ -1,0 +1,53 @@
+"""Script targets through the real server over stdio: real training scripts run to their first
+step (plain argparse, Lightning, Hugging Face Trainer, accelerate, torchrun-style DDP), each
+healthy and with one seed bug; and scripts that never reach a step end in GP112, never a hang."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from conftest import ROOT, assert_expected
+
+SCRIPTS = ROOT / "examples" / "scripts"
+
+# (project, script, args, needs, expect): expect as in examples/broken's EXPECT, plus `file` for the line's file
+CASES = [
+    ("nanogpt", "train.py", ["--max_iters=3"], None, {"codes": [], "healthy": True}),
+    ("nanogpt_broken", "train.py", ["--max_iters=3"], None,
+     {"codes": ["GP103"], "culprits": ["h.0.attn.c_attn.weight"], "line": 49, "file": "model.py"}),
+    ("lightning", "train.py", ["--fast_dev_run=1"], "lightning", {"codes": [], "healthy": True}),
+    ("lightning_broken", "train.py", ["--fast_dev_run=1"], "lightning",
+     {"codes": ["GP201"], "culprits": ["head.weight", "head.bias"], "line": 24, "file": "lit.py"}),
+    ("nostep", "loops_forever.py", [], None, {"codes": ["GP112"], "culprits": [], "line": 10, "timeout_s": 20}),
+    ("nostep", "catches_exception.py", [], None, {"codes": ["GP112"], "culprits": [], "line": 11}),
+    ("nostep", "exits_early.py", [], None, {"codes": ["GP112"], "culprits": [], "line": 11}),
+    ("nostep", "swallows_stop.py", [], None, {"codes": [], "healthy": True}),
+]
+
+
+def _id(case) -> str:
+    return f"{case[0]}/{case[1]}"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+async def test_script_through_mcp(client, case):
+    project, script, args, needs, expect = case
+    if needs and importlib.util.find_spec(needs) is None:
+        pytest.skip(f"needs {needs} (pip install 'gradprobe[frameworks]')")
+    target = {"project_dir": str(SCRIPTS / project), "script": script, "args": args,
+              "timeout_s": expect.get("timeout_s", 240)}
+    result = await client.call_tool("diagnose", {"target": target})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    assert_expected(report, expect, _id(case))
+    if expect.get("file"):
+        hits = [f for f in report["findings"] if f["code"] in expect["codes"] and f.get("location")]
+        assert any(os.path.basename(f["location"]["file"]) == expect["file"] for f in hits), hits
+    if expect.get("healthy"):
+        step = report["facts"]["script_step"]
+        assert step["captured_at"] in ("optimizer.step", "backward")
+        assert step["model"], step
