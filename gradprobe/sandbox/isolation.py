@@ -73,6 +73,21 @@ def new_network_namespace() -> tuple[bool, str]:
     return False, f"unshare failed ({first}; with a user namespace: {_err()})"
 
 
+def loopback_up() -> tuple[bool, str]:
+    """`ip link set lo up` in the call's own network namespace (SIOCSIFFLAGS), so a script's
+    torchrun-style rendezvous on 127.0.0.1 works; the namespace has no other interface."""
+    import fcntl
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            flags = struct.unpack("16sH22x", fcntl.ioctl(s, 0x8913, struct.pack("16sH22x", b"lo", 0)))[1]  # SIOCGIFFLAGS
+            fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 1))  # SIOCSIFFLAGS, IFF_UP
+    except OSError as exc:
+        return False, f"loopback not up ({exc})"
+    return True, "private loopback up"
+
+
 def drop_privileges() -> tuple[bool, str]:
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         return False, f"no_new_privs failed ({_err()})"
@@ -88,7 +103,7 @@ def drop_privileges() -> tuple[bool, str]:
     return True, "no_new_privs, all capabilities dropped"
 
 
-def landlock(read_only: list[str], read_write: list[str], files_rw: list[str]) -> tuple[bool, str]:
+def landlock(read_only: list[str], read_write: list[str], files_rw: list[str], tcp: bool = False) -> tuple[bool, str]:
     nrs = _SYSCALLS.get(platform.machine())
     if nrs is None:
         return False, f"Landlock syscalls unknown on {platform.machine()}"
@@ -97,7 +112,7 @@ def landlock(read_only: list[str], read_write: list[str], files_rw: list[str]) -
     if abi < 1:
         return False, f"Landlock unavailable ({_err()})"
     fs_all = FS_ALL_V1 | (FS_REFER if abi >= 2 else 0) | (FS_TRUNCATE if abi >= 3 else 0) | (FS_IOCTL_DEV if abi >= 5 else 0)
-    net = (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0
+    net = (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 and not tcp else 0
     scoped = (SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL) if abi >= 6 else 0
     if abi >= 6:
         attr = struct.pack("QQQ", fs_all, net, scoped)
@@ -130,7 +145,7 @@ def landlock(read_only: list[str], read_write: list[str], files_rw: list[str]) -
             return False, f"Landlock restrict_self failed ({_err()})"
     finally:
         os.close(ruleset)
-    extra = (", TCP denied" if net else "") + (", signals and abstract sockets scoped" if scoped else "")
+    extra = (", TCP denied" if net else ", TCP only on the private loopback" if tcp else "") + (", signals and abstract sockets scoped" if scoped else "")
     return True, f"Landlock ABI {abi}: read-only installation and project, read-write scratch{extra}"
 
 
@@ -144,8 +159,10 @@ _SOCKET_X86_64 = 41
 _AF_UNIX = 1
 
 
-def seccomp_filter() -> tuple[bool, str]:
-    """A classic-BPF filter: non-AF_UNIX sockets -> EACCES, the syscalls above -> EPERM, the rest allowed."""
+def seccomp_filter(inet: bool = False) -> tuple[bool, str]:
+    """A classic-BPF filter: non-AF_UNIX sockets -> EACCES, the syscalls above -> EPERM, the rest allowed.
+    With `inet` (only inside a private network namespace with only a loopback, capabilities dropped),
+    AF_INET/AF_INET6 sockets and NETLINK_ROUTE (address lookups) are allowed too."""
     if platform.machine() != "x86_64":
         return False, f"no syscall table for {platform.machine()}"
     ld_abs, jeq, ret = 0x20, 0x15, 0x06
@@ -158,7 +175,11 @@ def seccomp_filter() -> tuple[bool, str]:
     for nr in _DENIED_X86_64.values():
         prog += [op(jeq, nr, 0, 1), op(ret, errno | 1)]  # EPERM
     prog += [op(jeq, _SOCKET_X86_64, 1, 0), op(ret, allow),
-             op(ld_abs, 16), op(jeq, _AF_UNIX, 0, 1), op(ret, allow), op(ret, errno | 13)]  # EACCES
+             op(ld_abs, 16), op(jeq, _AF_UNIX, 0, 1), op(ret, allow)]
+    if inet:
+        prog += [op(jeq, 2, 0, 1), op(ret, allow), op(jeq, 10, 0, 1), op(ret, allow),  # AF_INET, AF_INET6
+                 op(jeq, 16, 0, 3), op(ld_abs, 32), op(jeq, 0, 0, 1), op(ret, allow)]  # AF_NETLINK, NETLINK_ROUTE (getaddrinfo)
+    prog += [op(ret, errno | 13)]  # EACCES
     code = b"".join(prog)
     buf = ctypes.create_string_buffer(code)
     fprog = struct.pack("HxxxxxxQ", len(prog), ctypes.addressof(buf))
@@ -182,8 +203,12 @@ def apply(policy: dict) -> dict:
     if policy.get("cgroups"):
         err = join_cgroups(policy["cgroups"])
         report["cgroup"] = err and f"MISSING: {err}" or "joined the call's cgroups"
+    loopback = False
     if policy.get("network", True):
         ok, how = new_network_namespace()
+        if ok:
+            loopback, lo_how = loopback_up()
+            how += f"; {lo_how}"
         report["network"] = how if ok else f"MISSING: {how}"
     ok, how = drop_privileges() if policy.get("privileges", True) else (False, "not asked")
     report["privileges"] = how if ok else f"MISSING: {how}"
@@ -192,9 +217,10 @@ def apply(policy: dict) -> dict:
             readable_roots(policy["project_dir"], policy["package_root"]),
             [policy["scratch"], "/dev/shm"],
             ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full", "/dev/tty"],
+            tcp=loopback,
         )
         report["filesystem"] = how if ok else f"MISSING: {how}"
     if policy.get("syscalls", True):
-        ok, how = seccomp_filter()
+        ok, how = seccomp_filter(inet=loopback)
         report["syscalls"] = how if ok else f"MISSING: {how}"
     return report

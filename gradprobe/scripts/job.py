@@ -109,6 +109,14 @@ def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str]
         facts = report.get("facts", {})
         report = make_report(tool, _lr_zero_findings(report["findings"], cap.lrs, cap.step_location),
                              [line for line in report["summary"].splitlines()[1:]], **facts)
+    if run.ended in ("raised", "exited", "timeout") and cap.how == "backward":
+        # the script stopped between its backward and its first step: say so beside the findings
+        how = (f"raised {type(run.exc).__name__}: {run.exc}" if run.ended == "raised" and run.exc is not None
+               else {"exited": "called sys.exit()", "timeout": "ran out of time"}.get(run.ended, run.ended))
+        step_facts["script_ended"] = f"after its backward, before any optimizer step, the script {how}"[:1500]
+        if run.ended == "raised" and run.exc is not None:
+            step_facts["script_traceback"] = watch.user.trimmed_traceback(run.exc)
+        report["summary"] += f"\nThe script {how[:300]} after its first backward; the checks ran on that backward's step."
     report.setdefault("facts", {})["script_step"] = step_facts
     return report
 

@@ -88,6 +88,7 @@ class StepWatch:
         self.phase = 0
         self.data_iterated = False
         self.optimizers_made = 0
+        self.optimizers: list[torch.optim.Optimizer] = []
         self._in_backward = False
         self._undo: list = []
         self.stops_swallowed = 0
@@ -184,6 +185,7 @@ class StepWatch:
         def opt_init(opt, *args, **kwargs):
             watch.reached(2)
             watch.optimizers_made += 1
+            watch.optimizers.append(opt)
             return orig_opt_init(opt, *args, **kwargs)
 
         torch.optim.Optimizer.__init__ = opt_init  # type: ignore[method-assign]

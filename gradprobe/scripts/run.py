@@ -120,9 +120,11 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None], 
     if watch.capture is not None and run.ended != "timeout":
         run.ended = "stopped"
     elif watch.capture is None and watch.backwards and run.ended in ("finished", "exited", "timeout", "raised"):
-        # backward ran but no optimizer stepped: the last backward is the step
+        # backward ran but no optimizer stepped (the script ended, failed or ran out of time first):
+        # the last backward is the step, with the optimizer made last
         last = watch.backwards[-1]
-        watch.take(None, last.location, closure=False, how="backward", in_script=False)
+        opt = watch.optimizers[-1] if watch.optimizers else None
+        watch.take(opt, last.location, closure=False, how="backward", in_script=False)
     return run
 
 

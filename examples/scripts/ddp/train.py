@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=100)
+parser.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
 args = parser.parse_args()
 
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -36,9 +37,10 @@ class TwoTower(nn.Module):
 model = DDP(TwoTower())
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(args.steps):
-    q, d, y = torch.randn(8, 16), torch.randn(8, 16), torch.rand(8)
-    loss = F.mse_loss(model(q, d), y)
     optimizer.zero_grad()
-    loss.backward()
+    for micro in range(args.accum):
+        q, d, y = torch.randn(8, 16), torch.randn(8, 16), torch.rand(8)
+        loss = F.mse_loss(model(q, d), y) / args.accum
+        loss.backward()
     optimizer.step()
 dist.destroy_process_group()
