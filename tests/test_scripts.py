@@ -61,3 +61,21 @@ async def test_script_through_mcp(client, case):
         step = report["facts"]["script_step"]
         assert step["captured_at"] in ("optimizer.step", "backward")
         assert step["model"], step
+
+
+LIT = [("lightning", {"codes": [], "healthy": True}),
+       ("lightning_broken", {"codes": ["GP201"], "culprits": ["head.weight", "head.bias"], "line": 24})]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("project,expect", LIT, ids=[p for p, _ in LIT])
+async def test_lightning_module_as_target(client, project, expect):
+    """"model": "lit.py:LitModel": its configure_optimizers, a train_dataloader batch, its training_step."""
+    if importlib.util.find_spec("lightning") is None:
+        pytest.skip("needs lightning (pip install 'gradprobe[frameworks]')")
+    target = {"project_dir": str(SCRIPTS / project), "model": "lit.py:LitModel", "timeout_s": 240}
+    result = await client.call_tool("diagnose", {"target": target})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    assert_expected(report, expect, project)
+    assert report["facts"]["target"]["lightning"] == ["configure_optimizers", "train_dataloader", "training_step"]

@@ -78,6 +78,9 @@ def run_job(job: dict, progress: Callable[[str], None]) -> dict:
     except Exception as exc:  # torch missing or too old in the chosen interpreter
         return {"tool_error": f"this interpreter cannot run gradprobe's checks: {type(exc).__name__}: {exc}"}
     target = job.get("target") or {}
+    import tempfile
+
+    tempfile.tempdir = None  # a warm worker's fork inherits its cached temp dir: use this call's TMPDIR
     if target.get("script") or target.get("module"):
         from gradprobe.scripts.job import run_script_job
 

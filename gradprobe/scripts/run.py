@@ -79,9 +79,6 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None], 
 
     old_handler = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, max(budget, 1.0), 1.0)  # repeats: a swallowed stop comes back
-    import tempfile
-
-    tempfile.tempdir = None  # a warm worker's fork inherits its cached temp dir: use this call's TMPDIR
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
     os.chdir(_mirror_cwd(project_dir, scratch))
     t0 = time.monotonic()
