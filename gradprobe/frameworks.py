@@ -44,7 +44,7 @@ def step_loss(out: Any) -> torch.Tensor | None:
 def lightning_train_step(model: nn.Module, batch: Any, optimizer: Any) -> Any:
     if optimizer is not None and hasattr(optimizer, "zero_grad"):
         optimizer.zero_grad()
-    out = model.training_step(batch, 0)
+    out = model.training_step(batch, 0)  # type: ignore[operator]
     loss = step_loss(out)
     if loss is None:
         raise ValueError(f"{type(model).__name__}.training_step returned {type(out).__name__}, not a loss tensor or a dict with 'loss'")
@@ -63,7 +63,7 @@ def lightning_defaults(model: nn.Module, found: dict) -> list[str]:
         found["optimizer"] = lambda m: first_optimizer(m.configure_optimizers())
         used.append("configure_optimizers")
     if found.get("inputs") is None and callable(getattr(model, "train_dataloader", None)):
-        def first_batch(m: nn.Module = model) -> Any:
+        def first_batch(m: Any = model) -> Any:
             return next(iter(m.train_dataloader()))
         found["inputs"] = first_batch
         used.append("train_dataloader")

@@ -73,7 +73,7 @@ class Target(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _needs_model(self) -> "Target":
+    def _needs_model(self) -> Target:
         if self.script and self.module:
             raise ValueError("give `script` or `module`, not both")
         if (self.script or self.module) and (self.model or self.setup):

@@ -5,10 +5,18 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
 
-from gradprobe.findings import Finding, make_finding
+from gradprobe.findings import Finding, Location, make_finding
 from gradprobe.report import make_report
+
+
+@dataclass
+class _State:
+    run: Any = None  # the ScriptRun, once started
+    report: dict | None = None  # the checks' report, once the step was checked in place
 
 
 def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[str], None]) -> dict:
@@ -26,7 +34,7 @@ def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[s
     watch = StepWatch(user)
     t0 = time.monotonic()
     recorder = BuildRecorder(user, record)
-    holder: dict[str, ScriptRun] = {}
+    state = _State()
 
     def finish(run: ScriptRun) -> dict:
         report = _check_step(tool, target, options, progress, run, record)
@@ -35,30 +43,28 @@ def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[s
 
     def on_stuck() -> None:
         # the script swallows every stop (a bare `except:` around its loop): finish the job from here
-        run = holder["run"]
+        run = state.run
         run.restore()
         recorder.__exit__(None, None, None)
-        report = holder.get("report") or finish(run)
+        report = state.report or finish(run)
         report["facts"]["script_swallowed_stop"] = True
         _deliver_and_exit(report, progress)
 
     def on_capture() -> None:
         # the checks run here, inside the script's step, while its state (a Lightning loop, DataLoader
         # workers, a distributed group) is live; then the script is stopped
-        run = holder["run"]
+        run = state.run
         run.restore()
         recorder.__exit__(None, None, None)
         with torch.enable_grad():
-            holder["report"] = finish(run)
+            state.report = finish(run)
         run.rearm()
 
     watch.on_stuck = on_stuck
     watch.on_capture = on_capture
     with recorder:
-        run = run_script(target, watch, progress, holder)
-    if "report" in holder:
-        return holder["report"]
-    return finish(run)
+        run = run_script(target, watch, progress, lambda r: setattr(state, "run", r))
+    return state.report if state.report is not None else finish(run)
 
 
 def _deliver_and_exit(report: dict, progress: Callable[[str], None]) -> None:
@@ -98,11 +104,12 @@ def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str]
         "model": type(rep.model).__name__, "script_seconds_to_step": round(run.seconds, 3),
         "optimizer": type(cap.optimizer).__name__ if cap.optimizer is not None else None, **rep.facts,
     }
-    info = {"device": _device_of(rep.model), "grad_enabled_after_build": True, "script_step": step_facts}
+    device = _device_of(rep.model)
+    info = {"device": device, "grad_enabled_after_build": True, "script_step": step_facts}
     if rep.batch is None and rep.train_step is None and tool in ("trace_grad_path", "run_gradcheck", "verify_prompt_tuning"):
         return {"tool_error": f"{tool}: the script's step could not be replayed (the model was never called with grad enabled)"}
     loaded = Loaded(model=rep.model, batch=rep.batch, loss_fn=rep.loss_fn, optimizer=cap.optimizer, make_optimizer=None,
-                    train_step=rep.train_step, user=watch.user, record=record, device=info["device"], info=info)
+                    train_step=rep.train_step, user=watch.user, record=record, device=device, info=info)
     progress("checking")
     report = run_tool(tool, loaded, options)
     if cap.lrs and all(lr == 0 for lr in cap.lrs):
@@ -129,7 +136,7 @@ def _lr_zero_findings(findings: list[Finding], lrs: list, loc: dict | None) -> l
         "GP205", f"The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), "
                  "typically a scheduler warming up from 0: that step moves nothing, as expected; "
                  "updates were not judged on it.",
-        location=loc, evidence={"learning_rates": lrs, "first_step_lr_zero": True}, severity="info",
+        location=cast(Location | None, loc), evidence={"learning_rates": lrs, "first_step_lr_zero": True}, severity="info",
         fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step."))
     return out
 

@@ -19,7 +19,8 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -188,7 +189,7 @@ class StepWatch:
             watch.optimizers.append(opt)
             return orig_opt_init(opt, *args, **kwargs)
 
-        torch.optim.Optimizer.__init__ = opt_init  # type: ignore[method-assign]
+        torch.optim.Optimizer.__init__ = opt_init  # type: ignore[method-assign,assignment]
         self._undo.append((torch.optim.Optimizer, "__init__", orig_opt_init))
 
         orig_module_init = nn.Module.__init__
@@ -197,7 +198,7 @@ class StepWatch:
             watch.reached(1)
             return orig_module_init(module, *args, **kwargs)
 
-        nn.Module.__init__ = module_init  # type: ignore[method-assign]
+        nn.Module.__init__ = module_init  # type: ignore[method-assign,assignment]
         self._undo.append((nn.Module, "__init__", orig_module_init))
 
         from torch.utils.data import DataLoader
@@ -249,7 +250,8 @@ class StepWatch:
             self._stop_again()
             return None
         self.reached(6)
-        closure = kwargs.get("closure") if "closure" in kwargs else (args[0] if args and callable(args[0]) else None)
+        # args includes the optimizer itself: step(closure) has the closure at args[1]
+        closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 and callable(args[1]) else None)
         loc = self.user.innermost(skip=3)
         if closure is None:
             self.take(opt, loc, closure=False, how="optimizer.step")
@@ -257,13 +259,13 @@ class StepWatch:
         watch = self
 
         def observed_closure():
-            out = closure()
+            closure()
             watch.take(opt, loc, closure=True, how="optimizer.step")
             raise StopScript("captured the first optimizer step (after its closure)")
 
         if "closure" in kwargs:
             return args, dict(kwargs, closure=observed_closure)
-        return (observed_closure,) + tuple(args[1:]), kwargs
+        return (args[0], observed_closure, *args[2:]), kwargs
 
     def take(self, opt, loc: dict | None, *, closure: bool, how: str, in_script: bool = True) -> None:
         """Record the step now (which parameters have a gradient, the learning rates), then run

@@ -14,9 +14,10 @@ import runpy
 import signal
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, cast
 
-from gradprobe.findings import Finding, make_finding
+from gradprobe.findings import Finding, Location, make_finding
 from gradprobe.report import make_report
 from gradprobe.scripts.observe import StepWatch, StopScript
 
@@ -52,20 +53,31 @@ class ScriptRun:
         self.stop_frame_loc: dict | None = None
         self.exit_code: Any = None
         self.seconds = 0.0
-        self.restore: Callable[[], Any] = lambda: None  # stops the timer and the observers
-        self.rearm: Callable[[], Any] = lambda: None  # observers back (to stop the script again), a 1 s timer
+        self.t0 = time.monotonic()
+
+    def restore(self) -> None:
+        """Stop the timer and the observers (the checks run next)."""
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        self.watch.uninstall()
+        self.seconds = self.seconds or time.monotonic() - self.t0
+
+    def rearm(self) -> None:
+        """Observers back and a 1 s repeating timer, to stop the script again if it goes on."""
+        self.watch.install()
+        signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
 
 
-def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None], holder: dict | None = None) -> ScriptRun:
+def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
+               started: Callable[[ScriptRun], None] = lambda run: None) -> ScriptRun:
     project_dir = os.path.realpath(target["project_dir"])
-    script, module = target.get("script"), target.get("module")
+    script: str | None = target.get("script")
+    module = str(target.get("module") or "")
     args = [str(a) for a in (target.get("args") or [])]
     scratch = os.environ.get("TMPDIR") or os.getcwd()
     run = ScriptRun(watch)
-    if holder is not None:
-        holder["run"] = run
-    started = getattr(getattr(progress, "__self__", None), "t0", None)  # the child's start (its result channel)
-    elapsed = time.monotonic() - started if isinstance(started, float) else 0.0
+    started(run)
+    child_t0 = getattr(getattr(progress, "__self__", None), "t0", None)  # the child's start (its result channel)
+    elapsed = time.monotonic() - child_t0 if isinstance(child_t0, float) else 0.0
     budget = float(target.get("timeout_s") or 120.0) * SCRIPT_SHARE - elapsed
 
     def on_alarm(signum, frame):
@@ -82,21 +94,19 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None], 
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
     os.chdir(_mirror_cwd(project_dir, scratch))
     t0 = time.monotonic()
-    run.restore = lambda: (signal.setitimer(signal.ITIMER_REAL, 0, 0), watch.uninstall(),
-                           setattr(run, "seconds", run.seconds or time.monotonic() - t0))
-    run.rearm = lambda: (watch.install(), signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0))
+    run.t0 = t0
     watch.install()
     progress("running the script")
     try:
         if script:
             path = os.path.join(project_dir, script)
-            sys.argv = [path] + args
+            sys.argv = [path, *args]
             sys.path.insert(0, os.path.dirname(path))
             if project_dir not in sys.path:
                 sys.path.insert(1, project_dir)
             runpy.run_path(path, run_name="__main__")
         else:
-            sys.argv = [module] + args
+            sys.argv = [module, *args]
             sys.path.insert(0, project_dir)
             runpy.run_module(module, run_name="__main__", alter_sys=True)
     except StopScript as exc:
@@ -157,7 +167,7 @@ def no_step_finding(run: ScriptRun, target: dict) -> Finding:
         msg = (f"{name} finished without calling backward() or optimizer.step() (furthest: {phase}); "
                "an exception caught around the training loop, or arguments that skip training, end it early.")
         fix = "Run it with arguments that train at least one step; do not catch and ignore exceptions around the loop."
-    return make_finding("GP112", msg, location=loc, evidence=evidence, fix=fix)
+    return make_finding("GP112", msg, location=cast(Location | None, loc), evidence=evidence, fix=fix)
 
 
 def no_step_report(tool: str, run: ScriptRun, target: dict) -> dict:

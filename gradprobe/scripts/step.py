@@ -16,7 +16,8 @@ from __future__ import annotations
 import gc
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -158,7 +159,7 @@ def loss_from_output(call: ModuleCall, roots: list[torch.Tensor]) -> tuple[Calla
     if used:
         paths = [p for p, _ in used]
 
-        def projection(out: Any, batch: Any, _paths: list = paths) -> torch.Tensor:
+        def projection(out: Any, batch: Any, _paths: list = paths) -> torch.Tensor | None:
             gen = torch.Generator().manual_seed(_PROJECTION_SEED)
             total = None
             for p in _paths:
