@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -23,6 +25,8 @@ CASES = [
      {"codes": ["GP201"], "culprits": ["head.weight", "head.bias"], "line": 24, "file": "lit.py"}),
     ("hf_trainer", "train.py", ["--max_steps=1", "--warmup_steps=1"], "transformers",
      {"codes": ["GP205"], "culprits": [], "severity": "info", "healthy": True}),
+    ("hf_trainer", "train.py", ["--max_steps=3", "--warmup_steps=1"], "transformers",
+     {"codes": ["GP205"], "culprits": ["judged on a later step"], "severity": "info", "healthy": True}),
     ("hf_trainer_broken", "train.py", ["--max_steps=1"], "transformers",
      {"codes": ["GP101"], "culprits": ["prompt"], "line": 14, "file": "prompt_model.py"}),
     ("accelerate", "train.py", ["--epochs=1"], "accelerate", {"codes": [], "healthy": True}),
@@ -39,7 +43,7 @@ CASES = [
 
 
 def _id(case) -> str:
-    return f"{case[0]}/{case[1]}"
+    return f"{case[0]}/{case[1]}" + ("".join(a for a in case[2] if "warmup" in a or "max_steps=3" in a))
 
 
 @pytest.mark.anyio
@@ -79,3 +83,21 @@ async def test_lightning_module_as_target(client, project, expect):
     report = result.structured_content
     assert_expected(report, expect, project)
     assert report["facts"]["target"]["lightning"] == ["configure_optimizers", "train_dataloader", "training_step"]
+
+
+def test_cli_script_form():
+    """`gradprobe diagnose --script train.py -- ARGS`: the script's own arguments after `--`."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    broken = subprocess.run([sys.executable, "-m", "gradprobe", "diagnose", "--json", "--script",
+                             str(SCRIPTS / "nanogpt_broken" / "train.py"), "--", "--max_iters=2", "--eval_iters=1"],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert broken.returncode == 1, broken.stderr[-2000:]
+    import json
+
+    report = json.loads(broken.stdout)
+    assert report["findings"][0]["code"] == "GP103" and report["findings"][0]["location"]["line"] == 49
+    assert report["facts"]["script_step"]["captured_at"] == "optimizer.step"
+    bad_args = subprocess.run([sys.executable, "-m", "gradprobe", "diagnose", "--script",
+                               str(SCRIPTS / "nanogpt" / "train.py"), "--", "--no-such-flag"],
+                              capture_output=True, text=True, env=env, timeout=600)
+    assert bad_args.returncode == 1 and "GP112" in bad_args.stdout, bad_args.stdout[-2000:]

@@ -112,10 +112,12 @@ def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str]
                     train_step=rep.train_step, user=watch.user, record=record, device=device, info=info)
     progress("checking")
     report = run_tool(tool, loaded, options)
-    if cap.lrs and all(lr == 0 for lr in cap.lrs):
-        facts = report.get("facts", {})
-        report = make_report(tool, _lr_zero_findings(report["findings"], cap.lrs, cap.step_location),
-                             [line for line in report["summary"].splitlines()[1:]], **facts)
+    lr_zero_now = bool(cap.lrs) and all(lr == 0 for lr in cap.lrs)
+    if lr_zero_now or watch.lr_zero_step is not None:
+        first_lrs, first_loc = watch.lr_zero_step or (cap.lrs, cap.step_location)
+        step_facts["first_step_lr_zero"] = {"learning_rates": first_lrs, "location": first_loc}
+        findings = _lr_zero_findings(report["findings"], first_lrs, first_loc, judged_on=None if lr_zero_now else cap.lrs)
+        report = make_report(tool, findings, report["summary"].splitlines()[1:], **report.get("facts", {}))
     if run.ended in ("raised", "exited", "timeout") and cap.how == "backward":
         # the script stopped between its backward and its first step: say so beside the findings
         how = (f"raised {type(run.exc).__name__}: {run.exc}" if run.ended == "raised" and run.exc is not None
@@ -128,14 +130,19 @@ def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str]
     return report
 
 
-def _lr_zero_findings(findings: list[Finding], lrs: list, loc: dict | None) -> list[Finding]:
-    """A first step at lr 0 (a warm-up from 0) moves nothing by design: info, not GP207/GP205."""
-    out = [f for f in findings if f["code"] not in ("GP205",)
-           and not (f["code"] == "GP207" and "lr=0" in f["evidence"].get("reason", ""))]
+def _lr_zero_findings(findings: list[Finding], lrs: list, loc: dict | None, judged_on: list | None) -> list[Finding]:
+    """A first step at lr 0 (a warm-up from 0) moves nothing by design: info, not GP207/GP205.
+    With `judged_on` (the lrs of a later step that was checked), updates were judged there."""
+    if judged_on is None:
+        out = [f for f in findings if f["code"] != "GP205"
+               and not (f["code"] == "GP207" and "lr=0" in f["evidence"].get("reason", ""))]
+        then = "no later step with a nonzero learning rate was reached, so updates were not judged."
+    else:
+        out = list(findings)
+        then = f"updates were judged on a later step (learning rates {judged_on})."
     out.append(make_finding(
         "GP205", f"The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), "
-                 "typically a scheduler warming up from 0: that step moves nothing, as expected; "
-                 "updates were not judged on it.",
+                 f"typically a scheduler warming up from 0: that step moves nothing, as expected; {then}",
         location=cast(Location | None, loc), evidence={"learning_rates": lrs, "first_step_lr_zero": True}, severity="info",
         fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step."))
     return out

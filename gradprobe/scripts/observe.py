@@ -96,6 +96,7 @@ class StepWatch:
         self.on_stuck: Callable[[], None] | None = None  # finishes the job from inside the script
         self.on_capture: Callable[[], None] | None = None  # runs the checks at the captured step
         self.forward_error: tuple[BaseException, dict | None] | None = None
+        self.lr_zero_step: tuple[list[float], dict | None] | None = None  # a first step at lr 0, let through
 
     # ---- how far the script got ---------------------------------------------------------
     def reached(self, phase: int) -> None:
@@ -250,6 +251,11 @@ class StepWatch:
             self._stop_again()
             return None
         self.reached(6)
+        lrs = _lrs(opt)
+        if lrs and all(lr == 0 for lr in lrs) and self.lr_zero_step is None:
+            # a warm-up from 0 moves nothing on its first step: let it run, judge a later step
+            self.lr_zero_step = (lrs, self.user.innermost(skip=3))
+            return None
         # args includes the optimizer itself: step(closure) has the closure at args[1]
         closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 and callable(args[1]) else None)
         loc = self.user.innermost(skip=3)
@@ -271,16 +277,20 @@ class StepWatch:
         """Record the step now (which parameters have a gradient, the learning rates), then run
         `on_capture` (the checks, in place, while the script's state is live)."""
         grads: dict[int, bool] = {}
-        lrs: list[float] = []
+        lrs = _lrs(opt)
         if opt is not None:
             for g in opt.param_groups:
-                lr = g.get("lr")
-                if isinstance(lr, torch.Tensor):
-                    lr = float(lr)
-                lrs.append(lr)
                 for p in g["params"]:
                     grads[id(p)] = p.grad is not None
         self.capture = Capture(opt, loc, closure, lrs, grads, how)
         self.stopping = True
         if in_script and self.on_capture is not None:
             self.on_capture()
+
+
+def _lrs(opt) -> list[float]:
+    out: list[float] = []
+    for g in getattr(opt, "param_groups", None) or []:
+        lr = g.get("lr")
+        out.append(float(lr) if isinstance(lr, (int, float, torch.Tensor)) else float("nan"))
+    return out
