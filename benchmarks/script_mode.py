@@ -3,8 +3,10 @@ a plain run of the same script to its first optimizer step, measured in one run.
 
 The plain run is a fresh interpreter that runs the script as __main__ and exits at its first
 optimizer step (after the step's closure, for Lightning); the diagnose is the MCP call, end to end
-(sandboxed child, observers, the checks on the captured step). Prints one row per script and the
-ratio diagnose / plain (median of REPEAT runs each).
+(sandboxed child, observers, the checks on the captured step), once on the default server (a warm
+worker with torch and transformers imported forks the child) and once on `serve --cold` (a fresh
+interpreter per call, like the plain run). Prints one row per script and the ratios diagnose / plain
+(median of REPEAT runs each).
 
     python benchmarks/script_mode.py
 """
@@ -65,33 +67,36 @@ async def main() -> None:
 
     from mcp import Client, StdioServerParameters
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "gradprobe", "serve"])
-    rows = []
-    async with Client(params, read_timeout_seconds=600) as c:
-        await c.call_tool("inspect_parameters", {"target": {"project_dir": str(SCRIPTS / "nanogpt"), "setup": "model = torch.nn.Linear(2, 2)"}})
-        for project, script, args, needs in CASES:
-            if needs and importlib.util.find_spec(needs) is None:
-                print(f"{project}: skipped (needs {needs})")
-                continue
-            proj = SCRIPTS / project
-            plain, diag = [], []
-            for _ in range(REPEAT):
-                with tempfile.TemporaryDirectory() as scratch:
-                    for entry in proj.iterdir():
-                        (Path(scratch) / entry.name).symlink_to(entry)
-                    plain.append(plain_run(proj, script, args, Path(scratch)))
-                t0 = time.perf_counter()
-                r = await c.call_tool("diagnose", {"target": {"project_dir": str(proj), "script": script, "args": args, "timeout_s": 300}})
-                diag.append(time.perf_counter() - t0)
-                sc = r.structured_content or {}
-                assert "script_step" in (sc.get("facts") or {}), sc.get("summary")
-            p, d = statistics.median(plain), statistics.median(diag)
-            rows.append((project, p, d, d / p))
-    print(f"{'script':<12} {'plain to 1st step s':>20} {'script-mode diagnose s':>24} {'ratio':>7}")
-    for project, p, d, ratio in rows:
-        print(f"{project:<12} {p:>20.2f} {d:>24.2f} {ratio:>7.2f}")
-    if rows:
-        print(f"median ratio diagnose/plain: {statistics.median(r[3] for r in rows):.2f} (median of {REPEAT} runs each)")
+    warm = StdioServerParameters(command=sys.executable, args=["-m", "gradprobe", "serve"])
+    cold = StdioServerParameters(command=sys.executable, args=["-m", "gradprobe", "serve", "--cold"])
+    cases = [c for c in CASES if not c[3] or importlib.util.find_spec(c[3]) is not None]
+    times: dict[str, dict[str, list[float]]] = {c[0]: {"plain": [], "warm": [], "cold": []} for c in cases}
+    for kind, params in (("warm", warm), ("cold", cold)):
+        async with Client(params, read_timeout_seconds=600) as c:
+            await c.call_tool("inspect_parameters", {"target": {"project_dir": str(SCRIPTS / "nanogpt"), "setup": "model = torch.nn.Linear(2, 2)"}})
+            for project, script, args, _ in cases:
+                proj = SCRIPTS / project
+                for _ in range(REPEAT):
+                    if kind == "warm":
+                        with tempfile.TemporaryDirectory() as scratch:
+                            for entry in proj.iterdir():
+                                (Path(scratch) / entry.name).symlink_to(entry)
+                            times[project]["plain"].append(plain_run(proj, script, args, Path(scratch)))
+                    t0 = time.perf_counter()
+                    r = await c.call_tool("diagnose", {"target": {"project_dir": str(proj), "script": script, "args": args, "timeout_s": 300}})
+                    times[project][kind].append(time.perf_counter() - t0)
+                    sc = r.structured_content or {}
+                    assert "script_step" in (sc.get("facts") or {}), sc.get("summary")
+    print(f"{'script':<12} {'plain to 1st step s':>20} {'diagnose warm s':>16} {'ratio':>6} {'diagnose cold s':>16} {'ratio':>6}")
+    ratios: dict[str, list[float]] = {"warm": [], "cold": []}
+    for project, t in times.items():
+        p, w, c_ = (statistics.median(t[k]) for k in ("plain", "warm", "cold"))
+        ratios["warm"].append(w / p)
+        ratios["cold"].append(c_ / p)
+        print(f"{project:<12} {p:>20.2f} {w:>16.2f} {w / p:>6.2f} {c_:>16.2f} {c_ / p:>6.2f}")
+    if times:
+        print(f"median ratio diagnose/plain: warm server {statistics.median(ratios['warm']):.2f}, "
+              f"cold server {statistics.median(ratios['cold']):.2f} (median of {REPEAT} runs each)")
 
 
 if __name__ == "__main__":

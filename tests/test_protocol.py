@@ -80,7 +80,7 @@ async def test_inline_setup_target(client):
 async def test_findings_catalogue_resources_and_prompt(client):
     res = await client.read_resource("gradprobe://findings")
     codes = {r["code"] for r in json.loads(res.contents[0].text)}
-    assert {"GP100", "GP201", "GP309", "GP404", "GP511"} <= codes and len(codes) == 53
+    assert {"GP100", "GP201", "GP309", "GP404", "GP511"} <= codes and len(codes) == 54
     one = await client.read_resource("gradprobe://findings/GP302")
     assert "detach-in-forward" in one.contents[0].text and "## Fix" in one.contents[0].text
     prompt = await client.get_prompt("investigate_gradients", {"project_dir": "/p"})
