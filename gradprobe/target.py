@@ -97,7 +97,11 @@ class Target(BaseModel):
                 path = os.path.join(self.project_dir, mod)
                 if not os.path.isfile(path):
                     raise ValueError(f"{field}: file {mod!r} not found in project_dir {self.project_dir!r}")
-        if self.script and not os.path.isfile(os.path.join(self.project_dir, self.script)):
-            raise ValueError(f"script: file {self.script!r} not found in project_dir {self.project_dir!r}")
+        if self.script:
+            path = os.path.realpath(os.path.join(self.project_dir, self.script))
+            if not path.startswith(os.path.realpath(self.project_dir) + os.sep):
+                raise ValueError(f"script {self.script!r} is outside project_dir {self.project_dir!r}")
+            if not os.path.isfile(path):
+                raise ValueError(f"script: file {self.script!r} not found in project_dir {self.project_dir!r}")
         if self.python is not None and not (os.path.isfile(self.python) and os.access(self.python, os.X_OK)):
             raise ValueError(f"python {self.python!r} is not an executable file")

@@ -101,3 +101,14 @@ def test_cli_script_form():
                                str(SCRIPTS / "nanogpt" / "train.py"), "--", "--no-such-flag"],
                               capture_output=True, text=True, env=env, timeout=600)
     assert bad_args.returncode == 1 and "GP112" in bad_args.stdout, bad_args.stdout[-2000:]
+
+
+@pytest.mark.anyio
+async def test_script_target_errors_before_any_child(client):
+    """A script outside project_dir, a missing script, or script with model: tool errors, nothing runs."""
+    base = str(SCRIPTS / "nanogpt")
+    for target, words in (({"project_dir": base, "script": "../nostep/exits_early.py"}, "outside project_dir"),
+                          ({"project_dir": base, "script": "nope.py"}, "not found"),
+                          ({"project_dir": base, "script": "train.py", "model": "model.py:GPT"}, "brings its own model")):
+        result = await client.call_tool("diagnose", {"target": target})
+        assert result.is_error and words in str(result.content), result.content
