@@ -112,3 +112,13 @@ async def test_script_target_errors_before_any_child(client):
                           ({"project_dir": base, "script": "train.py", "model": "model.py:GPT"}, "brings its own model")):
         result = await client.call_tool("diagnose", {"target": target})
         assert result.is_error and words in str(result.content), result.content
+
+
+@pytest.mark.anyio
+async def test_module_entry_point(client):
+    """`"module": "train"` runs like `python -m train` from project_dir."""
+    target = {"project_dir": str(SCRIPTS / "nanogpt_broken"), "module": "train", "args": ["--max_iters=2"], "timeout_s": 240}
+    result = await client.call_tool("diagnose", {"target": target})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    assert_expected(report, {"codes": ["GP103"], "culprits": ["h.0.ln_1.weight"], "line": 49}, "module train")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -37,7 +38,11 @@ def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[s
     state = _State()
 
     def finish(run: ScriptRun) -> dict:
-        report = _check_step(tool, target, options, progress, run, record)
+        try:
+            report = _check_step(tool, target, options, progress, run, record)
+        except Exception as exc:  # ours; never let it reach the script's own `except`
+            report = make_report(tool, [_internal(f"gradprobe failed on the captured step: {type(exc).__name__}: {exc}",
+                                                  {"internal_traceback": traceback.format_exc()[-4000:]})])
         report.setdefault("facts", {})["script_total_seconds"] = round(time.monotonic() - t0, 3)
         return report
 
@@ -111,7 +116,13 @@ def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str]
     loaded = Loaded(model=rep.model, batch=rep.batch, loss_fn=rep.loss_fn, optimizer=cap.optimizer, make_optimizer=None,
                     train_step=rep.train_step, user=watch.user, record=record, device=device, info=info)
     progress("checking")
-    report = run_tool(tool, loaded, options)
+    try:
+        report = run_tool(tool, loaded, options)
+    except Exception as exc:  # ours: the script's own step ran
+        report = make_report(tool, [_internal(f"gradprobe's {tool} failed on the captured step: {type(exc).__name__}: {exc}",
+                                              {"internal_traceback": traceback.format_exc()[-4000:]})])
+    if watch.backwards:
+        report = _replay_failures_are_ours(tool, report)
     lr_zero_now = bool(cap.lrs) and all(lr == 0 for lr in cap.lrs)
     if lr_zero_now or watch.lr_zero_step is not None:
         first_lrs, first_loc = watch.lr_zero_step or (cap.lrs, cap.step_location)
@@ -128,6 +139,33 @@ def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str]
         report["summary"] += f"\nThe script {how[:300]} after its first backward; the checks ran on that backward's step."
     report.setdefault("facts", {})["script_step"] = step_facts
     return report
+
+
+_REPLAY_FAILURES = ("GP100", "GP308", "GP310")  # a step that failed, a backward that raised, a loss without grad
+
+
+def _internal(message: str, evidence: dict) -> Finding:
+    from gradprobe.findings import catalogue
+
+    code = "GP000" if "GP000" in catalogue() else "GP100"
+    return make_finding(code, message, evidence=evidence,
+                        fix="This is a gradprobe limitation on this script (the script's own step ran); the evidence has the details.")
+
+
+def _replay_failures_are_ours(tool: str, report: dict) -> dict:
+    """The script's real forward and backward ran without error, so a failure of gradprobe's replay of
+    that step is gradprobe's, never the user's error."""
+    findings = report["findings"]
+    if not any(f["code"] in _REPLAY_FAILURES for f in findings):
+        return report
+    kept: list[Finding] = []
+    for f in findings:
+        if f["code"] in _REPLAY_FAILURES:
+            kept.append(_internal(f"gradprobe's replay of the captured step failed where the script's own step did not: {f['message']}",
+                                  {"replay_finding": f}))
+        else:
+            kept.append(f)
+    return make_report(tool, kept, report["summary"].splitlines()[1:], **report.get("facts", {}))
 
 
 def _lr_zero_findings(findings: list[Finding], lrs: list, loc: dict | None, judged_on: list | None) -> list[Finding]:
