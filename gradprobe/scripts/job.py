@@ -89,7 +89,7 @@ def _deliver_and_exit(report: dict, progress: Callable[[str], None]) -> None:
 def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str], None], run, record) -> dict:
     import torch
 
-    from gradprobe.checks import run_tool
+    from gradprobe.tools import run_tool
     from gradprobe.loading import Loaded
     from gradprobe.scripts.run import no_step_report
     from gradprobe.scripts.step import backward_locations, replay
@@ -111,7 +111,9 @@ def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str]
     }
     device = _device_of(rep.model)
     info = {"device": device, "grad_enabled_after_build": True, "script_step": step_facts}
-    if rep.batch is None and rep.train_step is None and tool in ("trace_grad_path", "run_gradcheck", "verify_prompt_tuning"):
+    from gradprobe.tools import BY_NAME
+
+    if rep.batch is None and rep.train_step is None and BY_NAME[tool].needs_step:
         return {"tool_error": f"{tool}: the script's step could not be replayed (the model was never called with grad enabled)"}
     loaded = Loaded(model=rep.model, batch=rep.batch, loss_fn=rep.loss_fn, optimizer=cap.optimizer, make_optimizer=None,
                     train_step=rep.train_step, user=watch.user, record=record, device=device, info=info)
@@ -119,8 +121,9 @@ def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str]
     try:
         report = run_tool(tool, loaded, options)
     except Exception as exc:  # ours: the script's own step ran
-        report = make_report(tool, [_internal(f"gradprobe's {tool} failed on the captured step: {type(exc).__name__}: {exc}",
-                                              {"internal_traceback": traceback.format_exc()[-4000:]})])
+        from gradprobe.sandbox.failures import internal_error_report
+
+        report = internal_error_report(tool, exc)
     if watch.backwards:
         report = _replay_failures_are_ours(tool, report)
     lr_zero_now = bool(cap.lrs) and all(lr == 0 for lr in cap.lrs)
@@ -141,14 +144,12 @@ def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str]
     return report
 
 
-_REPLAY_FAILURES = ("GP100", "GP308", "GP310")  # a step that failed, a backward that raised, a loss without grad
+# a step that failed, a backward that raised, a loss without grad: the script's own step did none of these
+_REPLAY_FAILURES = ("GP100", "GP308", "GP310")
 
 
 def _internal(message: str, evidence: dict) -> Finding:
-    from gradprobe.findings import catalogue
-
-    code = "GP000" if "GP000" in catalogue() else "GP100"
-    return make_finding(code, message, evidence=evidence,
+    return make_finding("GP000", message, evidence=evidence,
                         fix="This is a gradprobe limitation on this script (the script's own step ran); the evidence has the details.")
 
 
@@ -178,11 +179,13 @@ def _lr_zero_findings(findings: list[Finding], lrs: list, loc: dict | None, judg
     else:
         out = list(findings)
         then = f"updates were judged on a later step (learning rates {judged_on})."
-    out.append(make_finding(
+    info = make_finding(
         "GP205", f"The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), "
                  f"typically a scheduler warming up from 0: that step moves nothing, as expected; {then}",
-        location=cast(Location | None, loc), evidence={"learning_rates": lrs, "first_step_lr_zero": True}, severity="info",
-        fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step."))
+        location=cast(Location | None, loc), evidence={"learning_rates": lrs, "first_step_lr_zero": True},
+        fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step.")
+    info["severity"] = "info"  # expected of a warm-up from 0: information, not the catalogue's warning
+    out.append(info)
     return out
 
 
