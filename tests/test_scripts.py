@@ -39,6 +39,7 @@ CASES = [
     ("nostep", "catches_exception.py", [], None, {"codes": ["GP112"], "culprits": [], "line": 11}),
     ("nostep", "exits_early.py", [], None, {"codes": ["GP112"], "culprits": [], "line": 11}),
     ("nostep", "swallows_stop.py", [], None, {"codes": [], "healthy": True}),
+    ("nostep", "manual_sgd.py", [], None, {"codes": [], "healthy": True}),
 ]
 
 
