@@ -36,6 +36,7 @@ CASES = [
     ("ddp_broken", "train.py", ["--steps=2"], None,
      {"codes": ["GP302"], "culprits": ["doc.0.weight", "doc.2.bias"], "line": 34, "file": "train.py"}),
     ("nostep", "loops_forever.py", [], None, {"codes": ["GP112"], "culprits": [], "line": 10, "timeout_s": 20}),
+    ("nostep", "blocked_in_c.py", [], None, {"codes": ["GP112"], "culprits": ["blocked"], "timeout_s": 15}),
     ("nostep", "catches_exception.py", [], None, {"codes": ["GP112"], "culprits": [], "line": 11}),
     ("nostep", "exits_early.py", [], None, {"codes": ["GP112"], "culprits": [], "line": 11}),
     ("nostep", "swallows_stop.py", [], None, {"codes": [], "healthy": True}),

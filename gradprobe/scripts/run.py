@@ -79,6 +79,7 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
     child_t0 = getattr(getattr(progress, "__self__", None), "t0", None)  # the child's start (its result channel)
     elapsed = time.monotonic() - child_t0 if isinstance(child_t0, float) else 0.0
     budget = float(target.get("timeout_s") or 120.0) * SCRIPT_SHARE - elapsed
+    t0 = time.monotonic()
 
     def on_alarm(signum, frame):
         if watch.capture is None and not watch.stopping:
@@ -93,7 +94,6 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
     signal.setitimer(signal.ITIMER_REAL, max(budget, 1.0), 1.0)  # repeats: a swallowed stop comes back
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
     os.chdir(_mirror_cwd(project_dir, scratch))
-    t0 = time.monotonic()
     run.t0 = t0
     watch.install()
     progress("running the script")
