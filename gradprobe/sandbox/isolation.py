@@ -163,7 +163,7 @@ _AF_UNIX = 1
 def seccomp_filter(inet: bool = False) -> tuple[bool, str]:
     """A classic-BPF filter: non-AF_UNIX sockets -> EACCES, the syscalls above -> EPERM, the rest allowed.
     With `inet` (only inside a private network namespace with only a loopback, capabilities dropped),
-    AF_INET/AF_INET6 sockets and NETLINK_ROUTE (address lookups) are allowed too."""
+    AF_INET sockets and NETLINK_ROUTE (address lookups) are allowed too; AF_INET6 and raw families stay denied."""
     if platform.machine() != "x86_64":
         return False, f"no syscall table for {platform.machine()}"
     ld_abs, jeq, ret = 0x20, 0x15, 0x06
@@ -178,7 +178,7 @@ def seccomp_filter(inet: bool = False) -> tuple[bool, str]:
     prog += [op(jeq, _SOCKET_X86_64, 1, 0), op(ret, allow),
              op(ld_abs, 16), op(jeq, _AF_UNIX, 0, 1), op(ret, allow)]
     if inet:
-        prog += [op(jeq, 2, 0, 1), op(ret, allow), op(jeq, 10, 0, 1), op(ret, allow),  # AF_INET, AF_INET6
+        prog += [op(jeq, 2, 0, 1), op(ret, allow),  # AF_INET (127.0.0.1 is all the namespace has)
                  op(jeq, 16, 0, 3), op(ld_abs, 32), op(jeq, 0, 0, 1), op(ret, allow)]  # AF_NETLINK, NETLINK_ROUTE (getaddrinfo)
     prog += [op(ret, errno | 13)]  # EACCES
     code = b"".join(prog)
@@ -187,7 +187,8 @@ def seccomp_filter(inet: bool = False) -> tuple[bool, str]:
     fbuf = ctypes.create_string_buffer(fprog)
     if _libc.prctl(22, 2, fbuf, 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
         return False, f"seccomp failed ({_err()})"
-    return True, f"seccomp: non-Unix sockets and {len(_DENIED_X86_64)} syscalls (ptrace, mount, unshare, bpf, ...) denied"
+    sockets = "non-Unix sockets (but IPv4 in the private loopback namespace)" if inet else "non-Unix sockets"
+    return True, f"seccomp: {sockets} and {len(_DENIED_X86_64)} syscalls (ptrace, mount, unshare, bpf, ...) denied"
 
 
 def readable_roots(project_dir: str, package_root: str) -> list[str]:
