@@ -183,8 +183,8 @@ def _lr_zero_findings(findings: list[Finding], lrs: list, loc: dict | None, judg
         "GP205", f"The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), "
                  f"typically a scheduler warming up from 0: that step moves nothing, as expected; {then}",
         location=cast(Location | None, loc), evidence={"learning_rates": lrs, "first_step_lr_zero": True},
-        fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step.")
-    info["severity"] = "info"  # expected of a warm-up from 0: information, not the catalogue's warning
+        fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step.",
+        severity="info")  # expected of a warm-up from 0: information, not the catalogue's warning
     out.append(info)
     return out
 
