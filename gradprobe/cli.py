@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         from gradprobe.demo import run_demo
 
         sys.exit(run_demo())
-    if not (args.file or args.setup or args.model):
+    if not (args.file or args.setup or args.model or args.script or args.module):
         if args.json:
             sys.exit(_fail(args, "usage", f"give the file to check, e.g. `gradprobe {args.command} train.py`", 2))
         tool_parsers[args.command].print_help(sys.stderr)
