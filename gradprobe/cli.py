@@ -13,6 +13,8 @@ def _target_from_args(args) -> dict:
     """Flags to a target: FILE's directory is the project unless --project-dir says otherwise."""
     import os
 
+    if args.script or args.module:
+        return _script_target(args)
     project = os.path.abspath(args.project_dir or (os.path.dirname(os.path.abspath(args.file)) if args.file else "."))
     rel = os.path.relpath(os.path.abspath(args.file), project) if args.file else None
 
@@ -27,6 +29,20 @@ def _target_from_args(args) -> dict:
         target[field] = ref(getattr(args, field))
     if not (args.project_dir or args.file) and args.model and os.path.isabs(args.model):
         del target["project_dir"]  # an absolute --model file: its directory is the project
+    return {k: v for k, v in target.items() if v is not None}
+
+
+def _script_target(args) -> dict:
+    """--script FILE / --module MOD, and the script's own arguments after `--`."""
+    import os
+
+    project = os.path.abspath(args.project_dir or (os.path.dirname(os.path.abspath(args.script)) if args.script else "."))
+    target = {"project_dir": project, "args": list(args.script_args), "device": args.device, "seed": args.seed,
+              "timeout_s": args.timeout, "python": args.python}
+    if args.script:
+        target["script"] = os.path.relpath(os.path.abspath(args.script), project)
+    else:
+        target["module"] = args.module
     return {k: v for k, v in target.items() if v is not None}
 
 
@@ -157,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--optimizer", default=None)
         p.add_argument("--train-step", dest="train_step", default=None)
         p.add_argument("--setup", default=None, help="inline Python defining model/inputs/...")
+        p.add_argument("--script", default=None, help="a training script run to its first step (its own arguments after --)")
+        p.add_argument("--module", default=None, help="like --script, for a `python -m` entry point")
         p.add_argument("--python", default=None)
         p.add_argument("--device", default="cpu")
         p.add_argument("--seed", type=int, default=0)
@@ -166,7 +184,13 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--mermaid", action="store_true", help="also print the Mermaid flowchart (diagnose)")
         if tool == "check_optimizer_coverage":
             p.add_argument("--no-step", action="store_true")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if "--" in argv:  # `gradprobe diagnose --script train.py -- --max_iters=1`
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    args.script_args = script_args
     if args.command is None:
         args = parser.parse_args(["serve"])
     if args.command == "serve":
@@ -188,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         from gradprobe.demo import run_demo
 
         sys.exit(run_demo())
-    if not (args.file or args.setup or args.model):
+    if not (args.file or args.setup or args.model or args.script or args.module):
         if args.json:
             sys.exit(_fail(args, "usage", f"give the file to check, e.g. `gradprobe {args.command} train.py`", 2))
         tool_parsers[args.command].print_help(sys.stderr)

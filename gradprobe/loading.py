@@ -287,6 +287,12 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
         raise TargetError("building", f"the model callable returned a {type(model).__name__}, not an nn.Module")
 
     info: dict[str, Any] = {"device": device, "grad_enabled_after_build": torch.is_grad_enabled()}
+    if not meta:
+        from gradprobe.frameworks import lightning_defaults
+
+        lightning = lightning_defaults(model, found)
+        if lightning:
+            info["lightning"] = lightning
     batch = None
     inputs = found.get("inputs")
     if inputs is not None and not meta:

@@ -49,6 +49,9 @@ class Target(BaseModel):
     device: str = Field(default="cpu", description='"cpu", "cuda", "cuda:N", "auto" (CUDA when the child sees a GPU), or "meta" (inspect_parameters only: no weights allocated).')
     seed: int = Field(default=0, description="Random seed set before anything is built, so runs repeat.")
     python: str | None = Field(default=None, description="Optional interpreter for the child (the project's virtualenv); it needs a compatible torch.")
+    script: str | None = Field(default=None, description="A training script (path relative to project_dir) run as __main__ until its first optimizer step, which is captured and checked (instead of model/inputs/...).")
+    module: str | None = Field(default=None, description="Like `script`, for a `python -m` entry point (a dotted module name importable from project_dir).")
+    args: list[str] = Field(default_factory=list, description="The script's command-line arguments (sys.argv[1:]).")
     timeout_s: float = Field(default=120.0, gt=0, le=3600, description="Wall-clock limit for the call in the child; past it the child is killed and GP100 is reported.")
 
     @model_validator(mode="before")
@@ -87,7 +90,11 @@ class Target(BaseModel):
 
     @model_validator(mode="after")
     def _needs_model(self) -> Target:
-        if not self.model and not self.setup:
+        if self.script and self.module:
+            raise ValueError("give `script` or `module`, not both")
+        if (self.script or self.module) and (self.model or self.setup):
+            raise ValueError("a `script`/`module` target brings its own model: drop `model`/`setup`")
+        if not self.model and not self.setup and not self.script and not self.module:
             raise ValueError('give `model` (e.g. "train.py:build_model" or "case.py") or `setup` code that defines `model`')
         return self
 
@@ -106,6 +113,12 @@ class Target(BaseModel):
                 path = os.path.join(self.project_dir, mod)
                 if not os.path.isfile(path):
                     raise ValueError(f"{field}: file {mod!r} not found in project_dir {self.project_dir!r}")
+        if self.script:
+            path = os.path.realpath(os.path.join(self.project_dir, self.script))
+            if not path.startswith(os.path.realpath(self.project_dir) + os.sep):
+                raise ValueError(f"script {self.script!r} is outside project_dir {self.project_dir!r}")
+            if not os.path.isfile(path):
+                raise ValueError(f"script: file {self.script!r} not found in project_dir {self.project_dir!r}")
         if self.python is not None and not (os.path.isfile(self.python) and os.access(self.python, os.X_OK)):
             raise ValueError(f"python {self.python!r} is not an executable file")
 

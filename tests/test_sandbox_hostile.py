@@ -337,6 +337,13 @@ async def test_seccomp_denies_namespace_escapes_and_raw_sockets(client, tmp_path
         sub.mkdir()
         seen, _ = await probe(client, sub, "def attempt():\n    return socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n")
         assert seen.startswith("blocked"), seen
+        # IPv4 is allowed only inside the call's own network namespace (a torchrun rendezvous on 127.0.0.1):
+        # nothing outside it is reachable
+        out = tmp_path / "o"
+        out.mkdir()
+        seen, _ = await probe(client, out, "def attempt():\n    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+                                           "    s.settimeout(3)\n    s.connect(('1.1.1.1', 53))\n    return 'connected'\n")
+        assert seen.startswith("blocked"), seen
 
 
 # --- issue 17: what an attacker found beyond the first suite ---

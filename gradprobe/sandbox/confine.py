@@ -340,6 +340,8 @@ def send(control: socket.socket, obj: dict) -> None:
 NS_FLAGS = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
 NS_REPORT = "mount, pid (own /proc; the call's processes die with it), network (no interface up), IPC, UTS"
 NET_REPORT = "own network namespace: no interface but a down loopback"
+NET_REPORT_LO = "own network namespace: only its private loopback, up (a torchrun-style rendezvous on 127.0.0.1)"
+_LOOPBACK = [False]  # the call's own loopback is up: IPv4 on it is allowed (Landlock TCP, seccomp AF_INET)
 
 
 def enter_namespaces(tell) -> bool:
@@ -348,6 +350,7 @@ def enter_namespaces(tell) -> bool:
     failed (nothing changed)."""
     if _libc.unshare(NS_FLAGS) != 0:
         return False
+    _LOOPBACK[0] = isolation.loopback_up()[0]  # still root in the new network namespace
     child = os.fork()
     if child != 0:
         tell(child)
@@ -359,9 +362,10 @@ def enter_namespaces(tell) -> bool:
 
 def lock_down(policy: dict, ro: list[str], report: dict, control: socket.socket) -> None:
     """After the view: Landlock, seccomp, rlimits; then tell the server and wait for its "go"."""
-    ok, how = isolation.landlock(ro, ["/tmp", "/dev/shm", policy["scratch"]], ["/dev/" + n for n in DEV_NODES])
+    ok, how = isolation.landlock(ro, ["/tmp", "/dev/shm", policy["scratch"]], ["/dev/" + n for n in DEV_NODES],
+                                 tcp=_LOOPBACK[0])
     report["filesystem"] = how if ok else f"MISSING: {how}"
-    ok, how = isolation.seccomp_filter()
+    ok, how = isolation.seccomp_filter(inet=_LOOPBACK[0])
     report["syscalls"] = how if ok else f"MISSING: {how}"
     apply_rlimits(policy.get("limits") or {})
     missing = [k for k, v in report.items() if v.startswith("MISSING")]
@@ -391,7 +395,7 @@ def confine(policy: dict, control: socket.socket) -> None:
     err = isolation.join_cgroups(policy.get("cgroups") or [])
     report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
     if os.geteuid() == 0 and enter_namespaces(lambda pid: send(control, {"pid": pid})):
-        report["namespaces"], report["network"] = NS_REPORT, NET_REPORT
+        report["namespaces"], report["network"] = NS_REPORT, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT
         try:
             ro, mapped = prepare_view(policy, policy["scratch"])
             finish_view(policy, policy["scratch"], project_tree, ro, mapped, report)
@@ -444,7 +448,7 @@ def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
                 project_tree, policy["project_dir_real"] = open_project(policy)
             err = isolation.join_cgroups(policy.get("cgroups") or [])
             report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
-            report["namespaces"], report["network"] = NS_REPORT, NET_REPORT
+            report["namespaces"], report["network"] = NS_REPORT, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT
             finish_view(policy, newroot, project_tree, ro, mapped, report)
             report["identity"] = drop_identity()
             isolation.die_with_parent()

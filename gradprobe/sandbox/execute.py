@@ -62,8 +62,14 @@ async def execute(
     else:
         msg = f"The child process {describe_exit(outcome.returncode)} in phase '{outcome.phase}' without a result."
         fix = "See evidence.stderr_tail for the crash (a segfault in an extension, os._exit, an out-of-memory kill)."
+    code = "GP100"
+    if outcome.timed_out and (target.script or target.module) and outcome.phase == "running the script":
+        code = "GP112"  # the script's own timer could not interrupt it (a blocking C call, e.g. a network wait)
+        msg = (f"The script reached no training step within {target.timeout_s:g} s: it was blocked where gradprobe's "
+               "timer could not stop it (a call in C, e.g. a rendezvous or a network wait); its process tree was killed.")
+        fix = "Look for a wait that never returns before the first step (a rendezvous for more ranks, a download), or raise target.timeout_s."
     finding = make_finding(
-        "GP100", msg,
+        code, msg,
         evidence={"phase": outcome.phase, "timed_out": outcome.timed_out, "returncode": outcome.returncode,
                   "stderr_tail": outcome.stderr[-4000:], "stdout_tail": outcome.stdout[-1000:]},
         fix=fix,

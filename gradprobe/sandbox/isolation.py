@@ -86,7 +86,22 @@ def drop_privileges() -> tuple[bool, str]:
     return True, "no_new_privs, all capabilities dropped"
 
 
-def landlock(read_only: list[str], read_write: list[str], files_rw: list[str]) -> tuple[bool, str]:
+def loopback_up() -> tuple[bool, str]:
+    """`ip link set lo up` in the call's own network namespace (SIOCSIFFLAGS), so a script's
+    torchrun-style rendezvous on 127.0.0.1 works; the namespace has no other interface."""
+    import fcntl
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            flags = struct.unpack("16sH22x", fcntl.ioctl(s, 0x8913, struct.pack("16sH22x", b"lo", 0)))[1]  # SIOCGIFFLAGS
+            fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", flags | 1))  # SIOCSIFFLAGS, IFF_UP
+    except OSError as exc:
+        return False, f"loopback not up ({exc})"
+    return True, "private loopback up"
+
+
+def landlock(read_only: list[str], read_write: list[str], files_rw: list[str], tcp: bool = False) -> tuple[bool, str]:
     nrs = _SYSCALLS.get(platform.machine())
     if nrs is None:
         return False, f"Landlock syscalls unknown on {platform.machine()}"
@@ -95,7 +110,7 @@ def landlock(read_only: list[str], read_write: list[str], files_rw: list[str]) -
     if abi < 1:
         return False, f"Landlock unavailable ({_err()})"
     fs_all = FS_ALL_V1 | (FS_REFER if abi >= 2 else 0) | (FS_TRUNCATE if abi >= 3 else 0) | (FS_IOCTL_DEV if abi >= 5 else 0)
-    net = (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0
+    net = (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 and not tcp else 0
     scoped = (SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL) if abi >= 6 else 0
     if abi >= 6:
         attr = struct.pack("QQQ", fs_all, net, scoped)
@@ -128,7 +143,7 @@ def landlock(read_only: list[str], read_write: list[str], files_rw: list[str]) -
             return False, f"Landlock restrict_self failed ({_err()})"
     finally:
         os.close(ruleset)
-    extra = (", TCP denied" if net else "") + (", signals and abstract sockets scoped" if scoped else "")
+    extra = (", TCP denied" if net else ", TCP only on the private loopback" if tcp else "") + (", signals and abstract sockets scoped" if scoped else "")
     return True, f"Landlock ABI {abi}: read-only installation and project, read-write scratch{extra}"
 
 
@@ -148,7 +163,7 @@ X32_SYSCALL_BIT = 0x40000000
 CLONE_NEW_ANY = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 
 
-def seccomp_program() -> list[bytes]:
+def seccomp_program(inet: bool = False) -> list[bytes]:
     """Classic BPF: a syscall of any other architecture (the 32-bit `int 0x80` entry) or an x32 number kills the
     process; clone3 -> ENOSYS (libc falls back to clone, whose flags this filter can read); clone with a
     namespace flag and the syscalls above -> EPERM; sockets other than AF_UNIX -> EACCES; the rest allowed."""
@@ -165,14 +180,19 @@ def seccomp_program() -> list[bytes]:
     prog += [op(jeq, _CLONE3_X86_64, 0, 1), op(ret, errno | 38)]  # ENOSYS
     prog += [op(jeq, _CLONE_X86_64, 0, 4), op(ld_abs, 16), op(jset, CLONE_NEW_ANY, 0, 1), op(ret, errno | 1), op(ret, allow)]
     prog += [op(jeq, _SOCKET_X86_64, 1, 0), op(ret, allow),
-             op(ld_abs, 16), op(jeq, _AF_UNIX, 0, 1), op(ret, allow), op(ret, errno | 13)]  # EACCES
+             op(ld_abs, 16), op(jeq, _AF_UNIX, 0, 1), op(ret, allow)]
+    if inet:  # only inside a private network namespace whose one interface is the loopback
+        prog += [op(jeq, 2, 0, 1), op(ret, allow),  # AF_INET (127.0.0.1 is all the namespace has)
+                 op(jeq, 16, 0, 3), op(ld_abs, 32), op(jeq, 0, 0, 1), op(ret, allow)]  # AF_NETLINK, NETLINK_ROUTE (getaddrinfo)
+    prog += [op(ret, errno | 13)]  # EACCES
     return prog
 
 
-def seccomp_filter() -> tuple[bool, str]:
+def seccomp_filter(inet: bool = False) -> tuple[bool, str]:
+    """With `inet`, IPv4 sockets and address lookups are allowed (the private loopback); AF_INET6 stays denied."""
     if platform.machine() != "x86_64":
         return False, f"no syscall table for {platform.machine()}"
-    prog = seccomp_program()
+    prog = seccomp_program(inet)
     code = b"".join(prog)
     buf = ctypes.create_string_buffer(code)
     fprog = struct.pack("HxxxxxxQ", len(prog), ctypes.addressof(buf))
@@ -180,7 +200,7 @@ def seccomp_filter() -> tuple[bool, str]:
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, fbuf, 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
         return False, f"seccomp failed ({_err()})"
     return True, (f"seccomp: other architectures (int 0x80) and x32 killed; clone3 ENOSYS; namespace clone flags, "
-                  f"non-Unix sockets and {len(_DENIED_X86_64)} syscalls (ptrace, mount, unshare, bpf, io_uring, ...) denied")
+                  f"non-Unix sockets{' (but IPv4 on the private loopback)' if inet else ''} and {len(_DENIED_X86_64)} syscalls (ptrace, mount, unshare, bpf, io_uring, ...) denied")
 
 
 def become_subreaper() -> None:

@@ -44,6 +44,13 @@ def run_job(job: dict, progress: Callable[[str], None]) -> dict:
         return {"tool_error": f"this interpreter cannot run gradprobe's checks: {type(exc).__name__}: {exc}",
                 "tool_error_kind": "interpreter"}
     target = job.get("target") or {}
+    import tempfile
+
+    tempfile.tempdir = None  # a warm worker's fork inherits its cached temp dir: use this call's TMPDIR
+    if target.get("script") or target.get("module"):
+        from gradprobe.scripts.job import run_script_job
+
+        return json_safe(run_script_job(spec.name, target, options, progress))
     try:
         if not spec.allows_meta and target.get("device") == "meta":
             return {"tool_error": 'device="meta" is only for inspect_parameters (no weights exist to run a step on)'}

@@ -24,7 +24,9 @@ READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempot
 
 TARGET_HELP = (
     "`target` says where the user's code is: project_dir (absolute path; may be left out when model is an "
-    "absolute file path, e.g. {\"model\": \"/home/ana/proj/train.py\"}), model "
+    "absolute file path, e.g. {\"model\": \"/home/ana/proj/train.py\"}), then either script "
+    '("train.py", run to its first optimizer step, which is checked; args: its argv; module for '
+    "`python -m` entry points; preferred on real projects) or model "
     '("train.py:build_model", or just "case.py" to pick up build_model/make_inputs/loss_fn/'
     "make_optimizer/train_step from that file), inputs, loss, optimizer, train_step (same "
     "FILE_OR_MODULE:CALLABLE form), setup (inline Python defining model/inputs/...), device "

@@ -1,0 +1,195 @@
+"""A tool call on a script target: run the script to its first step, check that step, report."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from gradprobe.findings import Finding, Location, make_finding
+from gradprobe.report import make_report
+
+
+@dataclass
+class _State:
+    run: Any = None  # the ScriptRun, once started
+    report: dict | None = None  # the checks' report, once the step was checked in place
+
+
+def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[str], None]) -> dict:
+    import torch
+
+    from gradprobe.loading import BuildRecord, BuildRecorder, seed_everything
+    from gradprobe.scripts.observe import StepWatch
+    from gradprobe.scripts.run import ScriptRun, run_script
+    from gradprobe.userframes import UserCode
+
+    project_dir = os.path.realpath(target["project_dir"])
+    user = UserCode(project_dir)
+    record = BuildRecord()
+    seed_everything(int(target.get("seed") or 0))
+    watch = StepWatch(user)
+    t0 = time.monotonic()
+    recorder = BuildRecorder(user, record)
+    state = _State()
+
+    def finish(run: ScriptRun) -> dict:
+        try:
+            report = _check_step(tool, target, options, progress, run, record)
+        except Exception as exc:  # ours; never let it reach the script's own `except`
+            report = make_report(tool, [_internal(f"gradprobe failed on the captured step: {type(exc).__name__}: {exc}",
+                                                  {"internal_traceback": traceback.format_exc()[-4000:]})])
+        report.setdefault("facts", {})["script_total_seconds"] = round(time.monotonic() - t0, 3)
+        return report
+
+    def on_stuck() -> None:
+        # the script swallows every stop (a bare `except:` around its loop): finish the job from here
+        run = state.run
+        run.restore()
+        recorder.__exit__(None, None, None)
+        report = state.report or finish(run)
+        report["facts"]["script_swallowed_stop"] = True
+        _deliver_and_exit(report, progress)
+
+    def on_capture() -> None:
+        # the checks run here, inside the script's step, while its state (a Lightning loop, DataLoader
+        # workers, a distributed group) is live; then the script is stopped
+        run = state.run
+        run.restore()
+        recorder.__exit__(None, None, None)
+        with torch.enable_grad():
+            state.report = finish(run)
+        run.rearm()
+
+    watch.on_stuck = on_stuck
+    watch.on_capture = on_capture
+    with recorder:
+        run = run_script(target, watch, progress, lambda r: setattr(state, "run", r))
+    return state.report if state.report is not None else finish(run)
+
+
+def _deliver_and_exit(report: dict, progress: Callable[[str], None]) -> None:
+    """Send the report on the child's result channel and exit, without unwinding the script."""
+    from gradprobe.sandbox.job import json_safe
+
+    chan = getattr(progress, "__self__", None)
+    if chan is None or not hasattr(chan, "send"):
+        raise SystemExit(1)  # not in a sandboxed child: nothing better to do
+    chan.send({"type": "result", "report": json_safe(report)})
+    chan.out.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str], None], run, record) -> dict:
+    import torch
+
+    from gradprobe.tools import run_tool
+    from gradprobe.loading import Loaded
+    from gradprobe.scripts.run import no_step_report
+    from gradprobe.scripts.step import backward_locations, replay
+
+    watch = run.watch
+    cap = watch.capture
+    if cap is None:
+        return no_step_report(tool, run, target)
+    progress("replaying the captured step")
+    rep = replay(watch, watch.user)
+    if rep is None:
+        return no_step_report(tool, run, target)
+    torch.set_grad_enabled(True)
+    step_facts: dict[str, Any] = {
+        "captured_at": cap.how, "step_location": cap.step_location, "closure": cap.closure,
+        "backward_locations": backward_locations(watch.backwards), "learning_rates": cap.lrs,
+        "model": type(rep.model).__name__, "script_seconds_to_step": round(run.seconds, 3),
+        "optimizer": type(cap.optimizer).__name__ if cap.optimizer is not None else None, **rep.facts,
+    }
+    device = _device_of(rep.model)
+    info = {"device": device, "grad_enabled_after_build": True, "script_step": step_facts}
+    from gradprobe.tools import BY_NAME
+
+    if rep.batch is None and rep.train_step is None and BY_NAME[tool].needs_step:
+        return {"tool_error": f"{tool}: the script's step could not be replayed (the model was never called with grad enabled)"}
+    loaded = Loaded(model=rep.model, batch=rep.batch, loss_fn=rep.loss_fn, optimizer=cap.optimizer, make_optimizer=None,
+                    train_step=rep.train_step, user=watch.user, record=record, device=device, info=info)
+    progress("checking")
+    try:
+        report = run_tool(tool, loaded, options)
+    except Exception as exc:  # ours: the script's own step ran
+        from gradprobe.sandbox.failures import internal_error_report
+
+        report = internal_error_report(tool, exc)
+    if watch.backwards:
+        report = _replay_failures_are_ours(tool, report)
+    lr_zero_now = bool(cap.lrs) and all(lr == 0 for lr in cap.lrs)
+    if lr_zero_now or watch.lr_zero_step is not None:
+        first_lrs, first_loc = watch.lr_zero_step or (cap.lrs, cap.step_location)
+        step_facts["first_step_lr_zero"] = {"learning_rates": first_lrs, "location": first_loc}
+        findings = _lr_zero_findings(report["findings"], first_lrs, first_loc, judged_on=None if lr_zero_now else cap.lrs)
+        report = make_report(tool, findings, report["summary"].splitlines()[1:], **report.get("facts", {}))
+    if run.ended in ("raised", "exited", "timeout") and cap.how == "backward":
+        # the script stopped between its backward and its first step: say so beside the findings
+        how = (f"raised {type(run.exc).__name__}: {run.exc}" if run.ended == "raised" and run.exc is not None
+               else {"exited": "called sys.exit()", "timeout": "ran out of time"}.get(run.ended, run.ended))
+        step_facts["script_ended"] = f"after its backward, before any optimizer step, the script {how}"[:1500]
+        if run.ended == "raised" and run.exc is not None:
+            step_facts["script_traceback"] = watch.user.trimmed_traceback(run.exc)
+        report["summary"] += f"\nThe script {how[:300]} after its first backward; the checks ran on that backward's step."
+    report.setdefault("facts", {})["script_step"] = step_facts
+    return report
+
+
+# a step that failed, a backward that raised, a loss without grad: the script's own step did none of these
+_REPLAY_FAILURES = ("GP100", "GP308", "GP310")
+
+
+def _internal(message: str, evidence: dict) -> Finding:
+    return make_finding("GP000", message, evidence=evidence,
+                        fix="This is a gradprobe limitation on this script (the script's own step ran); the evidence has the details.")
+
+
+def _replay_failures_are_ours(tool: str, report: dict) -> dict:
+    """The script's real forward and backward ran without error, so a failure of gradprobe's replay of
+    that step is gradprobe's, never the user's error."""
+    findings = report["findings"]
+    if not any(f["code"] in _REPLAY_FAILURES for f in findings):
+        return report
+    kept: list[Finding] = []
+    for f in findings:
+        if f["code"] in _REPLAY_FAILURES:
+            kept.append(_internal(f"gradprobe's replay of the captured step failed where the script's own step did not: {f['message']}",
+                                  {"replay_finding": f}))
+        else:
+            kept.append(f)
+    return make_report(tool, kept, report["summary"].splitlines()[1:], **report.get("facts", {}))
+
+
+def _lr_zero_findings(findings: list[Finding], lrs: list, loc: dict | None, judged_on: list | None) -> list[Finding]:
+    """A first step at lr 0 (a warm-up from 0) moves nothing by design: info, not GP207/GP205.
+    With `judged_on` (the lrs of a later step that was checked), updates were judged there."""
+    if judged_on is None:
+        out = [f for f in findings if f["code"] != "GP205"
+               and not (f["code"] == "GP207" and "lr=0" in f["evidence"].get("reason", ""))]
+        then = "no later step with a nonzero learning rate was reached, so updates were not judged."
+    else:
+        out = list(findings)
+        then = f"updates were judged on a later step (learning rates {judged_on})."
+    info = make_finding(
+        "GP205", f"The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), "
+                 f"typically a scheduler warming up from 0: that step moves nothing, as expected; {then}",
+        location=cast(Location | None, loc), evidence={"learning_rates": lrs, "first_step_lr_zero": True},
+        fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step.",
+        severity="info")  # expected of a warm-up from 0: information, not the catalogue's warning
+    out.append(info)
+    return out
+
+
+def _device_of(model: Any) -> str:
+    for p in model.parameters():
+        return str(p.device)
+    return "cpu"

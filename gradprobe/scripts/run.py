@@ -1,0 +1,175 @@
+"""Run a training script (or `python -m` module) in the child until its first step, then check that step.
+
+The script runs as `__main__` with `sys.argv` set, its own directory first on `sys.path`, and
+a working directory that mirrors the project (a link to each top-level entry) inside the call's
+scratch: relative reads reach the project's files, new files (checkpoints, logs) land in scratch.
+A timer stops a script that does not reach a step before its share of the timeout; a script
+that ends, exits or fails first gets GP112 with how far it got.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from gradprobe.findings import Finding, Location, make_finding
+from gradprobe.report import make_report
+from gradprobe.scripts.observe import StepWatch, StopScript
+
+# the script gets this share of the call's timeout; the rest is for the checks on its step
+SCRIPT_SHARE = 0.7
+
+
+def _mirror_cwd(project_dir: str, scratch: str) -> str:
+    """A directory in scratch that shows the project's top-level entries (links) and takes new files."""
+    run_dir = os.path.join(scratch, "run")
+    os.makedirs(run_dir, exist_ok=True)
+    try:
+        entries = os.listdir(project_dir)
+    except OSError:
+        entries = []
+    for name in entries:
+        link = os.path.join(run_dir, name)
+        if not os.path.lexists(link):
+            try:
+                os.symlink(os.path.join(project_dir, name), link)
+            except OSError:
+                pass
+    return run_dir
+
+
+class ScriptRun:
+    """The outcome of running the script: how it ended and what the watch saw."""
+
+    def __init__(self, watch: StepWatch):
+        self.watch = watch
+        self.ended = "finished"  # finished | stopped | exited | raised | timeout
+        self.exc: BaseException | None = None
+        self.stop_frame_loc: dict | None = None
+        self.exit_code: Any = None
+        self.seconds = 0.0
+        self.t0 = time.monotonic()
+
+    def restore(self) -> None:
+        """Stop the timer and the observers (the checks run next)."""
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        self.watch.uninstall()
+        self.seconds = self.seconds or time.monotonic() - self.t0
+
+    def rearm(self) -> None:
+        """Observers back and a 1 s repeating timer, to stop the script again if it goes on."""
+        self.watch.install()
+        signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
+
+
+def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
+               started: Callable[[ScriptRun], None] = lambda run: None) -> ScriptRun:
+    project_dir = os.path.realpath(target["project_dir"])
+    script: str | None = target.get("script")
+    module = str(target.get("module") or "")
+    args = [str(a) for a in (target.get("args") or [])]
+    scratch = os.environ.get("TMPDIR") or os.getcwd()
+    run = ScriptRun(watch)
+    started(run)
+    child_t0 = getattr(getattr(progress, "__self__", None), "t0", None)  # the child's start (its result channel)
+    elapsed = time.monotonic() - child_t0 if isinstance(child_t0, float) else 0.0
+    budget = float(target.get("timeout_s") or 120.0) * SCRIPT_SHARE - elapsed
+    t0 = time.monotonic()
+
+    def on_alarm(signum, frame):
+        if watch.capture is None and not watch.stopping:
+            run.ended = "timeout"
+            run.stop_frame_loc = watch.user.innermost(frame)
+            run.seconds = time.monotonic() - t0
+            watch.stopping = True
+            raise StopScript("gradprobe's time for the script ran out")
+        watch.stop_swallowed()
+
+    old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(budget, 1.0), 1.0)  # repeats: a swallowed stop comes back
+    saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
+    os.chdir(_mirror_cwd(project_dir, scratch))
+    run.t0 = t0
+    watch.install()
+    progress("running the script")
+    try:
+        if script:
+            path = os.path.join(project_dir, script)
+            sys.argv = [path, *args]
+            sys.path.insert(0, os.path.dirname(path))
+            if project_dir not in sys.path:
+                sys.path.insert(1, project_dir)
+            runpy.run_path(path, run_name="__main__")
+        else:
+            sys.argv = [module, *args]
+            sys.path.insert(0, project_dir)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except StopScript as exc:
+        run.exc = exc
+        if watch.capture is not None:
+            run.ended = "stopped"
+    except SystemExit as exc:
+        run.ended, run.exc, run.exit_code = "exited", exc, exc.code
+    except BaseException as exc:  # the script's own error (or a KeyboardInterrupt it raised)
+        run.ended, run.exc = "raised", exc
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        watch.uninstall()
+        run.seconds = run.seconds or time.monotonic() - t0
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        os.chdir(saved_cwd)
+    if watch.capture is not None and run.ended != "timeout":
+        run.ended = "stopped"
+    elif watch.capture is None and watch.backwards and run.ended in ("finished", "exited", "timeout", "raised"):
+        # backward ran but no optimizer stepped (the script ended, failed or ran out of time first):
+        # the last backward is the step, with the optimizer made last
+        last = watch.backwards[-1]
+        opt = watch.optimizers[-1] if watch.optimizers else None
+        watch.take(opt, last.location, closure=False, how="backward", in_script=False)
+    return run
+
+
+def no_step_finding(run: ScriptRun, target: dict) -> Finding:
+    """GP112: the script never reached a training step; say how it ended and how far it got."""
+    watch = run.watch
+    name = target.get("script") or f"-m {target.get('module')}"
+    phase = watch.phase_name()
+    loc = run.stop_frame_loc
+    evidence: dict[str, Any] = {"ended": run.ended, "furthest_phase": phase, "script_seconds": round(run.seconds, 2),
+                                "modules_called_with_grad": len(watch.calls), "backward_calls": len(watch.backwards)}
+    if run.ended == "timeout":
+        where = f" at line {loc['line']} of {os.path.basename(loc['file'])}" if loc else ""
+        msg = (f"{name} ran for {run.seconds:.0f}s (gradprobe's share of the timeout) without reaching a training step; "
+               f"it was{where} when stopped (furthest: {phase}).")
+        fix = "Give the call a larger timeout_s, or arguments that reach the first step sooner (fewer eval/warm-up iterations, a smaller dataset)."
+    elif run.ended == "exited":
+        loc = watch.user.innermost_of_traceback(run.exc) if run.exc is not None else None
+        msg = f"{name} called sys.exit({run.exit_code!r}) before any training step (furthest: {phase})."
+        fix = "Pass the arguments the script needs to start training (see its usage message in the output)."
+    elif run.ended == "raised" and run.exc is not None:
+        loc = watch.user.innermost_of_traceback(run.exc)
+        evidence.update(exception=type(run.exc).__name__, traceback=watch.user.trimmed_traceback(run.exc))
+        msg = f"{name} failed before any training step while {phase}: {type(run.exc).__name__}: {run.exc}"
+        fix = "Fix the error in the traceback (evidence.traceback); the script must reach loss.backward() and optimizer.step()."
+    elif watch.forward_error is not None:
+        exc, loc = watch.forward_error
+        evidence.update(exception=type(exc).__name__, traceback=watch.user.trimmed_traceback(exc))
+        msg = (f"{name} {run.ended} without a training step: its forward raised {type(exc).__name__}: {exc}, "
+               "and the script caught that error and went on.")
+        fix = "Fix the error of the forward (evidence.traceback); do not catch and ignore exceptions around the training loop."
+    else:
+        msg = (f"{name} finished without calling backward() or optimizer.step() (furthest: {phase}); "
+               "an exception caught around the training loop, or arguments that skip training, end it early.")
+        fix = "Run it with arguments that train at least one step; do not catch and ignore exceptions around the loop."
+    return make_finding("GP112", msg, location=cast(Location | None, loc), evidence=evidence, fix=fix)
+
+
+def no_step_report(tool: str, run: ScriptRun, target: dict) -> dict:
+    f = no_step_finding(run, target)
+    return make_report(tool, [f], [f"The script reached no training step ({run.ended})."])
