@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from gradprobe.tools import TOOLS
@@ -26,59 +25,97 @@ def _target_from_args(args) -> dict:
               "seed": args.seed, "timeout_s": args.timeout, "setup": args.setup, "python": args.python}
     for field in ("inputs", "loss", "optimizer", "train_step"):
         target[field] = ref(getattr(args, field))
+    if not (args.project_dir or args.file) and args.model and os.path.isabs(args.model):
+        del target["project_dir"]  # an absolute --model file: its directory is the project
     return {k: v for k, v in target.items() if v is not None}
+
+
+def _fail(args, kind: str, message: str, code: int) -> int:
+    """An error the user can act on: one line on stderr, or a JSON error object on stdout with --json."""
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "tool": args.command, "error": {"kind": kind, "message": message}}, indent=1))
+    else:
+        print(f"gradprobe: {message}", file=sys.stderr)
+    return code
 
 
 def _run_check(args) -> int:
     import anyio
+    from pydantic import ValidationError
 
-    from gradprobe.render import render_text
+    from gradprobe.render import clean, render_text
     from gradprobe.sandbox.execute import execute
     from gradprobe.sandbox.runner import ToolInputError
-    from gradprobe.target import Target
+    from gradprobe.target import Target, explain_validation_error
 
     try:
         target = Target.model_validate(_target_from_args(args))
-    except Exception as exc:
-        print(f"gradprobe: bad target: {exc}", file=sys.stderr)
-        return 2
+    except ValidationError as exc:
+        return _fail(args, "bad-target", f"bad target: {explain_validation_error(exc)}", 2)
     options = {}
     if args.command == "check_optimizer_coverage":
         options["step"] = not args.no_step
     try:
         report = anyio.run(execute, args.command, target, options)
     except ToolInputError as exc:
-        print(f"gradprobe: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, "bad-target", str(exc), 2)
+    except Exception as exc:  # a gradprobe bug: exit 3, never mistaken for a finding (1); JSON with --json
+        if not args.json:
+            import traceback
+
+            traceback.print_exc()
+        return _fail(args, "internal-error", f"gradprobe failed (a gradprobe bug): {type(exc).__name__}: {exc}", 3)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
         print(render_text(report, color=sys.stdout.isatty() and not args.no_color))
-        mermaid = (report.get("facts") or {}).get("mermaid")
-        if mermaid and args.mermaid:
-            print("\n" + mermaid)
+        flow = (report.get("facts") or {}).get("flow")
+        if flow and args.mermaid:
+            from gradprobe.flowchart import flow_mermaid
+
+            print("\n" + clean(flow_mermaid(flow)))
     return 0 if report.get("ok") else 1
 
 
-def _limits(args):
+def serve_options(args):
+    """The one place serving flags become typed options (gradprobe.server.options.ServeOptions)."""
     from gradprobe.sandbox.runner import Limits
+    from gradprobe.server.options import HttpOptions, ServeOptions
 
-    return Limits(memory_bytes=int(getattr(args, "memory_gb", 8.0) * 1024**3),
-                  isolate=not getattr(args, "no_isolation", False), require_isolation=getattr(args, "require_isolation", False))
+    http = None
+    if args.http:
+        http = HttpOptions(host=args.host, port=args.port, token_file=args.token_file, insecure_no_auth=args.insecure_no_auth,
+                           allowed_hosts=tuple(args.allowed_host), allowed_origins=tuple(args.allowed_origin),
+                           max_body=args.max_body, public_url=args.public_url, issuer_url=args.issuer_url,
+                           max_connections=args.max_connections, header_timeout_s=args.header_timeout)
+    limits = Limits(memory_bytes=int(args.memory_gb * 1024**3), isolate=not args.no_isolation,
+                    require_isolation=args.require_isolation)
+    if args.executor == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            sys.exit("gradprobe: --executor ray needs Ray: pip install 'gradprobe[ray]'")
+    return ServeOptions(max_concurrent=args.max_concurrent, per_caller=args.per_caller, warm=not args.cold,
+                        allowed_roots=tuple(args.allow_root or ()), allowed_pythons=tuple(args.allow_python), limits=limits,
+                        executor=args.executor, ray_address=args.ray_address, http=http)
 
 
-def _executor(args):
-    if getattr(args, "executor", "local") != "ray":
-        return None
-    try:
-        from gradprobe.sandbox.ray_executor import RayExecutor
-    except ImportError:
-        sys.exit("gradprobe: --executor ray needs Ray: pip install 'gradprobe[ray]'")
-    return RayExecutor(args.ray_address, num_cpus=args.max_concurrent)
+class _Parser(argparse.ArgumentParser):
+    """With --json on the command line, even a usage error is a JSON error object."""
+
+    json_errors = False
+
+    def error(self, message: str):  # type: ignore[override]
+        if _Parser.json_errors:
+            tool = self.prog.split()[-1]
+            print(json.dumps({"ok": False, "tool": tool, "error": {"kind": "usage", "message": message}}, indent=1))
+            sys.exit(2)
+        super().error(message)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="gradprobe", description="Measure why gradients do not flow in PyTorch code.")
+    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
+    parser = _Parser(prog="gradprobe", description="Measure why gradients do not flow in PyTorch code.")
     sub = parser.add_subparsers(dest="command")
     serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
     serve.add_argument("--max-concurrent", type=int, default=None, help="checks running at once (default: cores)")
@@ -91,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--memory-gb", type=float, default=8.0, help="memory limit of each check (cgroup; address space on CPU runs)")
     serve.add_argument("--executor", choices=["local", "ray"], default="local", help="where sandboxed jobs run")
     serve.add_argument("--ray-address", default="local", help="Ray cluster address ('auto', 'ray://host:10001'); 'local' starts one here")
-    serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name outside the roots")
+    serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name (repeatable); with --allow-root or over HTTP, no other is accepted")
     http = serve.add_argument_group("Streamable HTTP (for teams)")
     http.add_argument("--http", action="store_true", help="serve Streamable HTTP instead of stdio")
     http.add_argument("--host", default="127.0.0.1")
@@ -102,12 +139,16 @@ def main(argv: list[str] | None = None) -> None:
     http.add_argument("--allowed-origin", action="append", default=[], help="Origin header values to accept")
     http.add_argument("--per-caller", type=int, default=None, help="running checks per caller (default: half the pool, at least 1)")
     http.add_argument("--max-body", type=int, default=1024 * 1024, help="request body limit in bytes")
+    http.add_argument("--max-connections", type=int, default=256, help="open connections at once (beyond: 503)")
+    http.add_argument("--header-timeout", type=float, default=10.0, help="seconds a connection may take to send a request head")
     http.add_argument("--public-url", default=None, help="the URL clients use (behind a TLS proxy), for the auth metadata")
     http.add_argument("--issuer-url", default=None, help="the authorization server advertised to clients (default: the public URL)")
     sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")
+    sub.add_parser("mcp-config", help="print a host config (claude_desktop_config.json) with this interpreter's full path")
+    tool_parsers = {}
     for spec in TOOLS:
         tool = spec.name
-        p = sub.add_parser(tool, help=f"{spec.help} (prints the report)")
+        p = tool_parsers[tool] = sub.add_parser(tool, help=f"{spec.help} (prints the report)")
         p.add_argument("file", nargs="?", help="the user's file (e.g. train.py); its directory is the project")
         p.add_argument("--project-dir", default=None)
         p.add_argument("--model", default=None, help="callable in FILE building the model (default: build_model)")
@@ -126,21 +167,30 @@ def main(argv: list[str] | None = None) -> None:
         if tool == "check_optimizer_coverage":
             p.add_argument("--no-step", action="store_true")
     args = parser.parse_args(argv)
-    if args.command in (None, "serve"):
-        if getattr(args, "http", False):
+    if args.command is None:
+        args = parser.parse_args(["serve"])
+    if args.command == "serve":
+        options = serve_options(args)
+        if options.http is not None:
             from gradprobe.server.http import serve_http
 
-            if args.per_caller is None:
-                args.per_caller = max(1, (args.max_concurrent or os.cpu_count() or 2) // 2)
-            sys.exit(serve_http(args))
+            sys.exit(serve_http(options))
         from gradprobe.server.app import serve_stdio
 
-        serve_stdio(max_concurrent=getattr(args, "max_concurrent", None), warm=not getattr(args, "cold", False),
-                    allowed_roots=getattr(args, "allow_root", None), allowed_pythons=getattr(args, "allow_python", None),
-                    limits=_limits(args), executor=_executor(args))
+        serve_stdio(options)
+        return
+    if args.command == "mcp-config":
+        # hosts start servers without the user's PATH or virtualenv: name this interpreter by its full path
+        server = {"command": sys.executable, "args": ["-m", "gradprobe", "serve"]}
+        print(json.dumps({"mcpServers": {"gradprobe": server}}, indent=2))
         return
     if args.command == "demo":
         from gradprobe.demo import run_demo
 
         sys.exit(run_demo())
+    if not (args.file or args.setup or args.model):
+        if args.json:
+            sys.exit(_fail(args, "usage", f"give the file to check, e.g. `gradprobe {args.command} train.py`", 2))
+        tool_parsers[args.command].print_help(sys.stderr)
+        sys.exit(2)
     sys.exit(_run_check(args))

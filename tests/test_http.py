@@ -39,8 +39,8 @@ def http_server(tmp_path_factory):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), "--token-file", str(tmp / "tokens"),
-         "--allow-root", str(EXAMPLES), "--allow-root", str(inside)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+         "--allow-root", str(EXAMPLES), "--allow-root", str(inside), "--header-timeout", "2"],
+        stdout=open(tmp / "access.log", "w"), stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -60,8 +60,10 @@ def http_server(tmp_path_factory):
     except subprocess.TimeoutExpired:
         proc.kill()
         _, err = proc.communicate()
+    err += (tmp / "access.log").read_text()  # uvicorn's access log goes to stdout
     assert "alice-secret-token" not in err and "bob-secret-token" not in err, "a token reached the log"
-    assert "caller=alice tool=inspect_parameters" in err, "audit lines name the caller"
+    assert '"caller": "alice", "tool": "inspect_parameters"' in err, "audit lines name the caller"
+    assert "?[redacted]" in err, "the query string of a refused request is redacted, not dropped silently"
 
 
 def authed(token: str = "alice-secret-token") -> httpx2.AsyncClient:
@@ -76,6 +78,38 @@ def test_unauthenticated_and_wrong_token_get_401(http_server):
     assert r.status_code == 401
     r = httpx2.post(url, json=INIT, headers={**HEADERS, "Authorization": "Bearer alice-secret-token"})
     assert r.status_code == 200
+
+
+def test_a_half_sent_request_is_dropped_after_the_header_timeout(http_server):
+    with socket.create_connection(("127.0.0.1", http_server["port"])) as s:
+        s.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and nothing more
+        s.settimeout(8)
+        t0 = time.monotonic()
+        assert s.recv(1024) == b"" and time.monotonic() - t0 < 7  # closed by the server, not by our timeout
+
+
+def test_a_token_in_the_query_string_is_refused_and_never_logged(http_server):
+    r = httpx2.post(http_server["url"] + "/mcp?access_token=alice-secret-token", json=INIT, headers=HEADERS)
+    assert r.status_code == 401  # and the fixture's teardown finds no token in the server's log
+
+
+@pytest.mark.anyio
+async def test_only_listed_interpreters_and_one_answer_for_outside_or_missing(http_server):
+    inside = http_server["inside"]
+    fake = inside / "python"
+    fake.write_text("#!/bin/sh\nid > /tmp/gradprobe-should-not-run\n")
+    fake.chmod(0o755)
+    (inside / "case.py").write_text("import torch.nn as nn\ndef build_model():\n    return nn.Linear(2, 2)\n")
+    async with authed("bob-secret-token") as http:
+        async with Client(streamable_http_client(http_server["url"] + "/mcp", http_client=http)) as c:
+            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(inside), "model": "case.py", "python": str(fake)}})
+            assert r.is_error and "--allow-python" in r.content[0].text, r.content[0].text
+            answers = []
+            for model in (f"../../{http_server['outside'].name}/case.py", "../../no-such-dir/nothing.py"):
+                r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(inside), "model": model}})
+                assert r.is_error and "is outside the roots" in r.content[0].text, r.content[0].text
+                answers.append(r.content[0].text.split("' is outside")[-1])
+            assert answers[0] == answers[1], answers
 
 
 def test_bad_host_and_origin_are_refused(http_server):
@@ -116,3 +150,52 @@ def test_non_loopback_bind_without_auth_is_refused():
     out = subprocess.run([sys.executable, "-m", "gradprobe", "serve", "--http", "--host", "0.0.0.0", "--port", str(free_port())],
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2 and "without authentication" in out.stderr
+
+
+def sse_events(text: str) -> list[dict]:
+    """The events of an SSE body, each as {field: value} (data lines joined)."""
+    events = []
+    for block in text.replace("\r\n", "\n").strip().split("\n\n"):
+        event: dict = {}
+        for line in block.split("\n"):
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            event[field] = event[field] + "\n" + value if field in event and field == "data" else value
+        events.append(event)
+    return events
+
+
+def test_sse_streams_send_a_priming_event_with_retry_and_resume(http_server):
+    """Each SSE stream opens with an id, empty data and `retry`; a client that lost it resumes with Last-Event-ID."""
+    url = http_server["url"] + "/mcp"
+    auth = {**HEADERS, "Authorization": "Bearer alice-secret-token"}
+    r = httpx2.post(url, json=INIT, headers=auth)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    first, *rest = sse_events(r.text)
+    assert first.get("id") and first.get("data") == "" and int(first["retry"]) > 0, first
+    assert any('"serverInfo"' in e.get("data", "") for e in rest)
+    session = {**auth, "mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    httpx2.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+    r = httpx2.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, headers=session)
+    priming, *answer = sse_events(r.text)
+    assert priming.get("id") and "retry" in priming and any('"diagnose"' in e.get("data", "") for e in answer)
+    with httpx2.stream("GET", url, headers={**session, "Accept": "text/event-stream", "Last-Event-ID": priming["id"]},
+                       timeout=10) as replay:
+        assert replay.status_code == 200
+        seen = ""
+        for chunk in replay.iter_text():
+            seen += chunk
+            if '"diagnose"' in seen:
+                break
+    assert '"diagnose"' in seen, "the tools/list answer was not replayed after the priming event"
+
+
+@pytest.mark.anyio
+async def test_model_given_as_an_absolute_path_alone_and_roots_still_apply(http_server):
+    async with authed() as http:
+        async with Client(streamable_http_client(http_server["url"] + "/mcp", http_client=http)) as c:
+            r = await c.call_tool("inspect_parameters", {"target": {"model": str(EXAMPLES / "gp101_temperature_tensor.py")}})
+            assert not r.is_error, r.content
+            assert r.structured_content["findings"][0]["code"] == "GP101"
+            r = await c.call_tool("inspect_parameters", {"target": {"model": str(http_server["outside"] / "case.py")}})
+            assert r.is_error and "outside the roots" in r.content[0].text

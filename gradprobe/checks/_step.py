@@ -111,6 +111,8 @@ class StepResult:
     anomaly_trace: str | None = None
     nonfinite_location: dict | None = None
     nonfinite_anomaly: str | None = None
+    # why the step was not run at all (its error is then not the user's step's)
+    not_run: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -148,6 +150,16 @@ def run_step(loaded: Any, *, optimizer_step: bool, observers: Sequence[AbstractC
     """The one step runner: the user's train_step when there is one, else forward + loss + backward (+ step),
     with `observers` active (entered in order, left in reverse)."""
     result = StepResult(kind="train_step" if loaded.train_step is not None else "default")
+    failed = getattr(loaded, "optimizer_error", None)
+    if failed is not None and loaded.train_step is not None and loaded.optimizer is None:
+        # the user's step needs the optimizer that make_optimizer failed to build: that failure is the root, not a
+        # None optimizer inside train_step
+        cause = failed.cause if failed.cause is not None else failed
+        result.error = failed
+        result.error_location = loaded.user.innermost_of_traceback(cause) if failed.cause is not None else None
+        result.error_traceback = loaded.user.trimmed_traceback(cause) if failed.cause is not None else str(failed)
+        result.not_run = "make_optimizer failed, so train_step was not run"
+        return result
     with ExitStack() as stack:
         for obs in observers:
             stack.enter_context(obs)

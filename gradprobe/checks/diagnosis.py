@@ -4,8 +4,11 @@ The step runs once with every observer active (the trace mode, gradient hooks,
 the optimizer's step and zero_grad calls, custom Function capture, the HF base
 model's inputs). Each check then reads what it needs. Findings are ranked by
 how much they explain (a missing registration before the traces it causes), and
-a finding whose parameters are all named by a higher-ranked error is folded into
-that error's evidence.related, so one root cause reads as one finding.
+a finding that shares its cause with a higher-ranked error (the same line, or a
+causal link declared in EXPLAINS) and whose parameters that error all names is
+folded into its evidence.related, so one root cause reads as one finding and an
+unrelated error never hides a real one. After the step, what the step itself set
+on modules is inspected again (lazy state, parameters replaced on the first call).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from gradprobe.checks import gradcheck, optimizer, prompt_tuning, registration, 
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks._step import param_names
 from gradprobe.flowchart import flow_graph, flow_mermaid
+from gradprobe.loading import BuildRecorder
 from gradprobe.report import make_report
 
 def _rank(f: Finding) -> tuple:
@@ -25,25 +29,44 @@ def _rank(f: Finding) -> tuple:
     return (SEVERITY_RANK[f["severity"]], catalogue()[f["code"]]["rank"], -len(f["parameters"]))
 
 
-def _consequence(code: str) -> bool:
-    return catalogue()[code]["consequence"]
+# causal links: a finding of the key's code makes findings of these codes happen (about the same parameters,
+# or about none); only such a link, or the same op/line, lets one finding fold into another
+_CUTS = frozenset({"GP301", "GP310", "GP501"})  # "no gradient arrived": what every cut explains
+EXPLAINS: dict[str, frozenset[str]] = {
+    "GP101": _CUTS, "GP102": _CUTS, "GP103": _CUTS, "GP109": _CUTS | {"GP206", "GP308", "GP510"}, "GP107": _CUTS | {"GP110"},
+    "GP110": _CUTS | {"GP308", "GP311"}, "GP111": _CUTS | {"GP303", "GP308"},
+    "GP201": frozenset({"GP207", "GP504"}), "GP202": frozenset({"GP201", "GP207", "GP504", "GP311"}),
+    "GP204": frozenset({"GP207"}), "GP206": frozenset({"GP207"}), "GP207": frozenset({"GP205"}), "GP208": frozenset({"GP201", "GP207", "GP504"}),
+    "GP302": _CUTS, "GP303": _CUTS, "GP304": _CUTS, "GP305": _CUTS, "GP309": _CUTS, "GP307": frozenset({"GP207"}),
+    "GP401": frozenset({"GP307"}), "GP402": _CUTS | {"GP308"}, "GP403": _CUTS | {"GP308"},
+    "GP404": _CUTS | {"GP308"}, "GP406": _CUTS, "GP407": _CUTS,
+    "GP502": _CUTS | {"GP305"}, "GP505": _CUTS | {"GP303", "GP305", "GP308"}, "GP510": _CUTS | {"GP504", "GP109"},
+    "GP511": _CUTS | {"GP303", "GP308"}, "GP508": frozenset({"GP503"}),
+}
+
+
+def _same_site(a: Finding, b: Finding) -> bool:
+    la: dict = dict(a.get("location") or {})
+    lb: dict = dict(b.get("location") or {})
+    return bool(la.get("file") and la.get("line")) and (la.get("file"), la.get("line")) == (lb.get("file"), lb.get("line"))
+
+
+def shares_cause(f: Finding, host: Finding) -> bool:
+    """f is explained by host: the same op or line, or a causal link from host's code to f's."""
+    return _same_site(f, host) or f["code"] in EXPLAINS.get(host["code"], frozenset())
 
 
 def fold(findings: list[Finding]) -> list[Finding]:
-    """Rank, then fold findings explained by a higher-ranked error into its evidence.related."""
+    """Rank, then fold each finding that shares its cause with a higher-ranked error into that error's
+    evidence.related. A finding with parameters folds only into an error that names all of them, so every
+    parameter without a gradient stays named by an unfolded error."""
     kept: list[Finding] = []
     for f in sorted(findings, key=_rank):
         params = set(f["parameters"])
         host = None
         if f["severity"] != "info":
-            for k in kept:
-                if k["severity"] != "error":
-                    continue
-                if params and params <= set(k["parameters"]):
-                    host = k
-                    break
-            if host is None and not params and _consequence(f["code"]):
-                host = next((k for k in kept if k["severity"] == "error" and not _consequence(k["code"])), None)
+            host = next((k for k in kept if k["severity"] == "error" and (not params or params <= set(k["parameters"]))
+                         and shares_cause(f, k)), None)
         if host is not None:
             host["evidence"].setdefault("related", []).append(
                 {"code": f["code"], "name": f["name"], "message": f["message"], "location": f["location"]})
@@ -88,20 +111,31 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     if loaded.batch is None and loaded.train_step is None:
         facts["note"] = "no inputs and no train_step: the step-based checks were skipped"
         return findings, facts
+    if loaded.optimizer_error is not None and loaded.train_step is not None and loaded.optimizer is None:
+        # reported once above, as the root: train_step cannot run without the optimizer it takes
+        facts["note"] = "make_optimizer failed, so train_step was not run: the step-based checks were skipped"
+        found = prompt_tuning.find_prompt(model)
+        if found.any:
+            findings += prompt_tuning.nonleaf_prompt_findings(loaded, found.attrs)
+        return findings, facts
     nonleaf_before = {f["evidence"]["attribute"]: _attribute(model, f["evidence"]["attribute"])
                       for f in findings if f["code"] == "GP109" and "attribute" in f["evidence"]}
     found = prompt_tuning.find_prompt(model)
-    # a mostly frozen model alone is no prompt tuning, PEFT or not: adapters (LoRA, IA3, ...) feed no input positions
-    prompt_on = found.any and found.how in ("caller", "peft", "named")
+    # a mostly frozen model alone is no prompt tuning, PEFT or not: adapters (LoRA, IA3, ...) feed no input positions;
+    # the input embedding trained alone in a frozen LM is (new token embeddings as the tuning mechanism)
+    prompt_on = found.any and found.how in ("caller", "peft", "named", "embedding")
     base = prompt_tuning.find_base(model) if prompt_on else None
     opt = loaded.optimizer if isinstance(loaded.optimizer, torch.optim.Optimizer) else None
     before = optimizer.snapshot(model) if opt is not None else None
     tracer = trace.GradTracer(model, loaded.user, provenance=prompt_on)
     grads = trace.GradRecorder(model)
+    tracer.watch_plain(registration.plain_tensor_attributes(model))
     capture = gradcheck.ApplyWatch(loaded.user, {i: n[0] for i, n in param_names(model).items()}, capture=True)
     direct = gradcheck.DirectForwardWatch(loaded.user)
     base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
     with contextlib.ExitStack() as stack:
+        # where the step itself sets module attributes: lazily created state, parameters replaced on the first call
+        stack.enter_context(BuildRecorder(loaded.user, loaded.record))
         step_obs = stack.enter_context(optimizer.StepObserver(model, opt)) if opt is not None else None
         stack.enter_context(capture)
         stack.enter_context(direct)
@@ -110,6 +144,13 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
     findings = _forward_caches(findings, model, nonleaf_before)
     tfindings, tfacts = trace.analyze(tracer, grads, model, step)
+    if coverage and not step.failed and tracer.backward_calls and tracer.backward_error is None:
+        settled = optimizer.settle_coverage(coverage, model, set(grads.got))
+        findings = [f for f in findings if not any(f is c for c in coverage)] + settled
+        coverage = settled
+    findings += registration.plain_tensor_findings(model, tracer.plain_uses, loaded.record)
+    findings += _after_step(loaded, opt, findings)
+    registration.settle_buffers(findings, model, set(grads.got))
     findings += tfindings
     facts.update(tfacts)
     facts["checks"].append("trace")
@@ -129,6 +170,20 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         facts["prompt_tuning"] = pfacts
         facts["checks"].append("prompt_tuning")
     return findings, facts
+
+
+def _after_step(loaded, opt, before: list[Finding]) -> list[Finding]:
+    """Inspect again after the observed step: state the forward created or replaced is invisible before it."""
+    seen = {(f["code"], tuple(f["parameters"])) for f in before}
+    new: list[Finding] = []
+    for f in registration.check_registration(loaded.model, loaded.record, loaded.info, user=loaded.user):
+        if (f["code"], tuple(f["parameters"])) not in seen and f["code"] in ("GP101", "GP102", "GP103", "GP104", "GP109"):
+            f["evidence"]["created_during_step"] = True
+            f["message"] += " (set during the step: created by the forward, not in __init__)"
+            new.append(f)
+    if opt is not None:
+        new += optimizer.replaced_during_step(loaded.model, opt, loaded.record, seen)
+    return new
 
 
 def _unregistered_rows(findings: list[Finding]) -> list[dict]:
@@ -151,9 +206,15 @@ def diagnose_report(loaded) -> dict:
     summary = [f"Checks run: {', '.join(facts['checks'])}."]
     if facts.get("note"):
         summary.append(facts["note"])
+    unregistered = [r["name"] for r in rows if r["name"] not in names_in_table]
     if table:
         bad = [r["name"] for r in table if r["grad"] != "ok"]
-        summary.append(f"{len(table)} trainable parameters traced, {len(table) - len(bad)} got a finite nonzero gradient.")
+        line = f"{len(table)} trainable parameters traced, {len(table) - len(bad)} got a finite nonzero gradient"
+        if unregistered:  # what the model does not register is missing from the table, not healthy
+            codes = sorted({f["code"] for f in kept if set(f["parameters"]) & set(unregistered)})
+            line += (f"; {len(unregistered)} more tensor(s) meant to learn are not registered ({', '.join(codes)}) "
+                     "and cannot get a gradient")
+        summary.append(line + ".")
     return make_report("diagnose", kept, summary, **facts)
 
 

@@ -21,8 +21,8 @@ from gradprobe.report import make_report
 RULES = {
     "GP201": {
         "name": "param-not-in-optimizer", "severity": "error", "rank": 33,
-        "summary": "A trainable parameter of the model is in no param group.",
-        "why": "optimizer.step() only updates the tensors it was given: the parameter gets a gradient and never changes.",
+        "summary": "A trainable parameter of the model is in no param group (an error when it gets a gradient; info when the measured step gave it none).",
+        "why": "optimizer.step() only updates the tensors it was given: the parameter gets a gradient and never changes. One deliberately kept out of training and unused by the step (a calibration temperature) loses nothing: freeze it to say so.",
         "example": "opt = Adam(self.parameters())  # in __init__, before a subclass adds value_head",
         "fix": "Build the optimizer after the model is complete: opt = Adam(model.parameters())",
     },
@@ -30,8 +30,8 @@ RULES = {
         "name": "stale-optimizer-reference", "severity": "error", "rank": 11,
         "summary": "The optimizer holds tensors that are not the model's current parameters.",
         "why": "After a model is rebuilt, deep-copied, reloaded or a parameter replaced, the optimizer keeps updating the old tensors; the live model never changes.",
-        "example": "agent.online = copy.deepcopy(pretrained)  # after the optimizer was built",
-        "fix": "Load weights in place (agent.online.load_state_dict(pretrained.state_dict())) or rebuild the optimizer after replacing modules.",
+        "example": "model.encoder = copy.deepcopy(pretrained_encoder)  # after the optimizer was built",
+        "fix": "Load the new weights into the existing module (module.load_state_dict(new.state_dict())) or build the optimizer after replacing modules.",
     },
     "GP203": {
         "name": "frozen-param-in-optimizer", "severity": "info", "rank": 99,
@@ -84,6 +84,14 @@ RULES = {
     },
 }
 
+
+def _gp202_fix(modules: list[str]) -> str | None:
+    """GP202's fix in the user's own names: the replaced modules, loaded in place."""
+    mods = [m for m in modules if m][:3]
+    if not mods:
+        return None
+    return (f"Load the new weights into the existing module ({'; '.join(f'model.{m}.load_state_dict(new.state_dict())' for m in mods)}) "
+            "instead of assigning a new one, or build the optimizer after the replacement.")
 
 def _opt_site(loaded_record, optimizer):
     if loaded_record is None:
@@ -176,6 +184,7 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
                "which the model has since replaced (rebuilt, deep-copied or reloaded)." if replaced else "the model was rebuilt or a parameter replaced."),
             parameters=replaced, location=loc or site,
             evidence={"stale_tensors": guesses, "optimizer_created_at": site},
+            fix=_gp202_fix(sorted({module_of(n) for n in replaced})),
         ))
         missing_stale = {n for n in replaced}
     else:
@@ -215,6 +224,57 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
             parameters=nonleaf, location=site, evidence={"non_leaf": nonleaf},
         ))
     return findings, groups
+
+
+def replaced_during_step(model: nn.Module, optimizer, record, seen: set[tuple]) -> list[Finding]:
+    """GP202 for parameters the step itself replaced (a data-dependent init swapping in new nn.Parameter objects
+    on the first call, after the optimizer was built); `seen` holds (code, parameters) already reported."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return []
+    out = []
+    for f in check_coverage(model, optimizer, record)[0]:
+        if f["code"] == "GP202" and (f["code"], tuple(f["parameters"])) not in seen:
+            f["message"] += " The replacement happened during the step (e.g. a data-dependent initialisation on the first call)."
+            f["evidence"]["replaced_during_step"] = True
+            f["fix"] = ("Initialise in place so the optimizer keeps the same tensors (with torch.no_grad(): "
+                        "self.<param>.copy_(<value>)), or build the optimizer after the first forward.")
+            out.append(f)
+    return out
+
+
+def settle_coverage(coverage: list[Finding], model: nn.Module, got_grad: set[int]) -> list[Finding]:
+    """After a measured step, GP201 stays an error only for the parameters that got a gradient there.
+
+    A trainable parameter outside the optimizer that the step gave no gradient (a calibration temperature
+    fitted after training, a head used only in eval) loses nothing in this step: it is said as info.
+    """
+    names = param_names(model)
+    by_name = {ns[0]: pid for pid, ns in names.items()}
+    out: list[Finding] = []
+    for f in coverage:
+        if f["code"] != "GP201":
+            out.append(f)
+            continue
+        fed = [n for n in f["parameters"] if by_name.get(n) in got_grad]
+        idle = [n for n in f["parameters"] if by_name.get(n) not in got_grad]
+        if fed:
+            out.append(make_finding(
+                "GP201",
+                f"{len(fed)} trainable parameter(s) got a gradient in this step but are in no param group of the optimizer: "
+                f"{', '.join(fed[:6])}{'...' if len(fed) > 6 else ''}. step() never updates them.",
+                parameters=fed, location=f["location"], evidence={**f["evidence"], "missing": len(fed), "got_gradient": True},
+                fix=f["fix"]))
+        if idle:
+            info = make_finding(
+                "GP201",
+                f"{len(idle)} trainable parameter(s) are in no param group and got no gradient in this step: "
+                f"{', '.join(idle[:6])}{'...' if len(idle) > 6 else ''}. Nothing is lost in this step; if they are "
+                "deliberately kept out of training, freeze them (requires_grad_(False)) to say so.",
+                parameters=idle, location=f["location"], evidence={**f["evidence"], "missing": len(idle), "got_gradient": False},
+                fix="If they should learn, add them to the optimizer; if not, p.requires_grad_(False).")
+            info["severity"] = "info"
+            out.append(info)
+    return out
 
 
 def _grad_max(p) -> float:
@@ -308,14 +368,19 @@ def analyze_step(model: nn.Module, optimizer, before: dict, obs: StepObserver, c
 
 def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
     """Run one real step and report parameters with a nonzero gradient that did not change (GP207)."""
+    from gradprobe.loading import BuildRecorder
+
     before = snapshot(loaded.model)
-    with StepObserver(loaded.model, loaded.optimizer) as obs:
+    with StepObserver(loaded.model, loaded.optimizer) as obs, BuildRecorder(loaded.user, loaded.record):
         result = run_step(loaded, optimizer_step=True)
+    coverage += replaced_during_step(loaded.model, loaded.optimizer, loaded.record,
+                                     {(f["code"], tuple(f["parameters"])) for f in coverage})
     err = result.error
     facts = {"events": obs.events[:50],
              "step_error": f"{type(err).__name__}: {err}" if err is not None else result.loss_problem}
     if result.failed:
         return [], facts
+    coverage[:] = settle_coverage(coverage, loaded.model, set(obs.grad_after_backward))
     return analyze_step(loaded.model, loaded.optimizer, before, obs, coverage), facts
 
 

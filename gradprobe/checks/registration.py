@@ -8,6 +8,8 @@ buffers, and grad mode switched off; and lists tied and frozen parameters.
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn as nn
 
@@ -40,7 +42,7 @@ RULES = {
     },
     "GP104": {
         "name": "learnable-buffer", "severity": "warning", "rank": 99,
-        "summary": "A buffer requires grad, or a weight-like tensor was registered as a buffer.",
+        "summary": "A buffer requires grad, or a weight-like tensor was registered as a buffer (an error when diagnose measures that it got a gradient: it is on the loss's path and never optimized).",
         "why": "Buffers are state, not parameters: no optimizer built from parameters() updates them.",
         "example": "self.register_buffer('scale', torch.ones(d, requires_grad=True))",
         "fix": "Make it a parameter: self.scale = nn.Parameter(torch.ones(d))",
@@ -93,6 +95,17 @@ _MODULE_INTERNALS = set(vars(nn.Module()).keys())
 _WEIGHT_WORDS = {"weight", "bias", "scale", "logit_scale", "temperature", "gamma", "beta", "alpha", "embedding", "prompt"}
 
 
+def _mask_like(buf) -> bool:
+    """A constant, not a weight: a scalar (a fixed activation beta), or a matrix of only 0/1 (a GPT causal
+    `bias = tril(ones)`) or holding -inf (an additive mask)."""
+    if buf.dim() == 0:
+        return True
+    if buf.dim() < 2 or buf.numel() == 0:
+        return False
+    with torch.no_grad():
+        return bool(((buf == 0) | (buf == 1)).all()) or bool(torch.isinf(buf).any())
+
+
 def _grad_mode_decorator(fn) -> str | None:
     """If fn is wrapped by torch's no_grad/inference_mode decorator, the context's name."""
     code = getattr(fn, "__code__", None)
@@ -138,8 +151,10 @@ def _container_items(value, depth: int = 0):
 
 def parameter_table(model: nn.Module) -> tuple[list[dict], list[dict]]:
     aliases: dict[int, list[str]] = {}
+    by_name: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(p), []).append(name)
+        by_name[name] = p
     rows = []
     for name, p in model.named_parameters():
         rows.append({
@@ -209,7 +224,8 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
             if buf is None:
                 continue
             path = prefix + bname
-            if buf.requires_grad or (bname in _WEIGHT_WORDS and buf.is_floating_point() and "running" not in bname):
+            if buf.requires_grad or (bname in _WEIGHT_WORDS and buf.is_floating_point() and "running" not in bname
+                                     and not _mask_like(buf)):
                 findings.append(make_finding(
                     "GP104",
                     f"buffer `{path}` " + ("requires grad" if buf.requires_grad else "is named like a learned weight")
@@ -261,17 +277,114 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
                       "frozen_numel": sum(p.numel() for n, p in params if not p.requires_grad)},
         ))
     aliases: dict[int, list[str]] = {}
+    by_name: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(p), []).append(name)
+        by_name[name] = p
     for names in aliases.values():
         if len(names) > 1:
             findings.append(make_finding(
-                "GP108", f"One Parameter is reachable as {', '.join(names)} (tied): trained once, with both gradients summed.",
+                "GP108", f"One Parameter is reachable as {', '.join(names)} (tied): "
+                + ("trained once, with both gradients summed." if by_name[names[0]].requires_grad else
+                   "frozen (requires_grad=False) under every name; unfreezing one name unfreezes all."),
                 parameters=names, evidence={"names": names},
             ))
     if not params and not any(f["code"] in ("GP101", "GP102", "GP103", "GP109") for f in findings):
         findings.append(make_finding("GP110", "The model has no parameters at all.", evidence={"parameters": 0}))
     return findings
+
+
+# ops in which a tensor acts as a layer's weight: the other operand is the input path
+_WEIGHT_OPS = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "addmm", "baddbmm", "addmv", "mv", "einsum", "linear",
+               "bilinear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+               "tensordot", "embedding"}
+_SCALE_OPS = {"mul", "__mul__", "__rmul__", "div", "__truediv__", "__rtruediv__", "add", "__add__", "__radd__",
+              "sub", "__sub__", "__rsub__", "addcmul", "layer_norm", "group_norm", "batch_norm"}
+_RANDOM_INIT = re.compile(r"\b(randn|rand|randn_like|rand_like|normal_?|uniform_?|trunc_normal_|kaiming_\w+|xavier_\w+|"
+                          r"orthogonal_|sparse_|empty)\s*\(")
+
+
+def _as_weight(use: dict) -> bool:
+    """The attribute is the weight operand of the op (not the input a layer's own weight is applied to)."""
+    op, pos = use["op"], use.get("position")
+    if op in ("linear", "bilinear", "embedding") or op.startswith("conv"):
+        return pos == ({"bilinear": 2}.get(op, 1) if op != "embedding" else 1)
+    return op in _WEIGHT_OPS
+
+
+def plain_tensor_attributes(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Float tensors held as plain module attributes (not Parameters, not buffers) that do not require grad."""
+    found: dict[str, torch.Tensor] = {}
+    for mod_name, module in model.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        for attr, value in vars(module).items():
+            if attr in _MODULE_INTERNALS or not isinstance(value, torch.Tensor) or isinstance(value, nn.Parameter):
+                continue
+            if value.requires_grad or not value.is_floating_point() or value.device.type == "meta":
+                continue
+            found.setdefault(prefix + attr, value)
+    return found
+
+
+def plain_tensor_findings(model: nn.Module, uses: dict[str, list[dict]], build_record=None) -> list[Finding]:
+    """GP101 for plain float attributes that the step read together with the gradient path.
+
+    An error when the attribute acts as a weight (an operand of matmul/linear/conv with the input path) or was made
+    by a random initialiser and scales/shifts the path; otherwise (positions, masks, rotary caches) a warning that
+    suggests register_buffer.
+    """
+    out: list[Finding] = []
+    for path, seen in uses.items():
+        owner_path, _, attr = path.rpartition(".")
+        try:
+            owner = model.get_submodule(owner_path) if owner_path else model
+        except AttributeError:
+            continue
+        value = vars(owner).get(attr)
+        if not isinstance(value, torch.Tensor):
+            continue
+        site = build_record.site_of(owner, attr) if build_record is not None else None
+        ops = [u["op"] for u in seen]
+        as_weight = any(_as_weight(u) for u in seen)
+        random_made = bool(site and _RANDOM_INIT.search(site.get("code", "")))
+        rhs = _rhs(site, attr)
+        evidence = {"attribute": path, "shape": list(value.shape), "dtype": str(value.dtype), "requires_grad": False,
+                    "read_by": seen, "used_as_weight": as_weight, "random_initialiser": random_made}
+        if as_weight or (random_made and any(op in _SCALE_OPS or op in _WEIGHT_OPS for op in ops)):
+            why = f"used as a weight (`{next(u['op'] for u in seen if _as_weight(u))}` with the input path)" if as_weight \
+                else "made by a random initialiser and applied to the input path"
+            out.append(make_finding(
+                "GP101",
+                f"`{path}` is a plain tensor attribute of {type(owner).__name__} (no requires_grad, not an nn.Parameter), "
+                f"{why}: it is never trained, .to() does not move it and state_dict() does not save it.",
+                parameters=[path], location=site or (seen[0]["location"] if seen else None), evidence=evidence,
+                fix=_gp101_fix(attr, rhs),
+            ))
+        else:
+            f = make_finding(
+                "GP101",
+                f"`{path}` is a plain tensor attribute of {type(owner).__name__} read on the path to the loss "
+                f"(by `{ops[0]}`): it is not trained (fine for a constant table), but .to() does not move it and "
+                "state_dict() does not save it.",
+                parameters=[path], location=site or (seen[0]["location"] if seen else None), evidence=evidence,
+                fix=f"self.register_buffer({attr!r}, {rhs or '<the tensor>'}, persistent=False)  # a constant: moved by .to()"
+                    "; or nn.Parameter(...) if it should learn",
+            )
+            f["severity"] = "warning"
+            out.append(f)
+    return out
+
+
+def settle_buffers(findings: list[Finding], model: nn.Module, got_grad: set[int]) -> None:
+    """After a measured step: a learnable buffer (GP104) that got a gradient is on the loss's path and never
+    optimized, an error; one that got none stays the warning."""
+    ids = {n: id(b) for n, b in model.named_buffers()}
+    for f in findings:
+        if f["code"] == "GP104" and f["parameters"] and ids.get(f["parameters"][0]) in got_grad:
+            f["severity"] = "error"
+            f["message"] = (f"buffer `{f['parameters'][0]}` requires grad and got a gradient in this step: it is on the "
+                            "path to the loss, but buffers are never optimized, so it never learns.")
+            f["evidence"]["got_gradient"] = True
 
 
 def _gp101_fix(attr: str, rhs: str | None) -> str:

@@ -12,6 +12,7 @@ The rules below decide each GP3xx code from what was recorded.
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import StepResult, attempt_step, module_of, run_step
+from gradprobe.checks._step import StepResult, attempt_step, module_of, param_names, run_step
 from gradprobe.checks.graphwalk import chain, reach
 from gradprobe.checks.torchcompat import (
     ANOMALY_FRAME,
@@ -166,15 +167,24 @@ def _location_for(cand: Candidate) -> dict | None:
         return cand.disable_site
     if cand.kind == "left" and cand.came_back_at:
         return cand.came_back_at
+    if cand.kind == "process" and cand.came_back_at:
+        return cand.came_back_at  # torch.load: the line where the history-less copy enters the forward
     if cand.kind == "process" and cand.process_at:
         return cand.process_at
     return cand.location
 
 
 def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: StepResult, only: list[str] | None = None) -> tuple[list[Finding], dict]:
-    names = tracer.names
+    # parameters swapped in during the step (a data-dependent init replacing nn.Parameter objects on the first
+    # call) have names only now, and no gradient hook: their .grad says what they got
+    names = {**tracer.names, **param_names(model)}
     trainable = [p for p in model.parameters() if p.requires_grad]
     read = tracer.read | tracer.apply_watch.read
+    for p in trainable:
+        if id(p) not in tracer.names and p.grad is not None:
+            read = read | {id(p)}
+            if id(p) not in grads.got:
+                grads.record(p)
     table: list[dict[str, Any]] = []
     broken: list[nn.Parameter] = []
     zero: list[nn.Parameter] = []
@@ -203,13 +213,17 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
     loss_tags = frozenset().union(*(b.get("tags", frozenset()) for b in tracer.backward_calls)) if tracer.backward_calls else frozenset()
     targets = {id(p) for p in broken + zero}
     by_cand: dict[int, list] = {}
+    # a step that raised before any backward() explains every missing gradient by itself: no cut is blamed,
+    # but a value measured crossing into another process before the failure stays a crossing
+    stopped_early = step.error is not None and not tracer.backward_calls
     if targets and tracer.candidates:
         reached = reach(tracer.candidates, targets)
         for p in broken + zero:
             n_bw = len(tracer.backward_calls)
             hits = [c for c in tracer.candidates if id(p) in reached[c.index] and c.can_explain(n_bw)]
             # a zero-derivative op explains a zero gradient, never a missing one
-            hits = [c for c in hits if (c.kind == "zero_derivative") == (id(p) in zero_ids)]
+            hits = [c for c in hits if (c.kind == "zero_derivative") == (id(p) in zero_ids)
+                    and (c.kind == "process" or not stopped_early)]
             if not hits:
                 continue
             hits.sort(key=lambda c: (c.index not in loss_tags, not c.direct, c.index))
@@ -232,6 +246,10 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
         code = _code_of(cand.kind)
         where = _location_for(cand)
         text = _KIND_TEXT[cand.kind].format(op=cand.op)
+        if cand.kind == "process" and cand.op == "pickle":
+            left = cand.process_at or {}
+            text = ("is serialised" + (f" at line {left['line']}" if left.get("line") else "") + " (torch.save / pickle) and "
+                    + ("loaded back as a new tensor with no history" if cand.came_back_at else "what comes back has no history"))
         evidence: dict[str, Any] = {"op": cand.op, "kind": cand.kind, "grad_enabled": cand.grad_enabled,
                                     "op_location": cand.location, "fed_the_loss": idx in loss_tags,
                                     "chain": chain(cand, id(ps[0]), tracer)}
@@ -270,6 +288,12 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
                 parameters=pnames, location=first.get("location"), evidence={"crossings": list(crossed.values())[:10]},
             ))
             attributed |= {id(p) for p in broken if names[id(p)][0] in crossed}
+    worker = _worker_findings(tracer, model, names, step, wanted)
+    for f in worker:
+        for n in f["parameters"]:
+            crossed.setdefault(n, {"parameter": n, "location": f["location"]})
+        findings.append(f)
+    attributed |= {id(p) for p in broken if names[id(p)][0] in crossed}
     backward_broke = _backward_broke(tracer)
     rest = [p for p in broken if id(p) not in attributed and wanted(names[id(p)][0])]
     if rest and not backward_broke and tracer.backward_calls:
@@ -327,7 +351,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
             f"{', '.join(unused_names[:6])}{'...' if len(unused_names) > 6 else ''}.",
             parameters=unused_names, evidence={"unused": len(unused_names)},
         ))
-    findings += _loss_and_backward_findings(tracer, step)
+    findings += _loss_and_backward_findings(tracer, step, error_explained=bool(worker) and step.error is not None)
     findings += _health_findings(tracer, grads, model, names, wanted)
     return findings, {"per_parameter": table, "candidates_seen": len(tracer.candidates), "zero_by_init": init_names,
                       "backward_calls": [{k: v for k, v in b.items() if k != "tags"} for b in tracer.backward_calls],
@@ -371,7 +395,104 @@ def _backward_broke(tracer: GradTracer) -> bool:
     return tracer.backward_error is not None and LOSS_DOES_NOT_REQUIRE_GRAD not in str(tracer.backward_error)
 
 
-def _loss_and_backward_findings(tracer: GradTracer, step: StepResult) -> list[Finding]:
+def _learnable_in(obj: Any, path: str, depth: int, seen: set[int], out: list[tuple[str, torch.Tensor]]) -> None:
+    """Tensors that require grad reachable from a Dataset's attributes (modules' parameters included)."""
+    if id(obj) in seen or depth > 3:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        if obj.requires_grad:
+            out.append((path, obj))
+        return
+    if isinstance(obj, nn.Module):
+        out.extend((f"{path}.{n}", p) for n, p in obj.named_parameters() if p.requires_grad)
+        return
+    if isinstance(obj, dict):
+        items = list(obj.items())[:64]
+    elif isinstance(obj, (list, tuple)):
+        items = list(enumerate(obj))[:64]
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        items = list(vars(obj).items())
+    else:
+        return
+    for k, v in items:
+        if isinstance(v, (torch.Tensor, nn.Module, dict, list, tuple)) or hasattr(v, "__dict__"):
+            _learnable_in(v, f"{path}.{k}", depth + 1, seen, out)
+
+
+def _dataset_line(dataset: Any, ids: set[int], user) -> dict | None:
+    """Where the Dataset's own code reads the learnable tensors: its first sample, fetched once in this process."""
+    from torch.overrides import TorchFunctionMode
+
+    getitem = getattr(type(dataset), "__getitem__", None)
+    code = getattr(getitem, "__code__", None)
+    hit: list[dict | None] = []
+
+    class FirstRead(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if not hit and any(id(a) in ids for a in list(args) + list((kwargs or {}).values())):
+                f = sys._getframe(1)
+                while f is not None and f.f_code is not code:
+                    f = f.f_back
+                hit.append(user.location_of(f.f_code.co_filename, f.f_lineno, f.f_code.co_name) if f is not None
+                           else user.innermost(skip=2))
+            return func(*args, **(kwargs or {}))
+
+    def returned(frame, event, arg):  # handed out as they are: the `return` of __getitem__ is the line
+        if event == "return" and frame.f_code is code and not hit:
+            vals = arg if isinstance(arg, (tuple, list)) else list(arg.values()) if isinstance(arg, dict) else [arg]
+            if any(id(v) in ids for v in vals):
+                hit.append(user.location_of(code.co_filename, frame.f_lineno, code.co_name))
+
+    if code is None:
+        return None
+    old_profile = sys.getprofile()
+    try:
+        sys.setprofile(returned)
+        with torch.no_grad(), FirstRead():
+            dataset[0]
+    except Exception:
+        pass
+    finally:
+        sys.setprofile(old_profile)
+    return hit[0] if hit else None
+
+
+def _worker_findings(tracer: GradTracer, model: nn.Module, names: dict, step: StepResult, wanted) -> list[Finding]:
+    """GP309 for DataLoader workers (other processes) that run a Dataset holding tensors that require grad."""
+    out: list[Finding] = []
+    for loader, iterated_at in tracer.loaders:
+        if not getattr(loader, "num_workers", 0):
+            continue
+        dataset = getattr(loader, "dataset", None)
+        found: list[tuple[str, torch.Tensor]] = []
+        _learnable_in(dataset, "dataset", 0, set(), found)
+        if not found:
+            continue
+        pnames = [names[id(t)][0] if id(t) in names else p for p, t in found]
+        pnames = [n for n in dict.fromkeys(pnames) if wanted(n)]
+        if not pnames:
+            continue
+        where = _dataset_line(dataset, {id(t) for _, t in found}, tracer.user)
+        err = step.error
+        worker_error = f"{type(err).__name__}: {str(err).splitlines()[0]}" if err is not None and "DataLoader worker" in str(err) else None
+        out.append(make_finding(
+            "GP309",
+            f"{type(dataset).__name__} uses {len(pnames)} tensor(s) that require grad ({', '.join(pnames[:5])}) and runs in "
+            f"{loader.num_workers} DataLoader worker process(es)"
+            + (f" (line {where['line']} of {where['file'].rsplit('/', 1)[-1]})" if where else "")
+            + ": samples cross a process boundary, so no gradient reaches them"
+            + (" (here the worker failed to batch samples that require grad)." if worker_error else "."),
+            parameters=pnames, location=where or iterated_at,
+            evidence={"dataset": type(dataset).__name__, "num_workers": loader.num_workers, "iterated_at": iterated_at,
+                      "worker_error": worker_error},
+            fix="Apply the learnable transform in the training process (in the model's forward, on the batch), and "
+                "keep the Dataset to plain data loading.",
+        ))
+    return out
+
+
+def _loss_and_backward_findings(tracer: GradTracer, step: StepResult, error_explained: bool = False) -> list[Finding]:
     out: list[Finding] = []
     exc = tracer.backward_error
     if exc is not None:
@@ -395,14 +516,15 @@ def _loss_and_backward_findings(tracer: GradTracer, step: StepResult) -> list[Fi
             ))
     elif step.loss_problem:
         out.append(make_finding("GP310", step.loss_problem, evidence=step.loss_evidence))
-    elif step.error is not None and not tracer.backward_calls:
+    elif step.error is not None and not tracer.backward_calls and not error_explained:
         err = step.error
+        text = f"{step.not_run}: {err}" if step.not_run else f"The step raised before backward(): {type(err).__name__}: {err}"
         out.append(make_finding(
-            "GP100", f"The step raised before backward(): {type(err).__name__}: {err}",
+            "GP100", text,
             location=step.error_location, evidence={"traceback": step.error_traceback},
             fix="Fix the error in the traceback; the forward must run before gradients can be traced.",
         ))
-    elif not tracer.backward_calls and step.kind == "train_step":
+    elif not tracer.backward_calls and step.kind == "train_step" and step.error is None:
         out.append(make_finding(
             "GP310", "The user's train_step never called backward(): no gradient can reach any parameter.",
             evidence={"train_step_returned": repr(step.returned)[:200]},

@@ -31,7 +31,14 @@ from gradprobe.checks.torchcompat import (
     is_grad_mode_decorator_frame,
     untraced,
 )
-from gradprobe.checks.watches import from_numpy_watch, inference_mode_watch, pickle_watch, warning_watch
+from gradprobe.checks.watches import (
+    dataloader_watch,
+    from_numpy_watch,
+    inference_mode_watch,
+    load_watch,
+    pickle_watch,
+    warning_watch,
+)
 
 LEFT_OPS = {"item", "tolist", "numpy", "__array__", "__float__", "__int__", "__index__", "__complex__"}
 REWRAP_OPS = {"tensor", "as_tensor", "asarray", "from_numpy", "frombuffer"}
@@ -123,10 +130,22 @@ class GradTracer(TorchFunctionMode):
         self.disable_by_library = False
         self.library_no_grad: set[int] = set()  # candidate indices cut by a no_grad the library entered itself
         self.crossings: list[dict] = []
+        self.loaders: list[tuple] = []  # (DataLoader, user line that iterated it)
         self.nonleaf_grad_reads: list[dict] = []
         self.thread = threading.get_ident()
         self.checkpoint_warnings: list[dict | None] = []
         self.apply_watch = ApplyWatch(user, {i: n[0] for i, n in self.names.items()}, capture=False)
+        # plain float tensor attributes of modules (neither Parameter nor buffer): id -> (attribute path, tensor, use).
+        # Values made from them follow under the same path: `use` is None while they come from the attribute alone
+        # (views, slices, .t()), else the op that first combined the attribute with other data, pending until a
+        # value carrying it meets the gradient path (then it is recorded in plain_uses)
+        self.plain: dict[int, tuple[str, torch.Tensor, dict | None]] = {}
+        self.plain_uses: dict[str, list[dict]] = {}
+
+    def watch_plain(self, attrs: dict[str, torch.Tensor]) -> None:
+        """Record how the step uses these module attributes on the way to the loss (GP101 without requires_grad)."""
+        for path, t in attrs.items():
+            self.plain[id(t)] = (path, t, None)
 
     # ---- the mode -------------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -140,16 +159,22 @@ class GradTracer(TorchFunctionMode):
         if name == "__get__":
             attr = getattr(getattr(func, "__self__", None), "__name__", "")
             if attr != "data":
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
+                if self.plain and args and id(args[0]) in self.plain and self.plain[id(args[0])][1] is args[0]:
+                    self._plain_read(attr, [args[0]], [], out, args, {})  # .T, .mT, .real of an attribute
+                return out
             name = ".data"
         if name == "backward":
             return self._backward(func, args, kwargs)
         req, tags = [], None
         params = self.params
+        plain_hits = None
         for t in _tensors_in(args, kwargs):
             tid = id(t)
             if tid in params:
                 self.read.add(tid)
+            if self.plain and tid in self.plain and self.plain[tid][1] is t:
+                plain_hits = [t] if plain_hits is None else plain_hits + [t]
             if t.requires_grad:
                 req.append(t)
             if self.tags:
@@ -157,6 +182,8 @@ class GradTracer(TorchFunctionMode):
                 if tg is not None:
                     tags = tg if tags is None else tags | tg
         out = func(*args, **kwargs)
+        if plain_hits is not None:
+            self._plain_read(name, plain_hits, req, out, args, kwargs)
         if name in REWRAP_OPS and self.left_events and not req:
             self._came_back(out)
             return out
@@ -190,6 +217,23 @@ class GradTracer(TorchFunctionMode):
             for o in _outputs(out):
                 self.provenance[id(o)] = (o, self.user.innermost(skip=2), by_user)
         return out
+
+    def _plain_read(self, name: str, hits: list, req: list, out, args, kwargs) -> None:
+        outs = _outputs(out)
+        others = [t for t in _tensors_in(args, kwargs) if not any(t is h for h in hits)]
+        reaches = bool(req) and any(o.requires_grad for o in outs)
+        for h in hits:
+            path, _, use = self.plain[id(h)]
+            if use is None and others:  # first combined with other data: this op is how the attribute is used
+                position = next((i for i, a in enumerate(args) if a is h), None)
+                use = {"op": name, "position": position, "location": self.user.innermost(skip=3)}
+            if use is not None and reaches:
+                uses = self.plain_uses.setdefault(path, [])
+                if len(uses) < 5 and not any(u is use for u in uses):
+                    uses.append(use)
+            elif not reaches:
+                for o in outs:  # carried on: a view of it, or data it was combined with, not yet on the grad path
+                    self.plain[id(o)] = (path, o, use)
 
     def made_at(self, t) -> dict | None:
         """The user line whose op produced tensor t (only with provenance=True)."""
@@ -329,6 +373,30 @@ class GradTracer(TorchFunctionMode):
             if cand.kind in ("detach", "left"):
                 cand.kind = "process"
                 cand.process_at = loc
+        elif "parameter" not in info and tensor.grad_fn is not None and threading.get_ident() == self.thread:
+            # a value of the graph itself serialised (torch.save, pickle.dumps, a queue): what is loaded back is a
+            # new leaf, so everything behind it loses its gradient
+            cand = Candidate(len(self.candidates), "process", "pickle", loc, torch.is_grad_enabled(), [tensor], True, None)
+            cand.backwards_before = len(self.backward_calls)
+            cand.process_at = loc
+            self.candidates.append(cand)
+            info["candidate"] = cand.index
+            ptr = _storage_ptr(tensor)
+            if ptr is not None:
+                self.detached[ptr] = cand.index
+
+    def _on_load(self, out) -> None:
+        """torch.load returned: the latest serialised graph value without a return site came back here."""
+        cand = next((c for c in reversed(self.candidates) if c.kind == "process" and c.op == "pickle" and c.came_back_at is None), None)
+        if cand is not None:
+            cand.came_back_at = self.user.innermost(skip=3)
+            for o in _outputs(out):
+                self.tags[id(o)] = frozenset({cand.index})
+                self._tag_keep.append(o)
+
+    def _on_loader(self, loader) -> None:
+        if threading.get_ident() == self.thread and len(self.loaders) < 8:
+            self.loaders.append((loader, self.user.innermost(skip=3)))
 
     def _on_from_numpy(self, out: torch.Tensor) -> None:
         if self.left_events:
@@ -350,6 +418,8 @@ class GradTracer(TorchFunctionMode):
             stack.enter_context(inference_mode_watch(self._on_inference_mode))
             stack.enter_context(self.apply_watch)
             stack.enter_context(warning_watch(self._on_warning))
+            stack.enter_context(load_watch(self._on_load))
+            stack.enter_context(dataloader_watch(self._on_loader))
             entered = super().__enter__()
             self._stack = stack.pop_all()
         return entered
@@ -368,6 +438,10 @@ class GradRecorder:
         self.model = model
         self.got: dict[int, dict] = {}
         self.zero_at_start: set[int] = set()
+
+    def record(self, p) -> None:
+        """Read a gradient that no hook saw (a parameter created during the step)."""
+        self._hook(p)
 
     def _hook(self, p):
         g = p.grad
@@ -388,6 +462,9 @@ class GradRecorder:
             # exactly-zero trainable tensors before the step: zero-initialised partners (LoRA B, gates)
             self.zero_at_start = {id(p) for p in trainable if p.numel() and not bool(p.any())}
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in trainable]
+        # buffers that require grad (learnable buffers, GP104): whether they got a gradient decides how bad they are
+        self._hooks += [b.register_post_accumulate_grad_hook(self._hook) for b in self.model.buffers()
+                        if b.requires_grad and b.is_leaf]
         return self
 
     def __exit__(self, *exc):

@@ -101,3 +101,28 @@ def warning_watch(on_warning: Callable[[str, str, int], None]) -> Iterator[None]
 
         with patched(warnings, "showwarning", show):
             yield
+
+
+def load_watch(on_load: Callable[[Any], None]) -> contextlib.AbstractContextManager[Any]:
+    """torch.load: what was pickled with torch.save comes back here as new leaves (the mode does not see it)."""
+    orig = torch.load
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        out = orig(*args, **kwargs)
+        on_load(out)
+        return out
+
+    return patched(torch, "load", load)
+
+
+def dataloader_watch(on_iter: Callable[[Any], None]) -> contextlib.AbstractContextManager[Any]:
+    """DataLoader.__iter__: which loaders the step iterated (their workers are other processes)."""
+    from torch.utils.data import DataLoader
+
+    orig = DataLoader.__iter__
+
+    def iterate(loader: Any) -> Any:
+        on_iter(loader)
+        return orig(loader)
+
+    return patched(DataLoader, "__iter__", iterate)

@@ -8,11 +8,15 @@ import json
 import logging
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError, UnexpectedToolError
+from pydantic import ValidationError
 
 from gradprobe import __version__
 from gradprobe.findings import catalogue
+from gradprobe.server.options import ServeOptions
 from gradprobe.server.runtime import Runtime
 from gradprobe.server.tools import register_all
+from gradprobe.target import explain_validation_error
 
 INSTRUCTIONS = (
     "gradprobe measures why gradients do not flow in the user's PyTorch code, instead of guessing. "
@@ -22,22 +26,33 @@ INSTRUCTIONS = (
 )
 
 
+class GradprobeServer(MCPServer):
+    """MCPServer whose argument errors say, in a sentence or two, which field is wrong and what to write."""
+
+    async def call_tool(self, name, arguments, context=None):
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                raise
+            raise ToolError(f"Error executing tool {name}: {explain_validation_error(cause)}") from cause
+
+
 def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None) -> MCPServer:
     runtime = runtime or Runtime()
 
     @contextlib.asynccontextmanager
     async def lifespan(_server):
         # warm the worker in the background: tools/list answers at once, the first call is fast
-        task = asyncio.ensure_future(runtime.warm.ensure()) if runtime.warm is not None else None
+        task = asyncio.ensure_future(runtime.executor.start())
         try:
             yield {"runtime": runtime}
         finally:
-            if task is not None:
-                task.cancel()
-            if runtime.warm is not None:
-                runtime.warm.stop()
+            task.cancel()
+            runtime.executor.stop()
 
-    server = MCPServer(
+    server = GradprobeServer(
         "gradprobe",
         lifespan=lifespan,
         title="gradprobe",
@@ -53,9 +68,8 @@ def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None)
     async def health(_request):
         from starlette.responses import JSONResponse
 
-        warm = runtime.warm
         return JSONResponse({"status": "ok", "version": __version__, "running": runtime.running,
-                             "queued": runtime.queued, "warm_worker": bool(warm and warm.alive)})
+                             "queued": runtime.queued, "warm_worker": runtime.executor.warm_alive})
 
     @server.resource("gradprobe://findings", mime_type="application/json", title="Findings catalogue")
     def findings_catalogue() -> str:
@@ -67,7 +81,7 @@ def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None)
         """What one code means, why it breaks gradients, an example and the fix."""
         rule = catalogue().get(code.upper())
         if rule is None:
-            raise ValueError(f"unknown finding code {code!r}; see gradprobe://findings")
+            raise ResourceNotFoundError(f"unknown code {code}: gradprobe://findings lists every code")
         return (f"# {rule['code']} {rule['name']} ({rule['severity']})\n\n{rule['summary']}\n\n"
                 f"## Why it breaks gradients\n{rule['why']}\n\n## Example\n```python\n{rule['example']}\n```\n\n"
                 f"## Fix\n```python\n{rule['fix']}\n```\n")
@@ -97,10 +111,7 @@ def make_nondumpable() -> None:
         pass
 
 
-def serve_stdio(max_concurrent: int | None = None, warm: bool = True, allowed_roots=None, allowed_pythons=None, limits=None,
-                executor=None) -> None:
+def serve_stdio(options: ServeOptions) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     make_nondumpable()
-    runtime = Runtime(max_concurrent=max_concurrent, warm=warm, allowed_roots=allowed_roots, allowed_pythons=allowed_pythons,
-                      limits=limits, executor=executor)
-    build_server(runtime).run("stdio")
+    build_server(Runtime(options)).run("stdio")

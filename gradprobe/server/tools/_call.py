@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -10,6 +11,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
+from gradprobe.flowchart import flow_mermaid
 from gradprobe.render import render_text
 from gradprobe.sandbox.execute import execute
 from gradprobe.sandbox.runner import ToolInputError
@@ -21,11 +23,14 @@ log = logging.getLogger("gradprobe.audit")
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
 TARGET_HELP = (
-    "`target` says where the user's code is: project_dir (absolute path), model "
+    "`target` says where the user's code is: project_dir (absolute path; may be left out when model is an "
+    "absolute file path, e.g. {\"model\": \"/home/ana/proj/train.py\"}), model "
     '("train.py:build_model", or just "case.py" to pick up build_model/make_inputs/loss_fn/'
     "make_optimizer/train_step from that file), inputs, loss, optimizer, train_step (same "
     "FILE_OR_MODULE:CALLABLE form), setup (inline Python defining model/inputs/...), device "
-    '("cpu", "cuda", "auto"), seed, timeout_s. The code runs in a sandboxed child process, never in the server.'
+    '("cpu", "cuda", "auto"), seed, timeout_s. The code runs in a sandboxed child process, never in the server. '
+    "A dict batch is passed as keyword arguments (keys forward does not take stay for loss_fn(output, batch)); "
+    "the full format, with a worked example, is docs/targets.md in the gradprobe repository."
 )
 
 
@@ -56,8 +61,7 @@ async def call_tool(runtime, tool: str, target: Target, options: dict[str, Any],
     try:
         runtime.check_target(target)
         async with runtime.slot(ctx, caller):
-            report = await execute(tool, target, options, progress=progress, limits=runtime.limits, warm=runtime.warm,
-                                     executor=runtime.executor)
+            report = await execute(tool, target, options, progress=progress, executor=runtime.executor)
         if post is not None:
             extra_content = post(report)
         outcome = "ok" if report.get("ok") else "findings"
@@ -65,8 +69,12 @@ async def call_tool(runtime, tool: str, target: Target, options: dict[str, Any],
         outcome = "tool-error"
         raise ToolError(str(exc)) from None
     finally:
-        log.info("call caller=%s tool=%s project=%s model=%s outcome=%s seconds=%.2f", caller, tool, target.project_dir,
-                 target.model, outcome, time.monotonic() - t0)
+        # one JSON record per line: a newline or quote in a caller's field cannot forge another record
+        log.info("call %s", json.dumps({"caller": caller, "tool": tool, "project": target.project_dir, "model": target.model,
+                                        "outcome": outcome, "seconds": round(time.monotonic() - t0, 2)}))
+    facts: dict[str, Any] = report["facts"] if isinstance(report.get("facts"), dict) else {}
+    if "mermaid" in facts:  # the child's text is untrusted: rebuilt here from the type-checked graph
+        facts["mermaid"] = flow_mermaid(facts["flow"]) if facts.get("flow") else ""
     validated = Report.model_validate(report)  # the child's JSON is untrusted: schema-check it
     data = validated.model_dump(mode="json")
     content = [TextContent(type="text", text=render_text(data))] + list(extra_content or [])
