@@ -376,7 +376,7 @@ def classify(report: dict) -> dict:
     return {"crashes": crashes, "errors": errors, "warnings": dict(warnings), "infos": dict(infos)}
 
 
-async def run_one(spec: dict, gt: GroundTruth, warm, limits) -> dict:
+async def run_one(spec: dict, gt: GroundTruth, executor) -> dict:
     from gradprobe.sandbox.execute import execute
 
     res: dict = {"family": spec["family"], "name": spec["name"], "spec": spec}
@@ -394,7 +394,7 @@ async def run_one(spec: dict, gt: GroundTruth, warm, limits) -> dict:
         spec = {**spec, "variant": truth["variant"]}
     t0 = time.perf_counter()
     try:
-        report = await execute("diagnose", target_for(spec), limits=limits, warm=warm)
+        report = await execute("diagnose", target_for(spec), executor=executor)
     except Exception as exc:
         report = {"findings": [{"code": "GP000", "severity": "error", "message": f"execute raised {type(exc).__name__}: {exc}",
                                 "evidence": {"internal_traceback": traceback.format_exc()}}]}
@@ -407,12 +407,9 @@ async def run_one(spec: dict, gt: GroundTruth, warm, limits) -> dict:
 
 
 async def sweep(specs: list[dict], jobs: int, log) -> list[dict]:
-    from gradprobe.sandbox.runner import Limits, child_env
-    from gradprobe.sandbox.warm import WarmWorker
+    from gradprobe.sandbox.executor import LocalExecutor
 
-    scratch = tempfile.mkdtemp(prefix="gradprobe-sweep-")
-    warm = WarmWorker(child_env(scratch))
-    limits = Limits()
+    executor = LocalExecutor(warm=True)  # what the server uses: children forked from a warm worker, confined
     queue: asyncio.Queue = asyncio.Queue()
     for s in specs:
         queue.put_nowait(s)
@@ -424,7 +421,7 @@ async def sweep(specs: list[dict], jobs: int, log) -> list[dict]:
         try:
             while not queue.empty():
                 spec = queue.get_nowait()
-                res = await run_one(spec, gt, warm, limits)
+                res = await run_one(spec, gt, executor)
                 results.append(res)
                 extra = res.get("skip", "") if res["status"] == "skipped" else \
                     " ".join(f"{e['code']}" for e in res.get("crashes", []) + res.get("errors", []))
@@ -436,7 +433,7 @@ async def sweep(specs: list[dict], jobs: int, log) -> list[dict]:
     try:
         await asyncio.gather(*(lane() for _ in range(max(1, jobs))))
     finally:
-        warm.stop()
+        executor.stop()
     return results
 
 

@@ -319,7 +319,7 @@ def peft_config(method: str, base: str, model):
         kwargs.pop("num_virtual_tokens", None)
         kwargs["cpt_token_ids"] = [5, 6, 7, 8]
         kwargs["cpt_mask"] = [1, 1, 1, 1]
-        kwargs["cpt_tokens_type_mask"] = [1, 2, 2, 3]
+        kwargs["cpt_tokens_type_mask"] = [1, 2, 3, 4]  # template, input, output template, output (the label)
     if kind == "TRAINABLE_TOKENS":
         kwargs.pop("target_modules", None)
         kwargs["token_indices"] = [3, 4, 5]

@@ -443,6 +443,10 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
         if _encoder_decoder(find_base(model)):
             align["note"] = "encoder-decoder base: labels belong to the decoder, the prompt to the encoder's input"
             labels = None
+        elif isinstance(labels, torch.Tensor) and tracer is not None and tracer.made_by_library(labels):
+            # the wrapping library extended the labels over the prompt itself (CPT trains on its context tokens)
+            align["note"] = "the labels over the prompt positions were built by library code, not by the user: by design"
+            labels = None
         if isinstance(labels, torch.Tensor) and labels.dim() == 2 and seq:
             align["labels_length"] = labels.shape[1]
             if labels.shape[1] != seq:

@@ -212,8 +212,10 @@ class GradTracer(TorchFunctionMode):
                 self.tags[id(o)] = tags
                 self._tag_keep.append(o)
         if self.provenance is not None and not req:
+            caller = sys._getframe(1)
+            by_user = caller is not None and self.user.is_user_file(caller.f_code.co_filename)
             for o in _outputs(out):
-                self.provenance[id(o)] = (o, self.user.innermost(skip=2))
+                self.provenance[id(o)] = (o, self.user.innermost(skip=2), by_user)
         return out
 
     def _plain_read(self, name: str, hits: list, req: list, out, args, kwargs) -> None:
@@ -237,6 +239,11 @@ class GradTracer(TorchFunctionMode):
         """The user line whose op produced tensor t (only with provenance=True)."""
         hit = (self.provenance or {}).get(id(t))
         return hit[1] if hit is not None and hit[0] is t else None
+
+    def made_by_library(self, t) -> bool:
+        """Whether library code (not a user line) ran the op that produced tensor t (only with provenance=True)."""
+        hit = (self.provenance or {}).get(id(t))
+        return hit is not None and hit[0] is t and not hit[2]
 
     def _candidate(self, name, req, outs, out) -> Candidate | None:
         grad_on = torch.is_grad_enabled()
