@@ -34,8 +34,8 @@ def render_text(report: dict, *, color: bool = False, max_findings: int = 12) ->
         tb = (f.get("evidence") or {}).get("traceback")
         if tb and isinstance(tb, str) and f["code"] != "GP000":  # the user's trimmed traceback; GP000's is ours
             lines = tb.strip().splitlines()
-            shown = (["..."] if len(lines) > 30 else []) + lines[-30:]
-            out.append("  " + "\n  ".join(shown))
+            tail = (["..."] if len(lines) > 30 else []) + lines[-30:]
+            out.append("  " + "\n  ".join(tail))
         if f.get("fix") and sev != "info":
             fix = f["fix"].replace("\n", "\n       ")
             out.append(c(_DIM, f"  fix: {fix}"))
