@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.mutants.bench import main  # noqa: E402
+from benchmarks.mutants.bench import main
 
 pytest.importorskip("libcst")
 

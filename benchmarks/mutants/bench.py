@@ -133,7 +133,7 @@ def propose(src: Source, files: dict[str, str], base: dict, per_op: int, seed: i
                     continue
                 proposed.append(m)
         proposed.append(ops.grad_mode_mutant(p))
-    for name, p in parsed.items():
+    for p in parsed.values():
         for m in ops.unfreeze_mutants(p, opt_line):
             if (m.file, m.site) in _lines(base, "build"):
                 proposed.append(m)

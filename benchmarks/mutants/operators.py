@@ -39,7 +39,7 @@ class Site:
     rng: CodeRange
     func: str | None  # enclosing function name
     cls: str | None  # enclosing class name
-    stmt: cst.CSTNode | None = None  # enclosing simple statement
+    stmt: cst.SimpleStatementLine | None = None  # enclosing simple statement
     stmt_rng: CodeRange | None = None
     extra: dict = field(default_factory=dict)
 
@@ -49,7 +49,7 @@ class _Collector(cst.CSTVisitor):
         self.positions = positions
         self.funcs: list[str] = []
         self.classes: list[tuple[str, list[str]]] = []  # (name, base names)
-        self.stmts: list[tuple[cst.CSTNode, CodeRange]] = []
+        self.stmts: list[tuple[cst.SimpleStatementLine, CodeRange]] = []
         self.assigns: list[Site] = []  # single-target assignments and returns with a value
         self.calls: list[Site] = []
         self.binops: list[Site] = []
@@ -468,7 +468,7 @@ def _func(p: Parsed, name: str) -> Site | None:
 def _stmts_in(p: Parsed, fn: Site) -> list[tuple[cst.CSTNode, CodeRange]]:
     pos = _positions(p)
     assert isinstance(fn.node, cst.FunctionDef)
-    out = []
+    out: list[tuple[cst.CSTNode, CodeRange]] = []
     for st in fn.node.body.body:
         out.append((st, pos[st]))
     return out
@@ -515,11 +515,6 @@ def driver_mutants(p: Parsed, base: Baseline, rng: random.Random, per_op: int) -
             rest.insert(bl, zline)
             yield Mutant("zero_grad_moved", "case.py", "".join(rest), bl + 1, ("GP207",), "stale", zl, "step",
                          "optimizer.zero_grad() moved between backward() and step()")
-        # loss left non-scalar
-        for st, r in body:
-            code = p.code(st)
-            if ".backward(" in code and "loss" in code:
-                pass
     for fn_name in ("loss_fn", "train_step"):
         fn = _func(p, fn_name)
         if fn is None:
@@ -611,7 +606,7 @@ def driver_mutants(p: Parsed, base: Baseline, rng: random.Random, per_op: int) -
 
 def _attr_path(name: str) -> str:
     """`h.0.attn.weight` -> `h[0].attn.weight` (a Python expression)."""
-    out = []
+    out: list[str] = []
     for part in name.split("."):
         if part.isdigit():
             out[-1] = out[-1] + f"[{part}]"

@@ -1,5 +1,4 @@
 """An MLP built on hand-written autograd Functions: a fused linear, a tanh-GELU and a straight-through quantizer."""
-import copy
 import math
 
 import torch

@@ -1,6 +1,5 @@
 """Driver: a small denoiser around diffusers' DownBlock2D/UpBlock2D, from project-local copies of
 unet_2d_blocks.py and resnet.py (the bench mutates those copies)."""
-import copy
 
 import torch
 import torch.nn as nn

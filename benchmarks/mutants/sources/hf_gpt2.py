@@ -1,5 +1,4 @@
 """Driver: a tiny GPT-2 language model, built from the project-local copy of transformers' modeling_gpt2.py (the bench mutates that copy)."""
-import copy
 
 import torch
 import torch.nn.functional as F

@@ -1,5 +1,4 @@
 """Driver: a tiny ResNet image classifier, built from the project-local copy of transformers' modeling_resnet.py (the bench mutates that copy)."""
-import copy
 
 import torch
 import torch.nn.functional as F

@@ -1,5 +1,4 @@
 """Driver: a tiny T5 encoder-decoder, built from the project-local copy of transformers' modeling_t5.py (the bench mutates that copy)."""
-import copy
 
 import torch
 import torch.nn.functional as F

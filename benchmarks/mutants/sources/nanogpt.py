@@ -1,5 +1,4 @@
 """A nanoGPT-style character model: pre-norm blocks, weight tying, decay/no-decay groups."""
-import copy
 import math
 
 import torch

@@ -1,5 +1,4 @@
 """A PEFT LoRA set-up on a tiny GPT-2 (the PEFT README recipe): adapters on c_attn, base frozen by PEFT."""
-import copy
 
 import torch
 from peft import LoraConfig, get_peft_model

@@ -1,5 +1,4 @@
 """P-tuning of a frozen GPT-2 for answer-word prediction: prompt vectors reparameterised by an MLP."""
-import copy
 
 import torch
 import torch.nn as nn

@@ -1,5 +1,4 @@
 """Soft-prompt tuning of a frozen GPT-2: learned virtual-token embeddings prepended to the input."""
-import copy
 
 import torch
 import torch.nn as nn

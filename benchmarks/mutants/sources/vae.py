@@ -1,5 +1,4 @@
 """A small convolutional VAE on 16x16 images: reparameterised latent, Bernoulli decoder, KL term."""
-import copy
 
 import torch
 import torch.nn as nn

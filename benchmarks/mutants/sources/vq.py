@@ -1,5 +1,4 @@
 """A VQ-VAE codebook layer with a straight-through estimator, commitment loss and a tiny conv autoencoder."""
-import copy
 
 import torch
 import torch.nn as nn
