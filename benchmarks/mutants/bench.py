@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--no-score", action="store_true", help="generate and validate only")
     ap.add_argument("--tool", default="diagnose")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--triage", default=None, help="write the misses grouped by operator and cause (markdown)")
     args = ap.parse_args(argv)
 
     import torch  # the oracle forks from here: import the heavy libraries once
@@ -297,6 +298,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         Path(args.json).write_text(json.dumps({"rows": rows, "discarded": {k: dict(v) for k, v in gen.discarded.items()},
                                                "skipped_sources": gen.skipped_sources}, indent=1, default=str))
     rate = len(buggy) / (t_score / 60) if t_score else 0.0
+    if args.triage:
+        from benchmarks.mutants.triage import write
+
+        write(rows, args.triage, f"# Mutation bench triage ({len(buggy)} kept mutants; misses by operator and cause)")
     print(f"mutants: {len(buggy)} kept over {len(by_src)} sources, {n_disc} discarded; controls clean "
           f"{clean}/{len(controls)}; generation {t_gen:.0f}s, scoring {t_score:.0f}s = {rate:.0f} mutants/min")
     print(f"recall {_pct(hits, len(buggy))}; right line {_pct(lines, len(buggy))} (of hits {_pct(lines, hits)}); "

@@ -120,6 +120,7 @@ def run_project(project: Path, trace: bool) -> dict[str, Any]:
 
     torch.set_grad_enabled(True)
     torch.manual_seed(0)
+    at_step: dict[str, str] = {}  # gradient states when step() starts (a later zero_grad hides them)
     try:
         if trace:
             sys.settrace(glob)
@@ -131,6 +132,13 @@ def run_project(project: Path, trace: bool) -> dict[str, Any]:
         phase = "optimizer"
         opt = case.make_optimizer(model)
         before = {n: t.detach().clone() for n, t in named_tensors(model).items()}
+
+        def pre_step(*_: Any) -> None:
+            if not at_step:
+                at_step.update({n: grad_state(t) for n, t in named_tensors(model).items()})
+
+        if hasattr(opt, "register_step_pre_hook"):
+            opt.register_step_pre_hook(pre_step)
         req = {n: bool(t.requires_grad) for n, t in named_tensors(model).items()}
         phase = "step"
         case.train_step(model, batch, opt)
@@ -145,7 +153,7 @@ def run_project(project: Path, trace: bool) -> dict[str, Any]:
     if res["error"] is None or res["phase"] == "step":
         try:
             after = named_tensors(model)
-            res["tensors"] = {n: {"grad": grad_state(after[n]) if n in after else "missing",
+            res["tensors"] = {n: {"grad": (at_step.get(n) or grad_state(after[n])) if n in after else "missing",
                                   "changed": bool(n in after and not torch.equal(before[n], after[n].detach())),
                                   "requires_grad": req[n]}
                               for n in before}

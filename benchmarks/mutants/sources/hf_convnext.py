@@ -9,7 +9,7 @@ import modeling_convnext
 
 def build_model():
     torch.manual_seed(0)
-    config = ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_labels=3, image_size=32)
+    config = ConvNextConfig(num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3, image_size=32)
     model = modeling_convnext.ConvNextForImageClassification(config)
     return model
 

@@ -32,5 +32,5 @@ def train_step(model, batch, optimizer):
     loss = out.loss
     loss.backward()
     optimizer.step()
-    optimizer.zero_grad()
+    optimizer.zero_grad()  # after the step, as in the PEFT examples
     return loss.item()
