@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-TOOLS = ("diagnose", "inspect_parameters", "check_optimizer_coverage", "trace_grad_path", "run_gradcheck", "verify_prompt_tuning")
+from gradprobe.tools import TOOLS
 
 
 def _target_from_args(args) -> dict:
@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     http.add_argument("--public-url", default=None, help="the URL clients use (behind a TLS proxy), for the auth metadata")
     http.add_argument("--issuer-url", default=None, help="the authorization server advertised to clients (default: the public URL)")
     sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")
-    for tool in TOOLS:
-        p = sub.add_parser(tool, help=f"run {tool} on a target and print the report")
+    for spec in TOOLS:
+        tool = spec.name
+        p = sub.add_parser(tool, help=f"{spec.help} (prints the report)")
         p.add_argument("file", nargs="?", help="the user's file (e.g. train.py); its directory is the project")
         p.add_argument("--project-dir", default=None)
         p.add_argument("--model", default=None, help="callable in FILE building the model (default: build_model)")

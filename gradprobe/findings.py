@@ -1,9 +1,13 @@
 """The finding shape and the catalogue of stable codes (spec/findings.md).
 
-Each check module keeps its own rules (code, name, severity and docs) in a
-literal `RULES` dict next to the logic, the way ruff keeps a rule's docs beside
-its code. This module only collects them, by reading those literals with `ast`,
-so that the server can serve the catalogue without importing torch.
+A finding code is a unit, the way a lint rule is one in ruff: each module that
+decides codes declares them in one literal `RULES` dict beside the function
+that emits them: name, severity, rank in root-cause order (lower explains more;
+diagnose ranks and folds by it), whether a parameterless finding of it is a
+consequence of another error, and its docs with the one fix text. Every emitter
+names its code literally, so `grep GP302 gradprobe/` shows the declaration and
+each emitter. This module only collects the declarations, by reading those
+literals with `ast`, so that the server can serve the catalogue without torch.
 """
 
 from __future__ import annotations
@@ -11,14 +15,16 @@ from __future__ import annotations
 import ast
 import functools
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from typing_extensions import TypedDict
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 
-CHECK_MODULES = ("registration", "optimizer", "trace", "gradcheck", "prompt_tuning")
+# the modules that declare codes, relative to the package
+RULE_MODULES = ("sandbox/failures.py", "checks/registration.py", "checks/optimizer.py", "checks/trace.py",
+                "checks/gradcheck.py", "checks/prompt_tuning.py")
 
 
 class Location(TypedDict):
@@ -43,17 +49,20 @@ class Rule(TypedDict):
     code: str
     name: str
     severity: Severity
+    rank: int
+    consequence: bool
     summary: str
     why: str
     example: str
     fix: str
 
 
-def _rules_of(path: Path) -> dict[str, dict]:
+def _rules_of(path: Path) -> dict[str, dict[str, Any]]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "RULES" for t in node.targets):
-            return ast.literal_eval(node.value)
+            rules: dict[str, dict[str, Any]] = ast.literal_eval(node.value)
+            return rules
     return {}
 
 
@@ -61,10 +70,10 @@ def _rules_of(path: Path) -> dict[str, dict]:
 def catalogue() -> dict[str, Rule]:
     """Every code, collected from the check modules, in code order."""
     out: dict[str, Rule] = {}
-    here = Path(__file__).parent / "checks"
-    for mod in CHECK_MODULES:
-        for code, rule in _rules_of(here / f"{mod}.py").items():
-            out[code] = Rule(code=code, **rule)
+    here = Path(__file__).parent
+    for mod in RULE_MODULES:
+        for code, rule in _rules_of(here / mod).items():
+            out[code] = cast(Rule, {"code": code, "consequence": False, **rule})
     return dict(sorted(out.items()))
 
 
@@ -73,20 +82,19 @@ def make_finding(
     message: str,
     *,
     parameters: list[str] | None = None,
-    location: Location | None = None,
+    location: Location | dict[str, Any] | None = None,
     evidence: dict[str, Any] | None = None,
     fix: str | None = None,
-    severity: Severity | None = None,
 ) -> Finding:
-    """Build a finding of a catalogued code; name and default severity come from the catalogue."""
+    """Build a finding of a catalogued code; name, severity and the default fix come from the catalogue."""
     rule = catalogue()[code]
     return Finding(
         code=code,
         name=rule["name"],
-        severity=severity or rule["severity"],
+        severity=rule["severity"],
         message=message,
         parameters=list(parameters or []),
-        location=location,
+        location=cast("Location | None", location),
         evidence=dict(evidence or {}),
         fix=fix or rule["fix"],
     )

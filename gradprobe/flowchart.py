@@ -9,6 +9,42 @@ from __future__ import annotations
 
 import html
 import re
+from typing import Any
+
+def module_of(name: str) -> str:
+    """The module path of a qualified parameter name ("(root)" for the model's own)."""
+    return name.rpartition(".")[0] or "(root)"
+
+
+def flow_graph(table: list[dict], findings: list[Any], frozen: list[str]) -> dict:
+    """Module groups of parameters with their status, for the flowchart."""
+    breaks: dict[str, dict] = {}
+    for f in findings:
+        if f["severity"] == "error":
+            for n in f["parameters"]:
+                breaks.setdefault(n, {"code": f["code"], "op": (f["evidence"].get("op") or f["name"]),
+                                      "line": (f.get("location") or {}).get("line")})
+    groups: dict[str, dict] = {}
+    for row in table:
+        m = module_of(row["name"])
+        g = groups.setdefault(m, {"module": m, "count": 0, "statuses": set(), "break": None})
+        g["count"] += 1
+        st = "broken" if row["name"] in breaks else {"ok": "ok", "zero": "zero", "none": "broken" if row["read"] else "unused", "nonfinite": "broken"}[row["grad"]]
+        g["statuses"].add(st)
+        if row["name"] in breaks and g["break"] is None:
+            g["break"] = breaks[row["name"]]
+    for n in frozen:
+        m = module_of(n)
+        g = groups.setdefault(m, {"module": m, "count": 0, "statuses": set(), "break": None})
+        g["count"] += 1
+        g["statuses"].add("frozen")
+    out = []
+    for g in groups.values():
+        st = next((s for s in ("broken", "zero", "unused", "ok", "frozen") if s in g["statuses"]), "ok")
+        out.append({"module": g["module"], "count": g["count"], "status": st, "break": g["break"]})
+    out.sort(key=lambda g: ("ok", "frozen", "unused", "zero", "broken").index(g["status"]), reverse=True)
+    return {"loss": "loss", "groups": out[:40]}
+
 
 _STYLE = {
     "ok": ("#e8f5e9", "#2e7d32"),

@@ -15,7 +15,8 @@ import os
 import random
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -35,11 +36,10 @@ SETUP_NAMES = {"model": "model", "inputs": "inputs", "loss": "loss_fn", "optimiz
 class TargetError(Exception):
     """The target cannot be loaded; `phase` says where, `cause` is the user's exception if any."""
 
-    def __init__(self, phase: str, message: str, cause: BaseException | None = None, code: str = "GP100"):
+    def __init__(self, phase: str, message: str, cause: BaseException | None = None):
         super().__init__(message)
         self.phase = phase
         self.cause = cause
-        self.code = code
 
 
 class TargetRefError(ValueError):

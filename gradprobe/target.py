@@ -70,7 +70,7 @@ class Target(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _needs_model(self) -> "Target":
+    def _needs_model(self) -> Target:
         if not self.model and not self.setup:
             raise ValueError('give `model` (e.g. "train.py:build_model" or "case.py") or `setup` code that defines `model`')
         return self

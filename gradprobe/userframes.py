@@ -53,24 +53,13 @@ class UserCode:
 
     def innermost(self, frame: FrameType | None = None, skip: int = 1) -> dict | None:
         """The innermost user frame of the current stack (or of `frame` outward)."""
-        f = frame if frame is not None else sys._getframe(skip)
+        f: FrameType | None = frame if frame is not None else sys._getframe(skip)
         while f is not None:
             code = f.f_code
             if self.is_user_file(code.co_filename):
                 return self.location_of(code.co_filename, f.f_lineno, code.co_name)
             f = f.f_back
         return None
-
-    def user_stack(self, frame: FrameType | None = None, skip: int = 1, limit: int = 8) -> list[dict]:
-        """User frames from the innermost outward (for chains and evidence)."""
-        out = []
-        f = frame if frame is not None else sys._getframe(skip)
-        while f is not None and len(out) < limit:
-            code = f.f_code
-            if self.is_user_file(code.co_filename):
-                out.append(self.location_of(code.co_filename, f.f_lineno, code.co_name))
-            f = f.f_back
-        return out
 
     def trimmed_traceback(self, exc: BaseException) -> str:
         """The exception's traceback keeping only the user's frames (and the message)."""

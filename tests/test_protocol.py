@@ -13,9 +13,10 @@ import pytest
 from mcp import Client
 
 from conftest import EXAMPLES, ROOT, server_params
+from gradprobe.tools import NAMES
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "tools_list.json"
-TOOLS = {"inspect_parameters", "check_optimizer_coverage", "run_gradcheck", "trace_grad_path", "verify_prompt_tuning", "diagnose"}
+TOOLS = set(NAMES)
 
 
 @pytest.mark.anyio
@@ -77,10 +78,26 @@ async def test_inline_setup_target(client):
 
 
 @pytest.mark.anyio
+async def test_a_failure_inside_a_check_is_gp000_never_the_users_error(client):
+    # the target's setup breaks one of gradprobe's own checks in the child (as a gradprobe bug would)
+    setup = ("import torch.nn as nn\nimport gradprobe.checks.registration as reg\n"
+             "def broken(*a, **k):\n    raise KeyError('bug inside gradprobe')\n"
+             "reg.check_registration = broken\nmodel = nn.Linear(2, 2)\n")
+    result = await client.call_tool("inspect_parameters", {"target": {"project_dir": str(EXAMPLES), "setup": setup}})
+    assert not result.is_error
+    findings = result.structured_content["findings"]
+    assert [f["code"] for f in findings] == ["GP000"]
+    f = findings[0]
+    assert f["name"] == "internal-error" and f["severity"] == "error" and f["location"] is None
+    assert "bug inside gradprobe" in f["message"] and "check_registration" not in f["message"]
+    assert "KeyError" in f["evidence"]["traceback"] and "registration.py" in f["evidence"]["traceback"]
+
+
+@pytest.mark.anyio
 async def test_findings_catalogue_resources_and_prompt(client):
     res = await client.read_resource("gradprobe://findings")
     codes = {r["code"] for r in json.loads(res.contents[0].text)}
-    assert {"GP100", "GP201", "GP309", "GP404", "GP511"} <= codes and len(codes) == 53
+    assert {"GP000", "GP100", "GP112", "GP201", "GP209", "GP309", "GP404", "GP511"} <= codes and len(codes) == 56
     one = await client.read_resource("gradprobe://findings/GP302")
     assert "detach-in-forward" in one.contents[0].text and "## Fix" in one.contents[0].text
     prompt = await client.get_prompt("investigate_gradients", {"project_dir": "/p"})

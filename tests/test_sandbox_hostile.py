@@ -11,7 +11,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from conftest import server_params
+from conftest import ROOT, server_params
 
 HEADER = "import torch\nimport torch.nn as nn\n"
 FOOTER = "\ndef make_inputs():\n    return torch.randn(2, 3)\n"
@@ -40,15 +40,17 @@ def _procs() -> dict[int, tuple[int, str]]:
 
 def children_alive() -> list[str]:
     """Sandboxed processes still running: cold children (child.py), and anything forked from a warm
-    worker (zygote.py command line) that is not a warm worker itself, daemons reparented to init included."""
+    worker (zygote.py command line) that is not a warm worker itself, daemons reparented to init included.
+    Only this checkout's (other checkouts' servers may be running on a shared machine)."""
     procs = _procs()
+    sandbox = str(ROOT / "gradprobe" / "sandbox")
 
     def is_zygote_cmd(pid):
-        return pid in procs and "gradprobe/sandbox/zygote.py" in procs[pid][1]
+        return pid in procs and f"{sandbox}/zygote.py" in procs[pid][1]
 
     out = []
     for pid, (ppid, cmd) in procs.items():
-        if "gradprobe/sandbox/child.py" in cmd:
+        if f"{sandbox}/child.py" in cmd:
             out.append(cmd)
         elif is_zygote_cmd(pid) and (is_zygote_cmd(ppid) or ppid == 1 or ppid not in procs):
             out.append(cmd)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from gradprobe.checks.registration import inspect_parameters
+from gradprobe.tools import run_tool
 
 __all__ = [
     "inspect_parameters",
@@ -26,6 +27,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    fn: Any
     # the heavier checks import on first use, so `inspect_parameters` stays cheap
     if name == "check_optimizer_coverage":
         from gradprobe.checks.optimizer import check_optimizer_coverage as fn
@@ -42,28 +44,3 @@ def __getattr__(name: str) -> Any:
     return fn
 
 
-def run_tool(tool: str, loaded, options: dict) -> dict:
-    """Run one tool on a loaded target (see gradprobe.loading), as the sandboxed child does."""
-    if tool == "inspect_parameters":
-        return inspect_parameters(loaded.model, loaded.record, loaded.info)
-    if tool == "check_optimizer_coverage":
-        from gradprobe.checks.optimizer import optimizer_report
-
-        return optimizer_report(loaded, step=options.get("step", True))
-    if tool == "trace_grad_path":
-        from gradprobe.checks.trace import trace_report
-
-        return trace_report(loaded, parameters=options.get("parameters"))
-    if tool == "run_gradcheck":
-        from gradprobe.checks.gradcheck import gradcheck_report
-
-        return gradcheck_report(loaded, **options)
-    if tool == "verify_prompt_tuning":
-        from gradprobe.checks.prompt_tuning import prompt_report
-
-        return prompt_report(loaded, prompt=options.get("prompt"))
-    if tool == "diagnose":
-        from gradprobe.checks.diagnosis import diagnose_report
-
-        return diagnose_report(loaded, **options)
-    raise ValueError(f"unknown tool {tool!r}")

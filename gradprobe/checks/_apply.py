@@ -12,9 +12,12 @@ import threading
 import torch
 from torch.autograd.function import Function
 
+from gradprobe.checks.torchcompat import custom_function_apply, untraced
+
+MAX_CALLS_PER_FN = 64  # parameter positions are recorded for the first calls of each Function
 _state = threading.local()
-_watchers: list["ApplyWatch"] = []
-_original_apply = Function.__dict__["apply"]
+_watchers: list[ApplyWatch] = []
+_original_apply = custom_function_apply()
 
 
 def inside_custom_function() -> bool:
@@ -22,7 +25,7 @@ def inside_custom_function() -> bool:
 
 
 def _snapshot(args):
-    with torch._C.DisableTorchFunction():  # our own copies are not the user's ops: keep them out of traces
+    with untraced():  # our own copies are not the user's ops: keep them out of traces
         return _copy(args)
 
 
@@ -38,12 +41,11 @@ def _copy(args):
     return tuple(out)
 
 
-@classmethod
-def _watched_apply(cls, *args, **kwargs):
+def _watched_apply_fn(cls, *args, **kwargs):
     if not _watchers or cls.__module__.startswith("torch."):
         return _original_apply.__func__(cls, *args, **kwargs)
     for w in _watchers:
-        w.record(cls, args, kwargs)
+        w.record(cls, args)
     _state.depth = getattr(_state, "depth", 0) + 1
     try:
         return _original_apply.__func__(cls, *args, **kwargs)
@@ -51,18 +53,21 @@ def _watched_apply(cls, *args, **kwargs):
         _state.depth -= 1
 
 
+_watched_apply = classmethod(_watched_apply_fn)
+
+
 class ApplyWatch:
     """Context manager: records (Function class, input snapshot, parameter ids per position)."""
 
-    def __init__(self, user=None, param_ids: dict | None = None, capture: bool = True, max_calls_per_fn: int = 64):
+    def __init__(self, user=None, param_ids: dict | None = None, capture: bool = True):
         self.user = user
         self.param_ids = param_ids or {}
         self.capture = capture
-        self.max_calls = max_calls_per_fn
+        self.max_calls = MAX_CALLS_PER_FN
         self.calls: dict[type, dict] = {}
         self.read: set[int] = set()
 
-    def record(self, cls, args, kwargs):
+    def record(self, cls, args):
         entry = self.calls.get(cls)
         for a in args:
             if isinstance(a, torch.Tensor) and id(a) in self.param_ids:
@@ -70,11 +75,9 @@ class ApplyWatch:
         if entry is None:
             entry = self.calls[cls] = {
                 "inputs": _snapshot(args) if self.capture else None,
-                "kwargs": dict(kwargs),
                 "count": 0,
                 "params_at": {},
                 "location": self.user.innermost(skip=3) if self.user else None,
-                "grad_enabled": torch.is_grad_enabled(),
             }
         entry["count"] += 1
         if entry["count"] <= self.max_calls:

@@ -1,16 +1,24 @@
-"""Running one step of the user's model: the call convention, the default loss, the step.
+"""Running one step of the user's model: the call convention, the default loss, the one step runner.
 
 Shared by every check that needs a forward/backward, so that they all call the
-model the same way spec/targets.md says.
+model the same way spec/targets.md says and read the same typed StepResult.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 import torch.nn as nn
+
+from gradprobe.flowchart import module_of
+
+__all__ = ["StepResult", "attempt_step", "call_model", "compute_loss", "default_loss", "floating_outputs", "module_of",
+           "param_names", "run_step"]
 
 _PROJECTION_SEED = 1234
 
@@ -85,31 +93,70 @@ def compute_loss(loss_fn: Any, out: Any, batch: Any) -> torch.Tensor | None:
     return default_loss(out)
 
 
-def run_step(loaded, *, optimizer_step: bool) -> dict:
-    """One step: the user's train_step when there is one, else forward + loss + backward (+ step).
+@dataclass
+class StepResult:
+    """What one step did. An exception of the user's code is caught and kept here, since a failing step is itself a finding."""
 
-    Returns what happened: {"kind", "output", "loss", "error"}; an exception of the user's
-    code is caught and returned, since a failing step is itself a finding.
-    """
+    kind: Literal["train_step", "default"]
+    returned: Any = None  # what the user's train_step returned
+    loss: torch.Tensor | None = None  # the default step's loss
+    error: Exception | None = None
+    error_location: dict | None = None
+    error_traceback: str | None = None
+    # the default step found no usable loss (GP310): what, and the measured facts
+    loss_problem: str | None = None
+    loss_evidence: dict[str, Any] = field(default_factory=dict)
+    # anomaly-mode re-run after a failing backward / a non-finite gradient: the forward line behind it
+    anomaly_location: dict | None = None
+    anomaly_trace: str | None = None
+    nonfinite_location: dict | None = None
+    nonfinite_anomaly: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        """The step did not reach a usable backward: it raised, or there was no scalar loss to run it on."""
+        return self.error is not None or self.loss_problem is not None
+
+
+def attempt_step(loaded: Any, result: StepResult, optimizer_step: bool) -> None:
+    """One try of the step, writing into result; raises what the user's code raises."""
     model, batch = loaded.model, loaded.batch
-    result: dict[str, Any] = {"kind": "train_step" if loaded.train_step else "default", "loss": None, "error": None}
-    try:
-        if loaded.train_step is not None:
-            result["returned"] = loaded.train_step(model, batch, loaded.optimizer)
-        else:
-            out = call_model(model, batch)
-            loss = compute_loss(loaded.loss_fn, out, batch)
-            result["loss"] = loss
-            if loss is None:
-                result["error"] = ValueError("the model returned no floating-point output to build a loss from")
-                return result
-            if loaded.optimizer is not None:
-                loaded.optimizer.zero_grad()
-            loss.backward()
-            if optimizer_step and loaded.optimizer is not None:
-                loaded.optimizer.step()
-    except Exception as exc:  # the user's step failed: report, don't crash
-        result["error"] = exc
+    if loaded.train_step is not None:
+        result.returned = loaded.train_step(model, batch, loaded.optimizer)
+        return
+    out = call_model(model, batch)
+    loss = compute_loss(loaded.loss_fn, out, batch)
+    result.loss = loss
+    if loss is None:
+        result.loss_problem = "The model returned no floating-point output to build a loss from."
+        return
+    if loss.dim() != 0 and loss.numel() != 1:
+        result.loss_problem = f"The loss has shape {list(loss.shape)}, not a scalar: reduce it (loss.mean())."
+        result.loss_evidence = {"shape": list(loss.shape)}
+        return
+    if not loss.requires_grad:
+        result.loss_problem = "The loss does not require grad: nothing connects it to the parameters."
+        result.loss_evidence = {"requires_grad": False, "grad_fn": None}
+    if loaded.optimizer is not None and hasattr(loaded.optimizer, "zero_grad"):
+        loaded.optimizer.zero_grad()
+    loss.backward()
+    if optimizer_step and loaded.optimizer is not None:
+        loaded.optimizer.step()
+
+
+def run_step(loaded: Any, *, optimizer_step: bool, observers: Sequence[AbstractContextManager[Any]] = ()) -> StepResult:
+    """The one step runner: the user's train_step when there is one, else forward + loss + backward (+ step),
+    with `observers` active (entered in order, left in reverse)."""
+    result = StepResult(kind="train_step" if loaded.train_step is not None else "default")
+    with ExitStack() as stack:
+        for obs in observers:
+            stack.enter_context(obs)
+        try:
+            attempt_step(loaded, result, optimizer_step)
+        except Exception as exc:  # the user's step failed: report, don't crash
+            result.error = exc
+            result.error_location = loaded.user.innermost_of_traceback(exc)
+            result.error_traceback = loaded.user.trimmed_traceback(exc)
     return result
 
 
@@ -121,5 +168,3 @@ def param_names(model: nn.Module) -> dict[int, list[str]]:
     return names
 
 
-def module_of(name: str) -> str:
-    return name.rpartition(".")[0] or "(root)"

@@ -15,28 +15,18 @@ import contextlib
 import torch
 
 from gradprobe.checks import gradcheck, optimizer, prompt_tuning, registration, trace
-from gradprobe.findings import Finding
-from gradprobe.flowchart import flow_mermaid
+from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
+from gradprobe.checks._step import param_names
+from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.report import make_report
 
-# root causes first: what makes a parameter invisible or the model unloadable, then wrong
-# backward code, then cuts on the path, then the optimizer, then symptoms
-ROOT_CAUSE_ORDER = [
-    "GP100", "GP106", "GP110", "GP111", "GP101", "GP102", "GP103", "GP107", "GP109", "GP510",
-    "GP202", "GP206", "GP208", "GP204",
-    "GP402", "GP403", "GP404", "GP401", "GP406",
-    "GP502", "GP505", "GP506", "GP511", "GP507",
-    "GP309", "GP304", "GP302", "GP303", "GP305", "GP308", "GP307",
-    "GP504", "GP201", "GP301", "GP310", "GP501", "GP207",
-]
-# parameterless consequences: folded into the top root cause when one exists
-CONSEQUENCES = {"GP310", "GP308", "GP501"}
-
-
 def _rank(f: Finding) -> tuple:
-    sev = {"error": 0, "warning": 1, "info": 2}[f["severity"]]
-    order = ROOT_CAUSE_ORDER.index(f["code"]) if f["code"] in ROOT_CAUSE_ORDER else len(ROOT_CAUSE_ORDER)
-    return (sev, order, -len(f["parameters"]))
+    """Severity, then the rule's root-cause rank (declared with the rule), then the widest finding first."""
+    return (SEVERITY_RANK[f["severity"]], catalogue()[f["code"]]["rank"], -len(f["parameters"]))
+
+
+def _consequence(code: str) -> bool:
+    return catalogue()[code]["consequence"]
 
 
 def fold(findings: list[Finding]) -> list[Finding]:
@@ -52,8 +42,8 @@ def fold(findings: list[Finding]) -> list[Finding]:
                 if params and params <= set(k["parameters"]):
                     host = k
                     break
-            if host is None and not params and f["code"] in CONSEQUENCES:
-                host = next((k for k in kept if k["severity"] == "error" and k["code"] not in CONSEQUENCES), None)
+            if host is None and not params and _consequence(f["code"]):
+                host = next((k for k in kept if k["severity"] == "error" and not _consequence(k["code"])), None)
         if host is not None:
             host["evidence"].setdefault("related", []).append(
                 {"code": f["code"], "name": f["name"], "message": f["message"], "location": f["location"]})
@@ -77,13 +67,14 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         return findings, facts
     found = prompt_tuning.find_prompt(model)
     peftish = hasattr(model, "peft_config")
-    prompt_on = bool(found[0] or found[1]) and (peftish or "named" in found[2] or "PEFT" in found[2])
+    # a mostly frozen model alone is no prompt tuning: diagnose checks it only when PEFT says so
+    prompt_on = found.any and (peftish or found.how in ("caller", "peft", "named"))
     base = prompt_tuning.find_base(model) if prompt_on else None
     opt = loaded.optimizer if isinstance(loaded.optimizer, torch.optim.Optimizer) else None
     before = optimizer.snapshot(model) if opt is not None else None
     tracer = trace.GradTracer(model, loaded.user, provenance=prompt_on)
     grads = trace.GradRecorder(model)
-    capture = gradcheck.ApplyWatch(loaded.user, {i: n[0] for i, n in trace.param_names(model).items()}, capture=True)
+    capture = gradcheck.ApplyWatch(loaded.user, {i: n[0] for i, n in param_names(model).items()}, capture=True)
     direct = gradcheck.DirectForwardWatch(loaded.user)
     base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
     with contextlib.ExitStack() as stack:
@@ -97,7 +88,7 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     findings += tfindings
     facts.update(tfacts)
     facts["checks"].append("trace")
-    if step_obs is not None and step.get("error") is None and tracer.backward_error is None:
+    if step_obs is not None and before is not None and step.error is None and tracer.backward_error is None:
         findings += optimizer.analyze_step(model, opt, before, step_obs, coverage)
         facts["step_events"] = step_obs.events[:50]
     if capture.calls or direct.hits:
@@ -108,7 +99,7 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     if not prompt_on:
         findings += prompt_tuning.checkpoint_findings(tracer, tfacts)
     if prompt_on:
-        pfindings, pfacts = prompt_tuning.prompt_findings(loaded, (tfindings, tfacts, tracer, grads, step), base_obs, found)
+        pfindings, pfacts = prompt_tuning.prompt_findings(loaded, trace.TraceRun(tfindings, tfacts, tracer, grads, step), base_obs, found)
         findings += pfindings
         facts["prompt_tuning"] = pfacts
         facts["checks"].append("prompt_tuning")
@@ -130,7 +121,7 @@ def diagnose_report(loaded) -> dict:
     names_in_table = {r["name"] for r in table}
     rows = table + [r for r in _unregistered_rows(kept) if r["name"] not in names_in_table]
     frozen = [n for n, p in loaded.model.named_parameters() if not p.requires_grad]
-    facts["flow"] = trace.flow_graph(rows, kept, frozen)
+    facts["flow"] = flow_graph(rows, kept, frozen)
     facts["mermaid"] = flow_mermaid(facts["flow"])
     summary = [f"Checks run: {', '.join(facts['checks'])}."]
     if facts.get("note"):

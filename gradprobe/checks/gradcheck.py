@@ -11,72 +11,74 @@ finding can name the input, the output and the worst element in words.
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
-import re
 import textwrap
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.autograd.function import Function
 
-from gradprobe.checks._apply import ApplyWatch, inside_custom_function  # noqa: F401 (re-exported for diagnose)
+from gradprobe.checks._apply import ApplyWatch, inside_custom_function
 from gradprobe.checks._step import call_model, param_names
+from gradprobe.checks.torchcompat import INVALID_GRADIENT, WRONG_GRADIENT_COUNT, WRONG_GRADIENT_SHAPE, GradcheckError
+from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
 from gradprobe.userframes import location
 
 RULES = {
     "GP401": {
-        "name": "gradcheck-mismatch", "severity": "error",
+        "name": "gradcheck-mismatch", "severity": "error", "rank": 18,
         "summary": "Analytical and numerical Jacobians differ.",
         "why": "The hand-written backward computes a wrong derivative: training follows wrong gradients, silently.",
         "example": "d/dz (0.044715 z^3) written as 0.044715 z^2",
         "fix": "Re-derive the backward for the reported input; compare against torch.autograd.gradcheck on float64 inputs.",
     },
     "GP402": {
-        "name": "wrong-gradient-count", "severity": "error",
+        "name": "wrong-gradient-count", "severity": "error", "rank": 15,
         "summary": "backward returns a different number of gradients than forward took inputs.",
         "why": "backward must return one value per forward input (None for non-tensor or non-differentiable ones); autograd raises otherwise.",
         "example": "forward(ctx, x, weight, eps) ... return grad_x, grad_weight",
         "fix": "Return one value per forward input, None for non-differentiable ones: return grad_x, grad_weight, None",
     },
     "GP403": {
-        "name": "wrong-gradient-shape", "severity": "error",
+        "name": "wrong-gradient-shape", "severity": "error", "rank": 16,
         "summary": "A returned gradient's shape does not match its input.",
         "why": "Each gradient must have its input's shape (reduce broadcast dimensions with sum).",
         "example": "return grad_out  # for a bias of shape [d] broadcast over a batch",
         "fix": "Reduce over the broadcast dimensions: grad_bias = grad_out.reshape(-1, d).sum(0)",
     },
     "GP404": {
-        "name": "missing-gradient", "severity": "error",
+        "name": "missing-gradient", "severity": "error", "rank": 17,
         "summary": "backward returns None (or zeros) for an input that requires grad.",
         "why": "The parameters fed to that input never learn, and autograd raises nothing.",
         "example": "grad_bias = None ... return grad_x, grad_weight, grad_bias",
         "fix": "Compute the gradient when ctx.needs_input_grad[i]: e.g. grad_bias = grad_out.sum(0)",
     },
     "GP405": {
-        "name": "low-precision-check", "severity": "info",
+        "name": "low-precision-check", "severity": "info", "rank": 99,
         "summary": "Inputs were not float64; the check ran on float64 copies.",
         "why": "Finite differences need double precision to be meaningful.",
         "example": "float32 activations",
         "fix": "Nothing to fix: informational.",
     },
     "GP406": {
-        "name": "forward-called-directly", "severity": "error",
+        "name": "forward-called-directly", "severity": "error", "rank": 19,
         "summary": "Function.forward was called instead of Function.apply.",
         "why": "Calling forward directly records no graph node: the custom backward never runs and inputs get no gradient.",
         "example": "y = MyFn.forward(None, x, w)",
         "fix": "Call MyFn.apply(x, w)",
     },
     "GP407": {
-        "name": "gradgradcheck-mismatch", "severity": "warning",
+        "name": "gradgradcheck-mismatch", "severity": "warning", "rank": 99,
         "summary": "Second derivatives are wrong (checked only when asked for).",
         "why": "Double backward (gradient penalties, MAML, Hessian-vector products) gets wrong values.",
         "example": "a backward written with non-differentiable ops or saved .data",
         "fix": "Write backward with differentiable torch ops, or mark it once_differentiable.",
     },
     "GP408": {
-        "name": "nondeterministic-backward", "severity": "warning",
+        "name": "nondeterministic-backward", "severity": "warning", "rank": 99,
         "summary": "Two backward passes on the same input differ.",
         "why": "Gradients that change run to run make training irreproducible and gradcheck meaningless.",
         "example": "backward uses torch.rand or index_add_ with atomics",
@@ -99,6 +101,7 @@ def _backward_lines(cls) -> tuple[dict | None, dict | None]:
         filename = inspect.getsourcefile(fn)
     except (OSError, TypeError):
         return None, None
+    filename = cast(str, filename)  # getsourcelines found the source, so it has a file
     name = f"{cls.__name__}.backward"
     def_offset = next((i for i, line in enumerate(lines) if line.lstrip().startswith("def ")), 0)
     def_loc = location(filename, start + def_offset, name)
@@ -186,17 +189,17 @@ def _analytical_jacobians(fn, inputs, req: list[int]) -> list[torch.Tensor | Non
             if g is not None:
                 got_any[i] = True
                 jacs[i][k] = g.detach().reshape(-1).to(torch.float64)
-    return [jac if got else None for jac, got in zip(jacs, got_any)]
+    return [jac if got else None for jac, got in zip(jacs, got_any, strict=True)]
 
 
 def _parse_structure_error(text: str) -> tuple[str, dict] | None:
-    m = re.search(r"returned an incorrect number of gradients \(expected (\d+), got (\d+)\)", text)
+    m = WRONG_GRADIENT_COUNT.search(text)
     if m:
         return "GP402", {"expected": int(m.group(1)), "returned": int(m.group(2))}
-    m = re.search(r"returned an invalid gradient at index (\d+) - got (\[[^\]]*\]) but expected shape compatible with (\[[^\]]*\])", text)
+    m = WRONG_GRADIENT_SHAPE.search(text)
     if m:
         return "GP403", {"input_index": int(m.group(1)), "returned_shape": m.group(2), "input_shape": m.group(3)}
-    m = re.search(r"returned an invalid gradient at index (\d+) - (.*)", text)
+    m = INVALID_GRADIENT.search(text)
     if m:
         return "GP403", {"input_index": int(m.group(1)), "problem": m.group(2)[:200]}
     return None
@@ -252,11 +255,11 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
             if code == "GP402":
                 msg = (f"{name}.backward returns {ev['returned']} gradient(s) but forward takes {ev['expected']} input(s); "
                        f"positions {', '.join(str(i) for i in range(ev['returned'], ev['expected'])) or '?'} are missing.")
-                fix = f"Return one value per forward input, None for non-differentiable ones (forward takes {n_in})."
+                fix: str | None = f"Return one value per forward input, None for non-differentiable ones (forward takes {n_in})."
             else:
                 idx = ev.get("input_index", 0)
                 msg = f"{name}.backward returns a gradient for {label(idx)} of shape {ev.get('returned_shape', '?')}, but that input has shape {ev.get('input_shape', '?')}."
-                fix = RULES["GP403"]["fix"]
+                fix = None
             ps = sorted({p for ns in params_at.values() for p in ns}) if code == "GP402" else params_at.get(ev.get("input_index", -1), [])
             findings.append(make_finding(code, msg, parameters=[name] + ps, location=ret_loc or def_loc,
                                          evidence={"function": name, **ev, "error": text[:500]}, fix=fix))
@@ -274,11 +277,16 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
     use_fast = fast_mode if fast_mode is not None else (n_out > MAX_OUTPUT_ELEMS or sum(inputs64[j].numel() for j in req) > 4 * MAX_INPUT_ELEMS)
     facts["mode"] = "fast (random projections)" if use_fast else "full Jacobian"
     if use_fast:
-        ok = torch.autograd.gradcheck(fn, inputs64, atol=atol, rtol=rtol, fast_mode=True, raise_exception=False)
-        if not ok:
+        try:  # raise_exception=False would return False on exactly this error and drop PyTorch's explanation
+            torch.autograd.gradcheck(fn, inputs64, atol=atol, rtol=rtol, fast_mode=True, raise_exception=True)
+            gradcheck_error = None
+        except GradcheckError as exc:
+            gradcheck_error = str(exc)
+        if gradcheck_error is not None:
             findings.append(make_finding(
                 "GP401", f"{name}.backward disagrees with finite differences (fast mode: v^T J u differs).",
-                parameters=[name], location=def_loc, evidence={"function": name, "mode": "fast"}))
+                parameters=[name], location=def_loc,
+                evidence={"function": name, "mode": "fast", "gradcheck_error": gradcheck_error[-2000:]}))
         return findings, facts
     analytical = _analytical_jacobians(fn, inputs64, req)
     mismatches = []
@@ -369,9 +377,9 @@ class DirectForwardWatch:
     def __init__(self, user):
         self.user = user
         self.hits: dict[type, dict] = {}
-        self._saved = []
 
     def __enter__(self):
+        self._stack = contextlib.ExitStack()
         for cls in _user_functions(self.user):
             orig = cls.__dict__.get("forward")
             if not isinstance(orig, staticmethod):
@@ -383,13 +391,11 @@ class DirectForwardWatch:
                     self.hits[_cls] = {"location": self.user.innermost(skip=1)}
                 return _f(*a, **k)
 
-            self._saved.append((cls, orig))
-            cls.forward = staticmethod(watched)
+            self._stack.enter_context(patched(cls, "forward", staticmethod(watched)))
         return self
 
     def __exit__(self, *exc):
-        for cls, orig in self._saved:
-            cls.forward = orig
+        self._stack.close()
         return False
 
 
@@ -456,7 +462,7 @@ def _explicit(loaded, ref: str, watch: ApplyWatch) -> ApplyWatch:
     args = batch if isinstance(batch, tuple) else tuple(batch.values()) if isinstance(batch, dict) else (batch,)
     args = tuple(a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a for a in args)
     if isinstance(obj, type) and issubclass(obj, Function):
-        entry = {"inputs": args, "kwargs": {}, "count": 1, "params_at": {}, "location": None, "grad_enabled": True}
+        entry = {"inputs": args, "count": 1, "params_at": {}, "location": None}
         watch.calls[obj] = entry
         return watch
     target = obj() if isinstance(obj, type) else obj

@@ -6,69 +6,81 @@ has the same counts and shapes but none of the same tensors.
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import module_of, param_names, run_step
+from gradprobe.checks.torchcompat import OPTIMIZER_EMPTY, OPTIMIZER_NON_LEAF, OPTIMIZER_PARAM_IN_SEVERAL_GROUPS, untraced
+from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
 
 RULES = {
     "GP201": {
-        "name": "param-not-in-optimizer", "severity": "error",
+        "name": "param-not-in-optimizer", "severity": "error", "rank": 33,
         "summary": "A trainable parameter of the model is in no param group.",
         "why": "optimizer.step() only updates the tensors it was given: the parameter gets a gradient and never changes.",
         "example": "opt = Adam(self.parameters())  # in __init__, before a subclass adds value_head",
         "fix": "Build the optimizer after the model is complete: opt = Adam(model.parameters())",
     },
     "GP202": {
-        "name": "stale-optimizer-reference", "severity": "error",
+        "name": "stale-optimizer-reference", "severity": "error", "rank": 11,
         "summary": "The optimizer holds tensors that are not the model's current parameters.",
         "why": "After a model is rebuilt, deep-copied, reloaded or a parameter replaced, the optimizer keeps updating the old tensors; the live model never changes.",
         "example": "agent.online = copy.deepcopy(pretrained)  # after the optimizer was built",
         "fix": "Load weights in place (agent.online.load_state_dict(pretrained.state_dict())) or rebuild the optimizer after replacing modules.",
     },
     "GP203": {
-        "name": "frozen-param-in-optimizer", "severity": "info",
+        "name": "frozen-param-in-optimizer", "severity": "info", "rank": 99,
         "summary": "The optimizer holds parameters with requires_grad=False.",
         "why": "Harmless by itself (they get no gradient), but weight decay may still change them in some optimizers, and it often means the freeze happened after the optimizer was built.",
         "example": "opt = AdamW(model.parameters()); model.backbone.requires_grad_(False)",
         "fix": "Pass only trainable parameters: AdamW(p for p in model.parameters() if p.requires_grad)",
     },
     "GP204": {
-        "name": "duplicate-param-in-optimizer", "severity": "error",
+        "name": "duplicate-param-in-optimizer", "severity": "error", "rank": 14,
         "summary": "One parameter in several param groups.",
         "why": "Recent PyTorch refuses it; older versions update the tensor twice per step with different hyperparameters.",
         "example": "Adam([{'params': model.parameters()}, {'params': model.head.parameters(), 'lr': 1e-2}])",
         "fix": "Partition the parameters so each appears in exactly one group.",
     },
     "GP205": {
-        "name": "zero-learning-rate", "severity": "warning",
+        "name": "zero-learning-rate", "severity": "warning", "rank": 99,
         "summary": "A param group with lr == 0.",
         "why": "Its parameters get gradients but never move.",
         "example": "{'params': model.encoder.parameters(), 'lr': 0.0}",
         "fix": "Give the group a positive lr, or freeze those parameters explicitly with requires_grad_(False).",
     },
     "GP206": {
-        "name": "non-leaf-in-optimizer", "severity": "error",
+        "name": "non-leaf-in-optimizer", "severity": "error", "rank": 12,
         "summary": "A non-leaf tensor handed to the optimizer.",
         "why": "Non-leaf tensors never receive .grad, so the optimizer cannot update them (torch refuses them).",
         "example": "SGD([w.cuda()], lr=0.1)  # w.cuda() is a copy with a grad_fn",
         "fix": "Optimize the leaf: w = nn.Parameter(x.cuda()); SGD([w], lr=0.1)",
     },
     "GP207": {
-        "name": "param-not-updated", "severity": "error",
+        "name": "param-not-updated", "severity": "error", "rank": 37,
         "summary": "After one real step a parameter with a nonzero gradient did not change.",
         "why": "Something between backward() and step() lost the update: zero lr, zero_grad between backward and step, a skipped GradScaler step, or the parameter missing from the optimizer.",
         "example": "loss.backward(); optimizer.zero_grad(); optimizer.step()",
         "fix": "Call optimizer.zero_grad() before backward(), then optimizer.step() right after backward().",
     },
     "GP208": {
-        "name": "empty-optimizer", "severity": "error",
+        "name": "empty-optimizer", "severity": "error", "rank": 13,
         "summary": "The optimizer holds no parameters.",
         "why": "Nothing is updated; often a generator (model.parameters()) consumed twice, or a name filter that matched nothing.",
         "example": "params = model.parameters(); n = len(list(params)); Adam(params)",
         "fix": "Materialise the parameters once: params = list(model.parameters()); Adam(params)",
+    },
+    "GP209": {
+        "name": "unsupported-optimizer", "severity": "warning", "rank": 99,
+        "summary": "The optimizer is not a torch.optim.Optimizer (or updates outside step()), so the step check cannot observe it.",
+        "why": "The step check watches Optimizer.step and zero_grad; coverage by identity still applies where its parameters can be read.",
+        "example": "class MyOpt: def update(self): ...  # not a torch.optim.Optimizer",
+        "fix": "Subclass torch.optim.Optimizer (or wrap the update in one) so its step can be observed.",
     },
 }
 
@@ -110,7 +122,12 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
         return findings, []
     names = param_names(model)
     seq, site = _opt_site(record, optimizer)
-    groups, seen, dupes, stale, frozen, nonleaf = [], {}, [], [], [], []
+    groups: list[dict] = []
+    seen: dict[int, Any] = {}
+    dupes: list[tuple[str, int, int]] = []
+    stale: list[torch.Tensor] = []
+    frozen: list[str] = []
+    nonleaf: list[str] = []
     for gi, group in enumerate(optimizer.param_groups):
         gnames = []
         for t in group["params"]:
@@ -144,7 +161,7 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
     if stale:
         # pair each stale tensor with the missing parameter it most likely was: same shape, same order
         pool = list(missing)
-        guesses = []
+        guesses: list[dict[str, Any]] = []
         for t in stale:
             match = next((m for m in pool if tuple(m[1].shape) == tuple(t.shape)), None)
             if match is not None:
@@ -201,7 +218,7 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
 
 
 def _grad_max(p) -> float:
-    with torch._C.DisableTorchFunction():  # not the user's ops: invisible to a trace running beside us
+    with untraced():  # not the user's ops: invisible to a trace running beside us
         return float(p.grad.abs().max()) if p.grad is not None and p.grad.numel() else 0.0
 
 
@@ -215,26 +232,25 @@ class StepObserver:
         self.grad_after_backward: dict[int, float] = {}
 
     def __enter__(self):
-        self._orig_zero = torch.optim.Optimizer.zero_grad
-        self._orig_mzero = nn.Module.zero_grad
-        obs = self
+        orig_zero, orig_mzero = torch.optim.Optimizer.zero_grad, nn.Module.zero_grad
+        events = self.events
 
         def opt_zero(opt, *a, **k):
-            obs.events.append("optimizer.zero_grad")
-            return obs._orig_zero(opt, *a, **k)
+            events.append("optimizer.zero_grad")
+            return orig_zero(opt, *a, **k)
 
         def mod_zero(mod, *a, **k):
-            obs.events.append("model.zero_grad")
-            return obs._orig_mzero(mod, *a, **k)
+            events.append("model.zero_grad")
+            return orig_mzero(mod, *a, **k)
 
-        torch.optim.Optimizer.zero_grad = opt_zero
-        nn.Module.zero_grad = mod_zero
-        self._hooks = []
+        stack = self._stack = contextlib.ExitStack()
+        stack.enter_context(patched(torch.optim.Optimizer, "zero_grad", opt_zero))
+        stack.enter_context(patched(nn.Module, "zero_grad", mod_zero))
         if isinstance(self.optimizer, torch.optim.Optimizer):
-            self._hooks.append(self.optimizer.register_step_pre_hook(self._pre_step))
+            stack.callback(self.optimizer.register_step_pre_hook(self._pre_step).remove)
         for p in self.model.parameters():
             if p.requires_grad:
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulated))
+                stack.callback(p.register_post_accumulate_grad_hook(self._accumulated).remove)
         return self
 
     def _accumulated(self, p):
@@ -248,10 +264,7 @@ class StepObserver:
             self.grad_at_step[id(p)] = _grad_max(p)
 
     def __exit__(self, *exc):
-        torch.optim.Optimizer.zero_grad = self._orig_zero
-        nn.Module.zero_grad = self._orig_mzero
-        for h in self._hooks:
-            h.remove()
+        self._stack.close()
         return False
 
 
@@ -298,8 +311,10 @@ def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
     before = snapshot(loaded.model)
     with StepObserver(loaded.model, loaded.optimizer) as obs:
         result = run_step(loaded, optimizer_step=True)
-    facts = {"events": obs.events[:50], "step_error": f"{type(result['error']).__name__}: {result['error']}" if result["error"] else None}
-    if result["error"] is not None:
+    err = result.error
+    facts = {"events": obs.events[:50],
+             "step_error": f"{type(err).__name__}: {err}" if err is not None else result.loss_problem}
+    if result.failed:
         return [], facts
     return analyze_step(loaded.model, loaded.optimizer, before, obs, coverage), facts
 
@@ -318,20 +333,20 @@ def optimizer_findings(loaded, step: bool = True) -> tuple[list[Finding], dict]:
         exc = loaded.optimizer_error
         text = str(exc.cause or exc)
         loc = loaded.user.innermost_of_traceback(exc.cause) if exc.cause is not None else None
-        if "empty parameter list" in text:
+        if OPTIMIZER_EMPTY in text:
             return [make_finding("GP208", f"make_optimizer failed: the optimizer got an empty parameter list ({text}).", location=loc,
                                  evidence={"error": text})], {}
-        if "more than one parameter group" in text:
+        if OPTIMIZER_PARAM_IN_SEVERAL_GROUPS in text:
             return [make_finding("GP204", f"make_optimizer failed: {text}. A parameter appears in several param groups.", location=loc,
                                  evidence={"error": text})], {}
-        if "non-leaf" in text:
+        if OPTIMIZER_NON_LEAF in text:
             return [make_finding("GP206", f"make_optimizer failed: {text}", location=loc, evidence={"error": text})], {}
         return [make_finding("GP100", f"make_optimizer failed: {text}", location=loc,
                              evidence={"traceback": loaded.user.trimmed_traceback(exc.cause) if exc.cause else text})], {}
     if loaded.optimizer is None:
         return [], {"note": "the target has no optimizer: only registration-level facts apply"}
     findings, groups = check_coverage(loaded.model, loaded.optimizer, loaded.record)
-    facts = {"optimizer": type(loaded.optimizer).__name__, "param_groups": groups}
+    facts: dict[str, Any] = {"optimizer": type(loaded.optimizer).__name__, "param_groups": groups}
     if step and isinstance(loaded.optimizer, torch.optim.Optimizer) and (loaded.batch is not None or loaded.train_step is not None):
         more, step_facts = check_step(loaded, findings)
         findings += more

@@ -11,88 +11,93 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import module_of
+from gradprobe.checks.torchcompat import untraced
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
 
+if TYPE_CHECKING:
+    from gradprobe.checks.trace import TraceRun
+
 RULES = {
     "GP501": {
-        "name": "prompt-gets-no-grad", "severity": "error",
+        "name": "prompt-gets-no-grad", "severity": "error", "rank": 36, "consequence": True,
         "summary": "The soft prompt's gradient is None or zero after backward.",
         "why": "A prompt without gradient never changes: the run trains nothing.",
         "example": "loss.backward(); print(model.prompt.grad)  # None",
         "fix": "Follow the more precise finding (GP502-GP511) or evidence.break to the line that cuts the prompt's path.",
     },
     "GP502": {
-        "name": "prompt-through-input-ids", "severity": "error",
+        "name": "prompt-through-input-ids", "severity": "error", "rank": 20,
         "summary": "The prompt was turned into token ids (concatenated to input_ids, cast to long).",
         "why": "An embedding lookup by integer ids has no gradient with respect to the ids: the prompt only selects rows of a frozen table.",
         "example": "input_ids = torch.cat([self.prompt.expand(b, -1), input_ids], 1).long()",
         "fix": "Prepend embeddings, not ids: inputs_embeds = torch.cat([prompt.expand(b, -1, -1), wte(input_ids)], 1); lm(inputs_embeds=inputs_embeds, ...)",
     },
     "GP503": {
-        "name": "base-not-frozen", "severity": "warning",
+        "name": "base-not-frozen", "severity": "warning", "rank": 99,
         "summary": "Base-model parameters are trainable beside the prompt.",
         "why": "Prompt tuning means a frozen base; trainable base weights change the model and cost memory.",
         "example": "forgetting lm.requires_grad_(False)",
         "fix": "Freeze the base: model.lm.requires_grad_(False) (PEFT does this in get_peft_model).",
     },
     "GP504": {
-        "name": "prompt-not-in-optimizer", "severity": "error",
+        "name": "prompt-not-in-optimizer", "severity": "error", "rank": 32,
         "summary": "The prompt is not in the optimizer.",
         "why": "It gets a gradient but step() never updates it.",
         "example": "AdamW(model.prompt_encoder.parameters())  # prompt_embeddings left out",
         "fix": "Pass the prompt (all trainable parameters): AdamW([p for p in model.parameters() if p.requires_grad])",
     },
     "GP505": {
-        "name": "generate-in-training", "severity": "error",
+        "name": "generate-in-training", "severity": "error", "rank": 21,
         "summary": "The loss is computed from generate(), which runs under no_grad.",
         "why": "generate() is decorated with @torch.no_grad(): its scores carry no history back to the prompt.",
         "example": "scores = lm.generate(inputs_embeds=..., output_scores=True).scores",
         "fix": "Train with a forward pass (teacher forcing): out = lm(inputs_embeds=..., labels=...); out.loss.backward()",
     },
     "GP506": {
-        "name": "attention-mask-excludes-prompt", "severity": "error",
+        "name": "attention-mask-excludes-prompt", "severity": "error", "rank": 22,
         "summary": "The attention mask gives the prompt positions zero weight.",
         "why": "No position attends to the virtual tokens, so the loss does not depend on them and their gradient is zero.",
         "example": "attention_mask = F.pad(attention_mask, (n_prompt, 0))  # pads with 0",
         "fix": "Extend the mask with ones: attention_mask = F.pad(attention_mask, (n_prompt, 0), value=1)",
     },
     "GP507": {
-        "name": "labels-misaligned", "severity": "error",
+        "name": "labels-misaligned", "severity": "error", "rank": 24,
         "summary": "Labels do not cover the prompt positions with the ignore index, or their length differs from the embedded sequence.",
         "why": "Shifted or mislabelled positions train the model on the wrong targets, or fail.",
         "example": "labels passed unchanged while inputs_embeds has n_prompt extra positions",
         "fix": "Prepend the ignore index: labels = torch.cat([labels.new_full((b, n_prompt), -100), labels], 1)",
     },
     "GP508": {
-        "name": "tied-embedding-trained", "severity": "warning",
+        "name": "tied-embedding-trained", "severity": "warning", "rank": 99,
         "summary": "The trainable set includes an input embedding tied to the output head.",
         "why": "Training one trains both: the output distribution moves with the embedding table.",
         "example": "model.transformer.wte.requires_grad_(True) on GPT-2 (lm_head is tied)",
         "fix": "Keep the embedding frozen, or untie the head deliberately.",
     },
     "GP509": {
-        "name": "cache-in-training", "severity": "warning",
+        "name": "cache-in-training", "severity": "warning", "rank": 99,
         "summary": "use_cache / past_key_values used in the training step.",
         "why": "A cache carried across steps holds stale keys/values from an old graph (or a freed one), and the prompt's positions can be skipped.",
         "example": "out = lm(inputs_embeds=x, past_key_values=past)",
         "fix": "Pass use_cache=False in training and never carry past_key_values across steps.",
     },
     "GP510": {
-        "name": "prompt-not-leaf", "severity": "error",
+        "name": "prompt-not-leaf", "severity": "error", "rank": 10,
         "summary": "The prompt is a non-leaf tensor.",
         "why": "nn.Parameter(x).to(...)/.half()/.cuda() returns a copy with history: it is not registered and never gets .grad.",
         "example": "self.prompt = nn.Parameter(torch.randn(8, d)).half()",
         "fix": "Create the tensor with its final dtype/device, then wrap: self.prompt = nn.Parameter(torch.randn(8, d, dtype=torch.float16))",
     },
     "GP511": {
-        "name": "checkpointing-without-input-grad", "severity": "error",
+        "name": "checkpointing-without-input-grad", "severity": "error", "rank": 23,
         "summary": "Reentrant gradient checkpointing with inputs that do not require grad.",
         "why": "Reentrant checkpoint returns outputs without history when no input requires grad: nothing inside reaches the trainable parameters.",
         "example": "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': True}) with a frozen embedding",
@@ -118,28 +123,45 @@ def find_base(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def find_prompt(model: nn.Module, prompt: str | None = None) -> tuple[list[str], list[dict], str]:
-    """(parameter names, non-leaf tensor attributes, the rule that picked them)."""
+PromptSource = Literal["caller", "peft", "named", "mostly_frozen", "none"]
+
+
+@dataclass
+class FoundPrompt:
+    """What find_prompt picked: parameter names, non-leaf tensor attributes ({"name", "tensor"}), how, and that rule in words."""
+
+    params: list[str]
+    attrs: list[dict[str, Any]]
+    how: PromptSource
+    rule: str  # shown to the user (facts.prompt_rule, the summary)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.params or self.attrs)
+
+
+def find_prompt(model: nn.Module, prompt: str | None = None) -> FoundPrompt:
+    """The prompt's parameter names and tensor attributes, how they were found, and that rule in words."""
     params = dict(model.named_parameters())
     if prompt:
         if prompt in params:
-            return [prompt], [], "named by the caller"
+            return FoundPrompt([prompt], [], "caller", "named by the caller")
         under = [n for n in params if n.startswith(prompt + ".")]
         if under:
-            return under, [], "named by the caller"
+            return FoundPrompt(under, [], "caller", "named by the caller")
         owner_path, _, attr = prompt.rpartition(".")
         try:
             owner = model.get_submodule(owner_path) if owner_path else model
             value = getattr(owner, attr)
         except AttributeError:
-            return [], [], f"the caller named {prompt!r}, which is no parameter or attribute of the model"
+            return FoundPrompt([], [], "none", f"the caller named {prompt!r}, which is no parameter or attribute of the model")
         if isinstance(value, torch.Tensor):
-            return [], [{"name": prompt, "tensor": value}], "named by the caller"
-        return [], [], f"{prompt!r} is a {type(value).__name__}, not a tensor"
+            return FoundPrompt([], [{"name": prompt, "tensor": value}], "caller", "named by the caller")
+        return FoundPrompt([], [], "none", f"{prompt!r} is a {type(value).__name__}, not a tensor")
     if hasattr(model, "peft_config") and hasattr(model, "prompt_encoder"):
         names = [n for n in params if n.startswith("prompt_encoder.")]
         if names:
-            return names, [], "PEFT prompt encoder (prompt tuning / prefix tuning / p-tuning)"
+            return FoundPrompt(names, [], "peft", "PEFT prompt encoder (prompt tuning / prefix tuning / p-tuning)")
     named = [n for n, p in params.items() if PROMPT_NAME.search(n.rpartition(".")[0] or n) or PROMPT_NAME.search(n)]
     attrs = []
     for mod_name, module in model.named_modules():
@@ -147,12 +169,12 @@ def find_prompt(model: nn.Module, prompt: str | None = None) -> tuple[list[str],
             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and PROMPT_NAME.search(attr) and value.is_floating_point():
                 attrs.append({"name": f"{mod_name}.{attr}" if mod_name else attr, "tensor": value})
     if named or attrs:
-        return named, attrs, "parameters or tensor attributes named like a prompt (prompt, virtual, soft token/embedding, prefix, learned embedding)"
+        return FoundPrompt(named, attrs, "named", "parameters or tensor attributes named like a prompt (prompt, virtual, soft token/embedding, prefix, learned embedding)")
     total = sum(p.numel() for p in params.values())
     trainable = [n for n, p in params.items() if p.requires_grad]
     if trainable and total and sum(params[n].numel() for n in trainable) < 0.5 * total:
-        return trainable, [], "the only trainable parameters of a mostly frozen model (under half of its values)"
-    return [], [], "nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft token/prefix/learned embedding, and a mostly frozen model"
+        return FoundPrompt(trainable, [], "mostly_frozen", "the only trainable parameters of a mostly frozen model (under half of its values)")
+    return FoundPrompt([], [], "none", "nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft token/prefix/learned embedding, and a mostly frozen model")
 
 
 class BaseObserver:
@@ -223,10 +245,10 @@ def _n_virtual(model, prompt_params: dict, attrs: list[dict], base) -> int | Non
     return None
 
 
-def prompt_findings(loaded, trace: tuple, base_obs: BaseObserver | None, found: tuple) -> tuple[list[Finding], dict]:
+def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, found: FoundPrompt) -> tuple[list[Finding], dict]:
     model = loaded.model
-    names_, attrs, rule = found
-    trace_list, trace_facts, tracer, grads, step = trace
+    names_, attrs, rule = found.params, found.attrs, found.rule
+    trace_list, trace_facts, tracer, grads = trace.findings, trace.facts, trace.tracer, trace.grads
     params = dict(model.named_parameters())
     prompt_params = {n: params[n] for n in names_}
     findings: list[Finding] = []
@@ -286,7 +308,7 @@ def prompt_findings(loaded, trace: tuple, base_obs: BaseObserver | None, found: 
     # mask and labels alignment
     align: dict[str, Any] = {}
     peft_prefix = _peft_type(model) in ("PREFIX_TUNING",)
-    in_sequence = not rule.startswith("the only trainable")  # adapters (LoRA, ...) occupy no sequence positions
+    in_sequence = found.how != "mostly_frozen"  # adapters (LoRA, ...) occupy no sequence positions
     if peft_prefix:
         align["note"] = "prefix tuning: the virtual tokens reach the base as past_key_values, not as sequence positions"
     elif not in_sequence:
@@ -355,7 +377,8 @@ def prompt_findings(loaded, trace: tuple, base_obs: BaseObserver | None, found: 
     ids_prompt = {id(p) for p in prompt_params.values()}
     base_module = find_base(model)
     in_base = {id(p) for p in base_module.parameters()} if base_module is not None else None
-    seen, base_trainable = set(), {}
+    seen: set[int] = set()
+    base_trainable: dict[str, int] = {}
     for n, p in model.named_parameters():
         if in_base is not None and id(p) not in in_base:
             continue  # prompt encoders and heads around the base are not "the base"
@@ -372,8 +395,9 @@ def prompt_findings(loaded, trace: tuple, base_obs: BaseObserver | None, found: 
             evidence={"by_module": base_trainable}))
     base = find_base(model)
     if base is not None and hasattr(base, "get_input_embeddings"):
-        emb, head = base.get_input_embeddings(), base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
-        if emb is not None and head is not None and getattr(head, "weight", None) is emb.weight and emb.weight.requires_grad:
+        emb: Any = base.get_input_embeddings()  # type: ignore[operator]  # a transformers PreTrainedModel (hasattr above)
+        head: Any = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None  # type: ignore[operator]
+        if emb is not None and head is not None and getattr(head, "weight", None) is emb.weight and emb.weight.requires_grad:  # type: ignore[union-attr]
             ename = next((n for n, p in model.named_parameters() if p is emb.weight), "input embedding")
             findings.append(make_finding(
                 "GP508", f"The input embedding `{ename}` is trainable and tied to the output head: training it moves the output layer too.",
@@ -402,7 +426,7 @@ def _prompt_start(embeds, prompts: list, n_virt: int) -> int:
     copied into inputs_embeds (prepended, appended or in the middle), else assumed prepended."""
     if not isinstance(embeds, torch.Tensor) or embeds.dim() != 3:
         return 0
-    with torch.no_grad(), torch._C.DisableTorchFunction():
+    with torch.no_grad(), untraced():
         row0 = embeds[0].detach()
         for p in prompts:
             if not isinstance(p, torch.Tensor) or p.dim() != 2 or p.shape[-1] != row0.shape[-1] or p.shape[0] != n_virt:
@@ -449,13 +473,13 @@ def run_prompt_checks(loaded, prompt: str | None = None):
 
 
 def prompt_report(loaded, prompt: str | None = None) -> dict:
-    findings, facts, trace, (names_, attrs, rule) = run_prompt_checks(loaded, prompt)
-    if not names_ and not attrs:
-        return make_report("verify_prompt_tuning", findings, [f"No soft prompt found ({rule}). Name it with `prompt`."], **facts)
+    findings, facts, trace, found = run_prompt_checks(loaded, prompt)
+    if not found.any:
+        return make_report("verify_prompt_tuning", findings, [f"No soft prompt found ({found.rule}). Name it with `prompt`."], **facts)
     # keep trace findings about the prompt that no GP5xx explains
     shown = {n for f in findings for n in f["parameters"]}
-    pn = set(names_)
-    for f in trace[0]:
+    pn = set(found.params)
+    for f in trace.findings:
         if f["severity"] == "error" and pn & set(f["parameters"]) and not (pn & set(f["parameters"])) <= shown:
             findings.append(f)
     rows = facts.get("prompt", [])

@@ -12,89 +12,76 @@ import torch
 import torch.nn as nn
 
 from gradprobe.report import make_report
+from gradprobe.checks.torchcompat import is_grad_mode_decorator_frame
 from gradprobe.userframes import location
 from gradprobe.findings import Finding, make_finding
 
 RULES = {
-    "GP100": {
-        "name": "target-load-failed", "severity": "error",
-        "summary": "The target could not be imported or built.",
-        "why": "Nothing can be measured on a model that does not load; the traceback shows the user's failing line.",
-        "example": "build_model() raises, a syntax error in case.py, an import of a missing package, a timeout.",
-        "fix": "Fix the error in the traceback (user frames only), then call the tool again.",
-    },
     "GP101": {
-        "name": "unregistered-tensor", "severity": "error",
-        "summary": "A module attribute is a plain tensor with requires_grad=True, not an nn.Parameter.",
-        "why": "Plain tensors are not in parameters(), so optimizers built from model.parameters() never update them, .to() does not move them and state_dict() does not save them.",
+        "name": "unregistered-tensor", "severity": "error", "rank": 5,
+        "summary": "A module attribute is a plain float tensor that the forward reads on the path to the loss and that is neither a Parameter nor a buffer (with or without requires_grad=True; also when created lazily in forward).",
+        "why": "Plain tensors are not in parameters(), so optimizers built from model.parameters() never update them, .to() does not move them and state_dict() does not save them. Error when made by a random initialiser or used as a weight/bias/scale; a warning (suggesting register_buffer) when it looks like a constant table.",
         "example": "self.logit_scale = torch.tensor(2.6, requires_grad=True)",
         "fix": "Wrap it: self.logit_scale = nn.Parameter(torch.tensor(2.6))",
     },
     "GP102": {
-        "name": "parameter-in-plain-container", "severity": "error",
+        "name": "parameter-in-plain-container", "severity": "error", "rank": 6,
         "summary": "nn.Parameters held in a Python list, tuple or dict attribute.",
         "why": "nn.Module registers only attributes that are Parameters or Modules themselves; a list of Parameters is invisible to parameters() and the optimizer.",
         "example": "self.weights = [nn.Parameter(torch.ones(1)) for _ in range(3)]",
         "fix": "Use nn.ParameterList (or nn.ParameterDict): self.weights = nn.ParameterList(nn.Parameter(torch.ones(1)) for _ in range(3))",
     },
     "GP103": {
-        "name": "module-in-plain-container", "severity": "error",
+        "name": "module-in-plain-container", "severity": "error", "rank": 7,
         "summary": "nn.Modules held in a Python list, tuple or dict attribute.",
         "why": "Submodules in a plain container are not registered: their parameters are missing from parameters(), the optimizer and state_dict(), and .to()/.train() do not reach them.",
         "example": "self.blocks = [Block(d) for _ in range(4)]",
         "fix": "Use nn.ModuleList (or nn.ModuleDict): self.blocks = nn.ModuleList(Block(d) for _ in range(4))",
     },
     "GP104": {
-        "name": "learnable-buffer", "severity": "warning",
+        "name": "learnable-buffer", "severity": "warning", "rank": 99,
         "summary": "A buffer requires grad, or a weight-like tensor was registered as a buffer.",
         "why": "Buffers are state, not parameters: no optimizer built from parameters() updates them.",
         "example": "self.register_buffer('scale', torch.ones(d, requires_grad=True))",
         "fix": "Make it a parameter: self.scale = nn.Parameter(torch.ones(d))",
     },
     "GP105": {
-        "name": "frozen-parameters", "severity": "info",
+        "name": "frozen-parameters", "severity": "info", "rank": 99,
         "summary": "Parameters with requires_grad=False.",
         "why": "Frozen parameters get no gradient; fine when meant (a frozen backbone), a bug when not.",
         "example": "model.backbone.requires_grad_(False)",
         "fix": "If they should learn: module.requires_grad_(True), and rebuild the optimizer.",
     },
-    "GP106": {
-        "name": "missing-super-init", "severity": "error",
-        "summary": "A module class never called super().__init__().",
-        "why": "nn.Module.__init__ creates the registries for parameters and submodules; without it assigning a submodule or parameter fails.",
-        "example": "class Net(nn.Module):\n    def __init__(self):\n        self.fc = nn.Linear(2, 2)",
-        "fix": "Call super().__init__() first in __init__.",
-    },
     "GP107": {
-        "name": "requires-grad-attribute", "severity": "error",
+        "name": "requires-grad-attribute", "severity": "error", "rank": 8,
         "summary": "module.requires_grad = ... set as a plain attribute.",
         "why": "nn.Module has no requires_grad property: the assignment creates an unrelated attribute and the parameters keep their flag.",
         "example": "block.requires_grad = True",
         "fix": "Call the method: block.requires_grad_(True)",
     },
     "GP108": {
-        "name": "tied-parameters", "severity": "info",
+        "name": "tied-parameters", "severity": "info", "rank": 99,
         "summary": "One Parameter reachable under several names (weight tying).",
         "why": "Tied weights are trained once and get the sum of both gradients; freezing one name freezes both.",
         "example": "self.decoder.weight = self.encoder.weight",
         "fix": "Nothing to fix if the tie is meant.",
     },
     "GP109": {
-        "name": "non-leaf-parameter", "severity": "error",
+        "name": "non-leaf-parameter", "severity": "error", "rank": 9,
         "summary": "A tensor meant to be learned is not a leaf.",
         "why": "nn.Parameter(x).to(...) / .cuda() / .half() return a new non-leaf tensor: it is not registered, and its .grad stays None; the real leaf is lost.",
         "example": "self.w = nn.Parameter(torch.zeros(3)).to(torch.float64)",
         "fix": "Convert first, wrap last: self.w = nn.Parameter(torch.zeros(3, dtype=torch.float64))",
     },
     "GP110": {
-        "name": "no-trainable-parameters", "severity": "error",
+        "name": "no-trainable-parameters", "severity": "error", "rank": 3,
         "summary": "The model has no parameter with requires_grad=True.",
         "why": "Nothing can learn; backward raises 'element 0 of tensors does not require grad'.",
         "example": "model.requires_grad_(False) before building the optimizer",
         "fix": "Unfreeze what should learn: module.requires_grad_(True)",
     },
     "GP111": {
-        "name": "grad-mode-disabled", "severity": "error",
+        "name": "grad-mode-disabled", "severity": "error", "rank": 4,
         "summary": "Gradient recording is off when the forward runs.",
         "why": "Under no_grad / inference_mode no graph is recorded, so nothing reaches the parameters.",
         "example": "torch.set_grad_enabled(False) at import, or @torch.no_grad() on forward",
@@ -109,7 +96,7 @@ _WEIGHT_WORDS = {"weight", "bias", "scale", "logit_scale", "temperature", "gamma
 def _grad_mode_decorator(fn) -> str | None:
     """If fn is wrapped by torch's no_grad/inference_mode decorator, the context's name."""
     code = getattr(fn, "__code__", None)
-    if code is None or code.co_name != "decorate_context" or not code.co_filename.endswith("_contextlib.py"):
+    if not is_grad_mode_decorator_frame(code):
         return None
     for cell in fn.__closure__ or ():
         try:
@@ -355,3 +342,8 @@ def inspect_parameters(model: nn.Module, build_record=None, info: dict | None = 
                 "numel": sum(p.numel() for p in total.values()),
                 "trainable_numel": sum(p.numel() for p in trainable.values())},
     )
+
+
+def inspect_report(loaded) -> dict:
+    """The inspect_parameters tool on a loaded target."""
+    return inspect_parameters(loaded.model, loaded.record, loaded.info)

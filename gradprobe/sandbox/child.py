@@ -9,6 +9,8 @@ prints. Every failure becomes a finding; nothing here trusts the user's code.
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import os
 import sys
@@ -31,7 +33,7 @@ def _apply_limits(limits: dict) -> None:
         if value is None:
             return
         try:
-            soft, hard = resource.getrlimit(which)
+            _, hard = resource.getrlimit(which)
             value = int(value)
             if hard != resource.RLIM_INFINITY:
                 value = min(value, hard)
@@ -85,14 +87,16 @@ def run(job: dict, fd: int) -> None:
     faulthandler.enable()
     chan.progress("starting")
     policy = job.get("isolation") or {}
-    isolation = {"cgroup": policy.get("cgroup_state", "off")}
-    if policy.get("enabled"):
-        from gradprobe.sandbox import isolation as layers
+    from gradprobe.sandbox.isolation import Layer, apply
 
-        isolation.update(layers.apply(policy))
-    missing = [k for k, v in isolation.items() if str(v).startswith("MISSING") or v == "off"]
+    layers = {"cgroup": Layer(bool(policy.get("cgroup_enforced")), policy.get("cgroup_state", "off"))}
+    if policy.get("enabled"):
+        layers.update(apply(policy))
+    isolation = {k: layer.text for k, layer in layers.items()}
+    missing = [k for k, layer in layers.items() if not layer.enforced]
     from gradprobe.sandbox.job import run_job
 
+    report: dict[str, Any]
     if policy.get("require") and missing:
         report = {"tool_error": f"isolation required but missing here: {', '.join(missing)} ({isolation})"}
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gradprobe.findings import make_finding
 from gradprobe.report import make_report
 from gradprobe.sandbox.runner import Limits, ProgressFn, ToolInputError, describe_exit, run_child
@@ -26,7 +28,7 @@ async def execute(
     job = {"tool": tool, "target": target.model_dump(), "options": options or {}}
     run = executor.run if executor is not None else run_child
     outcome = await run(job, python=target.python, timeout_s=target.timeout_s, limits=limits, progress=progress, warm=warm)
-    sandbox = {
+    sandbox: dict[str, Any] = {
         "seconds": round(outcome.seconds, 3),
         "child": {"warm": "forked from the warm worker", "ray": "a Ray task (cold interpreter on the worker)"}.get(outcome.mode, "cold interpreter"),
         "note": outcome.note,
@@ -41,7 +43,7 @@ async def execute(
     if outcome.report is not None:
         sandbox["isolation"].update(outcome.report.get("facts", {}).pop("isolation", {}))
     if outcome.tool_error is not None:
-        if outcome.tool_error.startswith("this interpreter cannot run"):
+        if outcome.tool_error_kind == "interpreter":
             raise ToolInputError(f"python {target.python or '(server interpreter)'}: {outcome.tool_error}")
         raise ToolInputError(outcome.tool_error)
     if outcome.report is not None and not outcome.timed_out:

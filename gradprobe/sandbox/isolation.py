@@ -17,6 +17,7 @@ every result, so a missing layer is visible rather than silently absent:
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 import os
 import platform
 import struct
@@ -176,25 +177,37 @@ def readable_roots(project_dir: str, package_root: str) -> list[str]:
     return [os.path.realpath(r) for r in roots if r and os.path.exists(r)]
 
 
-def apply(policy: dict) -> dict:
-    """Apply the layers in order (cgroups, network, privileges, filesystem); report what enforced each."""
-    report: dict[str, str] = {}
+@dataclass(frozen=True)
+class Layer:
+    """One isolation layer: whether it is enforced, and what the user reads about it (facts.isolation)."""
+
+    enforced: bool
+    text: str
+
+    @classmethod
+    def of(cls, ok: bool, how: str) -> Layer:
+        return cls(ok, how if ok else f"MISSING: {how}")
+
+
+def apply(policy: dict) -> dict[str, Layer]:
+    """Apply the layers in order (cgroups, network, privileges, filesystem, syscalls); report what enforced each."""
+    report: dict[str, Layer] = {}
     if policy.get("cgroups"):
         err = join_cgroups(policy["cgroups"])
-        report["cgroup"] = err and f"MISSING: {err}" or "joined the call's cgroups"
+        report["cgroup"] = Layer.of(not err, err or "joined the call's cgroups")
     if policy.get("network", True):
         ok, how = new_network_namespace()
-        report["network"] = how if ok else f"MISSING: {how}"
+        report["network"] = Layer.of(ok, how)
     ok, how = drop_privileges() if policy.get("privileges", True) else (False, "not asked")
-    report["privileges"] = how if ok else f"MISSING: {how}"
+    report["privileges"] = Layer.of(ok, how)
     if policy.get("filesystem", True):
         ok, how = landlock(
             readable_roots(policy["project_dir"], policy["package_root"]),
             [policy["scratch"], "/dev/shm"],
             ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full", "/dev/tty"],
         )
-        report["filesystem"] = how if ok else f"MISSING: {how}"
+        report["filesystem"] = Layer.of(ok, how)
     if policy.get("syscalls", True):
         ok, how = seccomp_filter()
-        report["syscalls"] = how if ok else f"MISSING: {how}"
+        report["syscalls"] = Layer.of(ok, how)
     return report

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-import re
-import traceback
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
-TOOLS = ("inspect_parameters", "check_optimizer_coverage", "run_gradcheck", "trace_grad_path", "verify_prompt_tuning", "diagnose")
+from gradprobe.tools import BY_NAME
 
 
 def json_safe(obj: Any, depth: int = 0) -> Any:
@@ -32,77 +31,41 @@ def json_safe(obj: Any, depth: int = 0) -> Any:
     return repr(obj)[:500]
 
 
-def load_failure_report(tool: str, exc, user) -> dict:
-    """GP100 (or GP106 for a missing super().__init__()) with the user's trimmed traceback."""
-    from gradprobe.report import make_report
-    from gradprobe.findings import make_finding
-
-    cause = exc.cause or exc
-    tb = user.trimmed_traceback(cause) if exc.cause is not None else ""
-    loc = user.innermost_of_traceback(cause) if exc.cause is not None else None
-    text = str(cause)
-    evidence = {"phase": exc.phase, "exception": type(cause).__name__, "traceback": tb}
-    if re.search(r"before Module.__init__\(\) call|has no attribute '_(parameters|modules|buffers)'", text):
-        cls = _class_of_failing_init(cause)
-        finding = make_finding(
-            "GP106",
-            f"{cls or 'A module class'}.__init__ never called super().__init__(), so assigning a submodule or parameter failed: {text}",
-            parameters=[cls] if cls else [], location=loc, evidence=evidence,
-            fix="class Net(nn.Module):\n    def __init__(self):\n        super().__init__()  # first line\n        ...",
-        )
-    else:
-        finding = make_finding("GP100", f"The target failed while {exc.phase}: {exc}", location=loc, evidence=evidence)
-    return make_report(tool, [finding], [f"The target could not be loaded ({exc.phase})."])
-
-
-def _class_of_failing_init(exc: BaseException) -> str | None:
-    tb = exc.__traceback__
-    name = None
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_name == "__init__" and "self" in frame.f_locals:
-            if "torch/nn/modules/module.py" not in frame.f_code.co_filename:
-                name = type(frame.f_locals["self"]).__name__
-        tb = tb.tb_next
-    return name
-
-
 def run_job(job: dict, progress: Callable[[str], None]) -> dict:
     tool = job.get("tool")
     options = job.get("options") or {}
-    if tool not in TOOLS:
+    spec = BY_NAME.get(tool) if isinstance(tool, str) else None
+    if spec is None:
         return {"tool_error": f"unknown tool {tool!r}"}
     try:
         from gradprobe.loading import TargetError, TargetRefError, load_target
         from gradprobe.userframes import UserCode
     except Exception as exc:  # torch missing or too old in the chosen interpreter
-        return {"tool_error": f"this interpreter cannot run gradprobe's checks: {type(exc).__name__}: {exc}"}
+        return {"tool_error": f"this interpreter cannot run gradprobe's checks: {type(exc).__name__}: {exc}",
+                "tool_error_kind": "interpreter"}
     target = job.get("target") or {}
     try:
-        if tool != "inspect_parameters" and target.get("device") == "meta":
+        if not spec.allows_meta and target.get("device") == "meta":
             return {"tool_error": 'device="meta" is only for inspect_parameters (no weights exist to run a step on)'}
         loaded = load_target(target, progress)
     except TargetRefError as exc:
         return {"tool_error": str(exc)}
     except TargetError as exc:
-        return json_safe(load_failure_report(tool, exc, UserCode(target.get("project_dir"))))
-    if loaded.batch is None and loaded.train_step is None and tool in ("trace_grad_path", "run_gradcheck", "verify_prompt_tuning"):
+        from gradprobe.sandbox.failures import load_failure_report
+
+        return json_safe(load_failure_report(spec.name, exc, UserCode(target.get("project_dir"))))
+    if loaded.batch is None and loaded.train_step is None and spec.needs_step:
         return {"tool_error": f"{tool} runs a step, so the target needs `inputs` (a callable returning a batch, "
                               "or make_inputs in the model's file) or a `train_step`"}
     progress("checking")
-    from gradprobe.checks import run_tool
+    from gradprobe.tools import run_tool
 
     try:
-        report = run_tool(tool, loaded, options)
-    except Exception as exc:  # a bug of ours must still come back as a readable finding
-        from gradprobe.report import make_report
-        from gradprobe.findings import make_finding
+        report = run_tool(spec.name, loaded, options)
+    except Exception as exc:  # a bug of ours comes back as GP000, never as the user's error
+        from gradprobe.sandbox.failures import internal_error_report
 
-        report = make_report(tool, [make_finding(
-            "GP100", f"gradprobe's {tool} check failed on this target: {type(exc).__name__}: {exc}",
-            evidence={"phase": "checking", "internal_traceback": traceback.format_exc()[-4000:]},
-            fix="This is a gradprobe bug or an unsupported construct; the evidence has the traceback.",
-        )])
+        report = internal_error_report(spec.name, exc)
     report.setdefault("facts", {})["target"] = loaded.info
     report["facts"]["child_peak_rss_mb"] = _peak_rss_mb()
     if str(loaded.device).startswith("cuda"):

@@ -10,6 +10,8 @@ the Ray task; a worker that dies becomes a GP100 finding saying so.
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncio
 import dataclasses
 
@@ -30,7 +32,7 @@ class RayExecutor:
 
         self.ray = ray
         if not ray.is_initialized():
-            kwargs = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
             if address in (None, "", "local"):
                 kwargs["num_cpus"] = num_cpus
             else:

@@ -18,7 +18,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Literal
+from collections.abc import Awaitable, Callable
 
 from gradprobe.sandbox.cgroups import CallCgroup
 
@@ -125,6 +126,8 @@ class ChildOutcome:
     mode: str = "cold"
     note: str | None = None
     oom: bool = False
+    # what the tool_error is about: the caller's arguments, or the interpreter the target named
+    tool_error_kind: Literal["caller", "interpreter"] = "caller"
 
 
 async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
@@ -140,6 +143,7 @@ async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, f
         python or sys.executable, "-I", CHILD, stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
         cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)), start_new_session=True, pass_fds=(res_w,),
     )
+    assert proc.stdin is not None  # stdin=PIPE
     proc.stdin.write(json.dumps(job).encode())
     try:
         await proc.stdin.drain()
@@ -170,13 +174,14 @@ async def run_child(
         "enabled": limits.isolate, "require": limits.require_isolation,
         "cgroups": cgroup.procs_files if cgroup is not None and cgroup.ok else [],
         "cgroup_state": cgroup.describe() if cgroup is not None else "off",
+        "cgroup_enforced": cgroup is not None and cgroup.ok,
         "project_dir": (job.get("target") or {}).get("project_dir") or scratch,
         "package_root": PACKAGE_ROOT, "scratch": scratch,
     }
     pipes = [os.pipe() for _ in range(3)]
     t0 = time.monotonic()
-    pid = None
-    transports = []
+    pid: int | None = None
+    transports: list[asyncio.BaseTransport] = []
     mode, warm_note = "cold", None
     try:
         if warm is not None and python is None:
@@ -184,7 +189,7 @@ async def run_child(
                 mode = "warm"
             else:
                 warm_note = f"warm worker unavailable ({warm.error}); used a cold child"
-        w_ends = tuple(w for _, w in pipes)
+        w_ends = (pipes[0][1], pipes[1][1], pipes[2][1])  # stdout, stderr, result
         if mode == "warm":
             try:
                 pid, exited = await warm.fork(job, scratch, dict(env), w_ends)
@@ -202,7 +207,8 @@ async def run_child(
         transports = [t1, t2, t3]
         pipes = []
         out, err = CappedStream(), CappedStream()
-        state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "events": [], "bytes": 0}
+        state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "tool_error_kind": "caller",
+                                 "events": [], "bytes": 0}
 
         async def read_results() -> None:
             while True:
@@ -230,6 +236,7 @@ async def run_child(
                     rep = msg["report"]
                     if "tool_error" in rep:
                         state["tool_error"] = str(rep["tool_error"])[:2000]
+                        state["tool_error_kind"] = "interpreter" if rep.get("tool_error_kind") == "interpreter" else "caller"
                     else:
                         state["report"] = rep
 
@@ -245,6 +252,7 @@ async def run_child(
             await asyncio.wait_for(asyncio.shield(exited), timeout=timeout_s)
         except asyncio.TimeoutError:
             timed_out = True
+        assert pid is not None  # the child started
         _kill_group(pid)  # anything the child left behind in its group
         if cgroup is not None and cgroup.ok:
             cgroup.kill()  # ... and anything that left the group (setsid daemons)
@@ -253,7 +261,7 @@ async def run_child(
             t.cancel()
         code = exited.result() if exited.done() and not exited.cancelled() and exited.exception() is None else None
         return ChildOutcome(
-            report=state["report"], tool_error=state["tool_error"], phase=state["phase"],
+            report=state["report"], tool_error=state["tool_error"], tool_error_kind=state["tool_error_kind"], phase=state["phase"],
             returncode=code, timed_out=timed_out, stdout=out.text(), stderr=err.text(),
             seconds=time.monotonic() - t0, events=state["events"], mode=mode, note=warm_note,
             oom=bool(cgroup is not None and cgroup.oom_killed()),
@@ -268,8 +276,8 @@ async def run_child(
         if cgroup is not None:
             cgroup.kill()
             cgroup.remove()
-        for t in transports:
-            t.close()
+        for tr in transports:
+            tr.close()
         for r, w in pipes:
             for fd in (r, w):
                 if fd >= 0:

@@ -78,6 +78,8 @@ class WarmWorker:
         self.info = await self._ready
 
     def _reader(self, sock: socket.socket, proc) -> None:
+        loop = self._loop
+        assert loop is not None  # set by _start before the reader thread runs
         buf = b""
         while True:
             try:
@@ -89,8 +91,8 @@ class WarmWorker:
             buf += chunk
             msgs, buf = split_frames(buf)
             for msg in msgs:
-                self._loop.call_soon_threadsafe(self._dispatch, msg)
-        self._loop.call_soon_threadsafe(self._died, proc)
+                loop.call_soon_threadsafe(self._dispatch, msg)
+        loop.call_soon_threadsafe(self._died, proc)
 
     def _dispatch(self, msg: dict) -> None:
         if msg.get("ready") and self._ready is not None and not self._ready.done():
@@ -121,13 +123,15 @@ class WarmWorker:
     async def fork(self, job: dict, cwd: str, env: dict, fds: tuple[int, int, int]) -> tuple[int, asyncio.Future]:
         """Fork a child for `job` with stdout/stderr/result on `fds`; returns (pid, future of its exit code)."""
         rid = next(self._ids)
-        fut = self._loop.create_future()
+        loop, sock = self._loop, self.sock
+        assert loop is not None and sock is not None, "fork() on a worker that was never started"
+        fut = loop.create_future()
         self._forked[rid] = fut
         data = json.dumps({"id": rid, "job": job, "cwd": cwd, "env": env}).encode()
         with self._lock:
-            socket.send_fds(self.sock, [struct.pack("!I", len(data)) + data], list(fds))
+            socket.send_fds(sock, [struct.pack("!I", len(data)) + data], list(fds))
         pid = await asyncio.wait_for(fut, 30)
-        exit_fut = self._loop.create_future()
+        exit_fut = loop.create_future()
         if pid in self._early_exits:
             exit_fut.set_result(self._early_exits.pop(pid))
         else:

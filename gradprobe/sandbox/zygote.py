@@ -11,6 +11,8 @@ non-dumpable, so its children cannot read its memory or environment through /pro
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 import os
 import select
@@ -29,7 +31,7 @@ PRELOAD = (
 )
 
 
-_WAKE: tuple[int, int] = ()
+_WAKE: tuple[int, ...] = ()
 
 
 def split_frames(buf: bytes) -> tuple[list[dict], bytes]:
@@ -63,7 +65,7 @@ def preload() -> list[str]:
 
     import torch  # noqa: F401  (import only: no tensor op, no CUDA)
 
-    import gradprobe.checks.diagnosis  # noqa: F401  (every check module)
+    import gradprobe.checks.diagnosis
     import gradprobe.sandbox.job  # noqa: F401
 
     loaded = []
@@ -120,7 +122,8 @@ def serve(sock: socket.socket) -> None:
                 break
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             send_msg(sock, {"exit": pid, "code": code})
-        ready, _, _ = select.select([sock, wake_r], [], [], 1.0)
+        watched: list[Any] = [sock, wake_r]
+        ready, _, _ = select.select(watched, [], [], 1.0)
         if wake_r in ready:
             os.read(wake_r, 4096)
         if sock not in ready:

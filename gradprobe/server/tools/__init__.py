@@ -1,17 +1,13 @@
-"""One module per tool: its options, its description for the model reading it, and the call."""
+"""One module per tool (gradprobe/server/tools/<name>.py): its options, its description for the model reading it, and the call.
 
-from gradprobe.server.tools import (  # noqa: F401  (each module registers its tool)
-    check_optimizer_coverage,
-    diagnose,
-    inspect_parameters,
-    run_gradcheck,
-    trace_grad_path,
-    verify_prompt_tuning,
-)
+Which tools exist is the torch-free table gradprobe.tools.TOOLS.
+"""
 
-MODULES = (inspect_parameters, check_optimizer_coverage, run_gradcheck, trace_grad_path, verify_prompt_tuning, diagnose)
+import importlib
+
+from gradprobe.tools import TOOLS
 
 
 def register_all(server, runtime) -> None:
-    for module in MODULES:
-        module.register(server, runtime)
+    for tool in TOOLS:
+        importlib.import_module(f"gradprobe.server.tools.{tool.name}").register(server, runtime)

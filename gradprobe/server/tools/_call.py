@@ -40,7 +40,7 @@ def _caller() -> str:
     return token.client_id if token is not None else "local"
 
 
-async def run_tool(runtime, tool: str, target: Target, options: dict[str, Any], ctx: Context | None,
+async def call_tool(runtime, tool: str, target: Target, options: dict[str, Any], ctx: Context | None,
                    extra_content: list | None = None, post=None) -> CallToolResult:
     t0 = time.monotonic()
 

@@ -9,7 +9,7 @@ from mcp.types import CallToolResult
 from pydantic import Field
 
 from gradprobe.server.models import Report
-from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, run_tool
+from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
 
 DESCRIPTION = f"""Compare the user's optimizer with the model by tensor identity: trainable parameters
@@ -32,4 +32,4 @@ def register(server, runtime) -> None:
         ctx: Context,
         step: Annotated[bool, Field(description="Run one real optimizer step and report parameters that did not move.")] = True,
     ) -> Annotated[CallToolResult, Report]:
-        return await run_tool(runtime, "check_optimizer_coverage", target, {"step": step}, ctx)
+        return await call_tool(runtime, "check_optimizer_coverage", target, {"step": step}, ctx)

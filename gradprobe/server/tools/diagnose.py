@@ -10,7 +10,7 @@ from mcp.types import CallToolResult, ImageContent
 
 from gradprobe.flowchart import flow_svg
 from gradprobe.server.models import Report
-from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, run_tool
+from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
 
 DESCRIPTION = f"""Start here when "gradients don't flow" or "the model does not learn". Loads the user's
@@ -35,4 +35,4 @@ def _picture(report: dict) -> list:
 def register(server, runtime) -> None:
     @server.tool(name="diagnose", title="Diagnose gradient flow", description=DESCRIPTION, annotations=READ_ONLY)
     async def diagnose(target: Target, ctx: Context) -> Annotated[CallToolResult, Report]:
-        return await run_tool(runtime, "diagnose", target, {}, ctx, post=_picture)
+        return await call_tool(runtime, "diagnose", target, {}, ctx, post=_picture)

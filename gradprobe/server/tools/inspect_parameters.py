@@ -8,7 +8,7 @@ from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult
 
 from gradprobe.server.models import Report
-from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, run_tool
+from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
 
 DESCRIPTION = f"""Load the user's model in a sandbox and list every registered parameter and buffer
@@ -27,4 +27,4 @@ Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "model.py:build
 def register(server, runtime) -> None:
     @server.tool(name="inspect_parameters", title="Inspect parameters", description=DESCRIPTION, annotations=READ_ONLY)
     async def inspect_parameters(target: Target, ctx: Context) -> Annotated[CallToolResult, Report]:
-        return await run_tool(runtime, "inspect_parameters", target, {}, ctx)
+        return await call_tool(runtime, "inspect_parameters", target, {}, ctx)

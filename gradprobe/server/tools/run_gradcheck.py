@@ -9,7 +9,7 @@ from mcp.types import CallToolResult
 from pydantic import Field
 
 from gradprobe.server.models import Report
-from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, run_tool
+from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
 
 DESCRIPTION = f"""Find every user-defined torch.autograd.Function the model calls during one forward,
@@ -37,4 +37,4 @@ def register(server, runtime) -> None:
         rtol: Annotated[float | None, Field(gt=0, description="Relative tolerance (default 1e-3).")] = None,
     ) -> Annotated[CallToolResult, Report]:
         options = {"function": function, "check_second_order": check_second_order, "fast_mode": fast_mode, "atol": atol, "rtol": rtol}
-        return await run_tool(runtime, "run_gradcheck", target, options, ctx)
+        return await call_tool(runtime, "run_gradcheck", target, options, ctx)

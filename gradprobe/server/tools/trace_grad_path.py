@@ -9,7 +9,7 @@ from mcp.types import CallToolResult
 from pydantic import Field
 
 from gradprobe.server.models import Report
-from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, run_tool
+from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
 
 DESCRIPTION = f"""Run one real step of the user's model (their train_step when given, else forward +
@@ -35,4 +35,4 @@ def register(server, runtime) -> None:
         ctx: Context,
         parameters: Annotated[list[str] | None, Field(description="Only report these parameter names or name prefixes.")] = None,
     ) -> Annotated[CallToolResult, Report]:
-        return await run_tool(runtime, "trace_grad_path", target, {"parameters": parameters}, ctx)
+        return await call_tool(runtime, "trace_grad_path", target, {"parameters": parameters}, ctx)

@@ -9,7 +9,7 @@ from mcp.types import CallToolResult
 from pydantic import Field
 
 from gradprobe.server.models import Report
-from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, run_tool
+from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
 
 DESCRIPTION = f"""For soft-prompt / prefix / p-tuning (hand-written or PEFT) on Hugging Face causal LMs:
@@ -33,4 +33,4 @@ def register(server, runtime) -> None:
         ctx: Context,
         prompt: Annotated[str | None, Field(description="Parameter name or attribute path of the soft prompt (default: detected).")] = None,
     ) -> Annotated[CallToolResult, Report]:
-        return await run_tool(runtime, "verify_prompt_tuning", target, {"prompt": prompt}, ctx)
+        return await call_tool(runtime, "verify_prompt_tuning", target, {"prompt": prompt}, ctx)

@@ -1,0 +1,115 @@
+"""Every dependency on PyTorch internals and on the wording of PyTorch's messages, in one place.
+
+Private APIs (torch._C...), internal file names, and the regexes that classify torch's
+error and warning texts live here. tests/test_torchcompat.py triggers each real torch
+error and asserts its pattern still matches, so a PyTorch upgrade that rewords a
+message fails loudly instead of silently changing findings.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.autograd.gradcheck import GradcheckError as GradcheckError  # re-exported
+
+# the function torch.set_grad_enabled / no_grad / enable_grad call: a TorchFunctionMode sees it go by
+GRAD_ENABLE = torch._C._set_grad_enabled
+
+
+@contextmanager
+def untraced() -> Iterator[None]:
+    """Our own tensor ops inside a step: invisible to the trace mode running beside us."""
+    with torch._C.DisableTorchFunction():
+        yield
+
+
+def is_grad_mode_decorator_frame(code: Any) -> bool:
+    """A frame/code of the wrapper that torch's no_grad/inference_mode decorators put around a function."""
+    return code is not None and code.co_name == "decorate_context" and code.co_filename.endswith("_contextlib.py")
+
+
+def decorated_function(frame: FrameType) -> Any:
+    """The user's function inside a grad-mode decorator's wrapper frame."""
+    return frame.f_locals.get("func")
+
+
+def tensor_hooks(t: torch.Tensor) -> dict[Any, Any]:
+    """The hooks registered with t.register_hook (torch keeps them in the private `_backward_hooks`)."""
+    return getattr(t, "_backward_hooks", None) or {}
+
+
+def custom_function_apply() -> Any:
+    """Function.apply as torch defines it (a classmethod object), to patch and restore."""
+    return torch.autograd.Function.__dict__["apply"]
+
+
+def multiprocessing_tensor_reducers() -> dict[Any, Any]:
+    """multiprocessing's reducer table, where torch.multiprocessing registers its tensor reducers."""
+    from multiprocessing.reduction import ForkingPickler
+
+    reducers: dict[Any, Any] = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+    return reducers
+
+
+# ---- backward() errors ---------------------------------------------------------------------
+
+# the loss is not connected to any parameter: "element 0 of tensors does not require grad and does not have a grad_fn"
+LOSS_NOT_DIFFERENTIABLE = re.compile(r"does not require grad|does not have a grad_fn")
+# the narrower test the tracer uses to tell a broken backward from an unconnected loss
+LOSS_DOES_NOT_REQUIRE_GRAD = "does not require grad"
+
+BACKWARD_EXPLAIN: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"modified by an inplace operation"),
+     "a tensor saved for backward was modified in place after it was used (an in-place op such as +=, relu_(), x[...] = ...)"),
+    (re.compile(r"Trying to backward through the graph a second time"),
+     "backward ran a second time through a graph whose saved tensors were freed by the first backward"),
+    (re.compile(r"a leaf Variable that requires grad is being used in an in-place operation"),
+     "a leaf tensor that requires grad (a parameter) was modified in place"),
+    (re.compile(r"[Ii]nference tensors cannot be saved for backward"),
+     "a tensor created under inference_mode was saved for backward"),
+    (re.compile(r"returned an incorrect number of gradients"),
+     "a custom autograd.Function's backward returned a different number of gradients than forward took inputs"),
+    (re.compile(r"returned an invalid gradient"),
+     "a custom autograd.Function's backward returned a gradient of the wrong shape or type"),
+]
+
+
+def explain_backward_error(text: str) -> str:
+    return next((e for pat, e in BACKWARD_EXPLAIN if pat.search(text)), "see the error")
+
+
+# ---- custom Function backward structure (autograd's own validation) -------------------------
+
+# GradcheckError (imported above) is what torch.autograd.gradcheck raises on a mismatch; its text is kept as evidence
+
+WRONG_GRADIENT_COUNT = re.compile(r"returned an incorrect number of gradients \(expected (\d+), got (\d+)\)")
+WRONG_GRADIENT_SHAPE = re.compile(
+    r"returned an invalid gradient at index (\d+) - got (\[[^\]]*\]) but expected shape compatible with (\[[^\]]*\])")
+INVALID_GRADIENT = re.compile(r"returned an invalid gradient at index (\d+) - (.*)")
+
+# ---- warnings ------------------------------------------------------------------------------
+
+NONLEAF_GRAD_WARNING = "not a leaf Tensor is being accessed"
+CHECKPOINT_NO_INPUT_GRAD_WARNING = "None of the inputs have requires_grad=True"
+ANOMALY_FORWARD_TRACE_MARKERS = ("Traceback of forward call", "forward call that caused")
+ANOMALY_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def is_anomaly_forward_trace(text: str) -> bool:
+    return any(m in text for m in ANOMALY_FORWARD_TRACE_MARKERS)
+
+
+# ---- optimizer construction errors ---------------------------------------------------------
+
+OPTIMIZER_EMPTY = "empty parameter list"
+OPTIMIZER_PARAM_IN_SEVERAL_GROUPS = "more than one parameter group"
+OPTIMIZER_NON_LEAF = "non-leaf"
+
+# ---- module construction -------------------------------------------------------------------
+
+MISSING_SUPER_INIT = re.compile(r"before Module.__init__\(\) call|has no attribute '_(parameters|modules|buffers)'")

@@ -1,0 +1,353 @@
+"""The recording mode: one step under GradTracer records what locating a gradient break needs.
+
+`GradTracer` is a TorchFunctionMode that records only which parameters each op
+read, and every op whose input required grad but whose output does not (a *break
+candidate*), with the user's line, grad mode, and the inputs (kept so that the
+autograd graph behind them can be walked later). Non-grad values produced by
+candidates carry a tag forward through later ops, so the analysis can tell which
+cuts fed the loss. While it is active it also enters the watches (checks/watches.py):
+pickling for another process, torch.from_numpy, inference_mode, custom Function
+calls and warnings. `GradRecorder` records which parameters got a gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import threading
+
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+
+from gradprobe.checks._apply import ApplyWatch, inside_custom_function
+from gradprobe.checks._step import param_names
+from gradprobe.checks.torchcompat import (
+    CHECKPOINT_NO_INPUT_GRAD_WARNING,
+    GRAD_ENABLE,
+    NONLEAF_GRAD_WARNING,
+    decorated_function,
+    is_grad_mode_decorator_frame,
+    untraced,
+)
+from gradprobe.checks.watches import from_numpy_watch, inference_mode_watch, pickle_watch, warning_watch
+
+LEFT_OPS = {"item", "tolist", "numpy", "__array__", "__float__", "__int__", "__index__", "__complex__"}
+REWRAP_OPS = {"tensor", "as_tensor", "asarray", "from_numpy", "frombuffer"}
+DETACH_OPS = {"detach", "detach_"}
+ZERO_DERIVATIVE_OPS = {"round", "floor", "ceil", "trunc", "sign", "frac_", "round_", "floor_", "ceil_", "sign_", "heaviside"}
+
+
+class Candidate:
+    __slots__ = ("index", "kind", "op", "location", "grad_enabled", "inputs", "direct", "disable_site",
+                 "left_at", "came_back_at", "process_at", "backwards_before")
+
+    def __init__(self, index, kind, op, location, grad_enabled, inputs, direct, disable_site):
+        self.index, self.kind, self.op, self.location = index, kind, op, location
+        self.grad_enabled, self.inputs, self.direct, self.disable_site = grad_enabled, inputs, direct, disable_site
+        self.left_at = self.came_back_at = self.process_at = None
+        self.backwards_before = 0
+
+    def can_explain(self, n_backward: int) -> bool:
+        """A cut explains a missing gradient only if a backward ran after it, and a value that left
+        torch only if it came back (a loss.item() for logging cuts nothing)."""
+        if n_backward and self.backwards_before >= n_backward:
+            return False
+        return not (self.kind == "left" and self.came_back_at is None)
+
+
+def _tensors_in(args, kwargs):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                yield a
+
+
+def _outputs(out):
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    if isinstance(out, (list, tuple)):
+        return tuple(o for o in out if isinstance(o, torch.Tensor))
+    return ()
+
+
+def _cut(o: torch.Tensor, inputs: list) -> bool:
+    """An output is cut off the graph when it does not require grad, or is a history-less view
+    (views made under no_grad keep requires_grad=True but have no grad_fn)."""
+    if not o.requires_grad:
+        return True
+    return o.grad_fn is None and o.is_leaf and not any(o is i for i in inputs)
+
+
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:
+        return None
+
+
+class GradTracer(TorchFunctionMode):
+    """Records reads of parameters, break candidates, backward calls and process crossings."""
+
+    def __init__(self, model: nn.Module, user, provenance: bool = False):
+        super().__init__()
+        self.provenance: dict[int, tuple] | None = {} if provenance else None  # id(out) -> (out, user line)
+        self.user = user
+        self.names = param_names(model)
+        self.params = {id(p): p for p in model.parameters()}
+        self.read: set[int] = set()
+        self.candidates: list[Candidate] = []
+        self.tags: dict[int, frozenset] = {}
+        self._tag_keep: list = []
+        self.detached: dict[int, int] = {}  # storage ptr of a detached output -> candidate index
+        self.left_events: list[tuple[int, dict]] = []  # (candidate index or -1, location)
+        self.backward_calls: list[dict] = []
+        self.backward_error: BaseException | None = None
+        self.grad_fn_loc: dict[int, dict] = {}
+        self.disable_site: dict | None = None
+        self.crossings: list[dict] = []
+        self.nonleaf_grad_reads: list[dict] = []
+        self.thread = threading.get_ident()
+        self.checkpoint_warnings: list[dict | None] = []
+        self.apply_watch = ApplyWatch(user, {i: n[0] for i, n in self.names.items()}, capture=False)
+
+    # ---- the mode -------------------------------------------------------------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is GRAD_ENABLE:
+            self._grad_switch(bool(args[0]) if args else True)
+            return func(*args, **kwargs)
+        if self.disable_site is not None and torch.is_grad_enabled():
+            self.disable_site = None  # an inference_mode block ended
+        name = getattr(func, "__name__", "")
+        if name == "__get__":
+            attr = getattr(getattr(func, "__self__", None), "__name__", "")
+            if attr != "data":
+                return func(*args, **kwargs)
+            name = ".data"
+        if name == "backward":
+            return self._backward(func, args, kwargs)
+        req, tags = [], None
+        params = self.params
+        for t in _tensors_in(args, kwargs):
+            tid = id(t)
+            if tid in params:
+                self.read.add(tid)
+            if t.requires_grad:
+                req.append(t)
+            if self.tags:
+                tg = self.tags.get(tid)
+                if tg is not None:
+                    tags = tg if tags is None else tags | tg
+        out = func(*args, **kwargs)
+        if name in REWRAP_OPS and self.left_events and not req:
+            self._came_back(out)
+            return out
+        if req and not inside_custom_function():
+            outs = _outputs(out)
+            if outs and all(_cut(o, req) for o in outs) or name in LEFT_OPS or name in ZERO_DERIVATIVE_OPS:
+                cand = self._candidate(name, req, outs, out)
+                if cand is not None:
+                    tags = frozenset({cand.index}) if tags is None else tags | {cand.index}
+            else:
+                for o in outs:
+                    gf = o.grad_fn
+                    if gf is not None and id(gf) not in self.grad_fn_loc:
+                        self.grad_fn_loc[id(gf)] = self.user.innermost(skip=2)
+        elif name in LEFT_OPS and not req and args and isinstance(args[0], torch.Tensor):
+            ptr = _storage_ptr(args[0])
+            if ptr in self.detached:
+                cand = self.candidates[self.detached[ptr]]
+                if cand.kind == "detach":
+                    cand.kind = "left"
+                    cand.op = f"{cand.op}().{name}"
+                    cand.left_at = self.user.innermost(skip=2)
+                self.left_events.append((cand.index, cand.left_at))
+        if tags is not None:
+            for o in _outputs(out):
+                self.tags[id(o)] = tags
+                self._tag_keep.append(o)
+        if self.provenance is not None and not req:
+            for o in _outputs(out):
+                self.provenance[id(o)] = (o, self.user.innermost(skip=2))
+        return out
+
+    def made_at(self, t) -> dict | None:
+        """The user line whose op produced tensor t (only with provenance=True)."""
+        hit = (self.provenance or {}).get(id(t))
+        return hit[1] if hit is not None and hit[0] is t else None
+
+    def _candidate(self, name, req, outs, out) -> Candidate | None:
+        grad_on = torch.is_grad_enabled()
+        if name in DETACH_OPS or name == ".data":
+            kind = "detach"
+        elif not grad_on:
+            kind = "no_grad"
+        elif name in LEFT_OPS:
+            kind = "left"
+        elif name in REWRAP_OPS:
+            kind = "rewrap"
+        elif name in ZERO_DERIVATIVE_OPS:
+            kind = "zero_derivative"
+        elif outs and not (outs[0].is_floating_point() or outs[0].is_complex()):
+            kind = "nondiff"
+        else:
+            kind = "other"
+        frame = sys._getframe(2)
+        loc = self.user.innermost(frame)
+        direct = frame is not None and self.user.is_user_file(frame.f_code.co_filename)
+        cand = Candidate(len(self.candidates), kind, name, loc, grad_on, list(req[:4]), direct,
+                         self.disable_site if not grad_on else None)
+        cand.backwards_before = len(self.backward_calls)
+        self.candidates.append(cand)
+        if kind == "detach":
+            for o in outs:
+                ptr = _storage_ptr(o)
+                if ptr is not None:
+                    self.detached[ptr] = cand.index
+        if kind == "left":
+            cand.left_at = loc
+            self.left_events.append((cand.index, loc))
+        return cand
+
+    def _came_back(self, out):
+        idx = self.left_events[-1][0]
+        loc = self.user.innermost(skip=3)
+        if idx >= 0:
+            cand = self.candidates[idx]
+            if cand.came_back_at is None:
+                cand.came_back_at = loc
+            for o in _outputs(out):
+                self.tags[id(o)] = frozenset({idx})
+                self._tag_keep.append(o)
+
+    def _grad_switch(self, enable: bool):
+        if enable:
+            self.disable_site = None
+        elif torch.is_grad_enabled():
+            self.disable_site = self._disable_site(sys._getframe(2))
+
+    def _disable_site(self, frame):
+        f = frame
+        while f is not None:
+            code = f.f_code
+            if self.user.is_user_file(code.co_filename):
+                return self.user.location_of(code.co_filename, f.f_lineno, code.co_name)
+            if is_grad_mode_decorator_frame(code):
+                fn = decorated_function(f)
+                fcode = getattr(fn, "__code__", None)
+                if fcode is not None and self.user.is_user_file(fcode.co_filename):
+                    loc = self.user.location_of(fcode.co_filename, fcode.co_firstlineno, fcode.co_name)
+                    loc["decorated"] = True
+                    return loc
+            f = f.f_back
+        return None
+
+    def _backward(self, func, args, kwargs):
+        root = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        rec = {"location": self.user.innermost(skip=3), "tags": self.tags.get(id(root), frozenset()) if root is not None else frozenset()}
+        if root is not None:
+            rec.update(shape=list(root.shape), requires_grad=root.requires_grad,
+                       grad_fn=type(root.grad_fn).__name__ if root.grad_fn is not None else None)
+        self.backward_calls.append(rec)
+        try:
+            return func(*args, **kwargs)
+        except BaseException as exc:
+            rec["error"] = f"{type(exc).__name__}: {exc}"
+            if self.backward_error is None:
+                self.backward_error = exc
+            raise
+
+    # ---- process boundaries -----------------------------------------------------------------
+    def _pickled(self, tensor):
+        if not isinstance(tensor, torch.Tensor):
+            return
+        tid = id(tensor)
+        info = {"shape": list(tensor.shape), "requires_grad": tensor.requires_grad, "is_leaf": tensor.is_leaf}
+        if tid in self.params:
+            info["parameter"] = self.names[tid][0]
+        ptr = _storage_ptr(tensor)
+        if ptr in self.detached:
+            info["candidate"] = self.detached[ptr]
+        if "parameter" not in info and "candidate" not in info and not tensor.requires_grad:
+            return
+        if threading.get_ident() == self.thread:
+            loc = self.user.innermost(skip=3)
+        else:
+            main = sys._current_frames().get(self.thread)
+            loc = self.user.innermost(main) if main is not None else None
+        info["location"] = loc
+        self.crossings.append(info)
+        if "candidate" in info:
+            cand = self.candidates[info["candidate"]]
+            if cand.kind in ("detach", "left"):
+                cand.kind = "process"
+                cand.process_at = loc
+
+    def _on_from_numpy(self, out: torch.Tensor) -> None:
+        if self.left_events:
+            self._came_back(out)
+
+    def _on_inference_mode(self, frame) -> None:
+        self.disable_site = self._disable_site(frame)
+
+    def _on_warning(self, text: str, filename: str, lineno: int) -> None:
+        if NONLEAF_GRAD_WARNING in text:
+            self.nonleaf_grad_reads.append(self.user.innermost(skip=2) or self.user.location_of(filename, lineno, "?"))
+        elif CHECKPOINT_NO_INPUT_GRAD_WARNING in text:
+            self.checkpoint_warnings.append(self.user.innermost(skip=2))
+
+    def __enter__(self):
+        with contextlib.ExitStack() as stack:  # a watch that fails to enter undoes the ones before it
+            stack.enter_context(pickle_watch(self._pickled))
+            stack.enter_context(from_numpy_watch(self._on_from_numpy))
+            stack.enter_context(inference_mode_watch(self._on_inference_mode))
+            stack.enter_context(self.apply_watch)
+            stack.enter_context(warning_watch(self._on_warning))
+            entered = super().__enter__()
+            self._stack = stack.pop_all()
+        return entered
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._stack.close()
+
+
+class GradRecorder:
+    """Post-accumulate hooks: which parameters got a gradient in this step, its norm, finiteness."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.got: dict[int, dict] = {}
+
+    def _hook(self, p):
+        g = p.grad
+        if g is None:
+            return
+        rec = self.got.setdefault(id(p), {"norm": 0.0, "finite": True, "zero": True})
+        with torch.no_grad(), untraced():
+            # one pass over the gradient: its norm says finite and zero too (a second pass only if it overflowed)
+            norm = float(torch.linalg.vector_norm(g.detach(), dtype=torch.float32))
+            finite = math.isfinite(norm) or bool(torch.isfinite(g).all())
+            rec["finite"] = rec["finite"] and finite
+            rec["norm"] = norm if finite else float("nan")
+            rec["zero"] = rec["zero"] and norm == 0.0
+
+    def __enter__(self):
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in self.model.parameters() if p.requires_grad]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        return False
