@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from gradprobe.checks.torchcompat import requires_grad_descriptor
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 
 CONVENTIONAL = {
@@ -133,7 +134,7 @@ class _StateRecorder:
         rec, note = self.record, self._note
         orig_rg_, orig_hook = torch.Tensor.requires_grad_, torch.Tensor.register_hook
         orig_gm = torch.autograd.grad_mode.set_grad_enabled.__init__
-        base_rg = torch._C.TensorBase.requires_grad
+        base_rg = requires_grad_descriptor()
 
         def requires_grad_(t, requires_grad=True):
             if not requires_grad:

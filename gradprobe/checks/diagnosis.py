@@ -78,18 +78,19 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     direct = gradcheck.DirectForwardWatch(loaded.user)
     base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
     with contextlib.ExitStack() as stack:
-        step_obs = stack.enter_context(optimizer.StepObserver(model, opt)) if opt is not None else None
+        step_obs = stack.enter_context(optimizer.StepObserver(model, opt, loaded.user)) if opt is not None else None
         stack.enter_context(capture)
         stack.enter_context(direct)
         if base_obs is not None:
             stack.enter_context(base_obs)
         step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
-    tfindings, tfacts = trace.analyze(tracer, grads, model, step)
+    tfindings, tfacts = trace.analyze(tracer, grads, model, step, record=loaded.record)
     findings += tfindings
     facts.update(tfacts)
     facts["checks"].append("trace")
     if step_obs is not None and before is not None and step.error is None and tracer.backward_error is None:
-        findings += optimizer.analyze_step(model, opt, before, step_obs, coverage)
+        findings += optimizer.analyze_step(model, opt, before, step_obs, coverage,
+                                           optimizer._opt_site(loaded.record, opt)[1])
         facts["step_events"] = step_obs.events[:50]
     if capture.calls or direct.hits:
         gfindings, gfacts = gradcheck.gradcheck_findings(loaded, capture, direct)

@@ -8,6 +8,8 @@ buffers, and grad mode switched off; and lists tied and frozen parameters.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 import torch.nn as nn
 
@@ -231,27 +233,32 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
             ))
 
     if info.get("grad_enabled_after_build") is False:
+        off = list(getattr(build_record, "grad_off_sites", None) or [])
         findings.append(make_finding(
             "GP111",
             "Gradient recording is globally off after importing and building the target "
-            "(torch.set_grad_enabled(False) or a no_grad context left open).",
+            + (f"(torch.set_grad_enabled(False) at line {off[-1][1]['line']} of {off[-1][1]['file'].rsplit('/', 1)[-1]})."
+               if off else "(torch.set_grad_enabled(False) or a no_grad context left open)."),
             parameters=[n for n, p in model.named_parameters() if p.requires_grad],
+            location=off[-1][1] if off else None,
             evidence={"torch.is_grad_enabled()": False},
         ))
 
     params = list(model.named_parameters())
     frozen = [n for n, p in params if not p.requires_grad]
+    freeze_at = _freeze_site(build_record, [p for _, p in params if not p.requires_grad])
     if params and len(frozen) == len(params):
         findings.append(make_finding(
             "GP110",
-            f"None of the model's {len(params)} parameters requires grad: nothing can learn.",
-            parameters=frozen[:50], evidence={"parameters": len(params), "frozen": len(frozen)},
+            f"None of the model's {len(params)} parameters requires grad: nothing can learn"
+            + (f" (frozen at line {freeze_at['line']} of {freeze_at['file'].rsplit('/', 1)[-1]})." if freeze_at else "."),
+            parameters=frozen[:50], location=freeze_at, evidence={"parameters": len(params), "frozen": len(frozen)},
         ))
     elif frozen:
         findings.append(make_finding(
             "GP105",
             f"{len(frozen)} of {len(params)} parameters are frozen (requires_grad=False).",
-            parameters=frozen,
+            parameters=frozen, location=freeze_at,
             evidence={"frozen": len(frozen), "total": len(params),
                       "frozen_numel": sum(p.numel() for n, p in params if not p.requires_grad)},
         ))
@@ -267,6 +274,17 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
     if not params and not any(f["code"] in ("GP101", "GP102", "GP103", "GP109") for f in findings):
         findings.append(make_finding("GP110", "The model has no parameters at all.", evidence={"parameters": 0}))
     return findings
+
+
+def _freeze_site(build_record, tensors: list) -> dict | None:
+    """The user line that froze most of `tensors` (requires_grad_(False) / requires_grad = False), if recorded."""
+    table = getattr(build_record, "frozen_sites", None) or {}
+    hits = [table[id(t)][1] for t in tensors if id(t) in table]
+    if not hits:
+        return None
+    counts = Counter((h["file"], h["line"]) for h in hits)
+    top = counts.most_common(1)[0][0]
+    return next(h for h in hits if (h["file"], h["line"]) == top)
 
 
 def _gp101_fix(attr: str, rhs: str | None) -> str:
