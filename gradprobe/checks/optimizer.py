@@ -175,12 +175,17 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
                 pool.remove(match)
             guesses.append({"shape": list(t.shape), "likely_was": match[0] if match else None})
         replaced = [g["likely_was"] for g in guesses if g["likely_was"]]
+        # a parameter set on its module after the optimizer was built replaced one too, whatever its shape
+        # (a crop or resize that makes a new, smaller Parameter)
+        if seq is not None:
+            replaced += [n for n, _ in pool if n not in replaced and _replacement_site(record, model, n, seq) is not None]
         loc = next((loc for loc in (_replacement_site(record, model, n, seq, site) for n in replaced) if loc), None)
         findings.append(make_finding(
             "GP202",
             f"{type(optimizer).__name__} holds {len(stale)} tensor(s) that are not the model's current parameters; "
-            + (f"by shape and order they were {', '.join(replaced[:6])}{'...' if len(replaced) > 6 else ''}, "
-               "which the model has since replaced (rebuilt, deep-copied or reloaded)." if replaced else "the model was rebuilt or a parameter replaced."),
+            + (f"they were {', '.join(replaced[:6])}{'...' if len(replaced) > 6 else ''} (by shape and order, or by "
+               "the line that replaced them), which the model has since replaced (rebuilt, deep-copied, reloaded or "
+               "resized)." if replaced else "the model was rebuilt or a parameter replaced."),
             parameters=replaced, location=loc or site,
             evidence={"stale_tensors": guesses, "optimizer_created_at": site},
         ))
