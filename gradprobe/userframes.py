@@ -63,8 +63,8 @@ class UserCode:
 
     def user_stack(self, frame: FrameType | None = None, skip: int = 1, limit: int = 8) -> list[dict]:
         """User frames from the innermost outward (where a call made from the user's function ran)."""
-        out = []
-        f = frame if frame is not None else sys._getframe(skip)
+        out: list[dict] = []
+        f: FrameType | None = frame if frame is not None else sys._getframe(skip)
         while f is not None and len(out) < limit:
             code = f.f_code
             if self.is_user_file(code.co_filename):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -53,6 +54,9 @@ class Gen:
     proposed: Counter = field(default_factory=Counter)
 
 
+_UNCONNECTED = re.compile(r"does not require grad|does not have a grad_fn")
+
+
 def _good(base: dict) -> set[str]:
     return {n for n, t in (base.get("tensors") or {}).items() if t["grad"] == "ok" and t["changed"]}
 
@@ -80,6 +84,9 @@ def decide(m: ops.Mutant, base: dict, res: dict) -> tuple[bool, list[str], str]:
         return True, [], ""
     if m.oracle in ("gradcheck", "stale_or_gradcheck") and gc_failed and err is None:
         return True, [], ""
+    if raised and m.oracle.startswith("stale") and _UNCONNECTED.search(str(err)) and not m.function:
+        # every trained tensor was cut off: backward() has nothing to differentiate (the same bug, total)
+        return True, sorted(_good(base)), ""
     if raised:
         return False, [], "raised"
     if m.oracle == "trained":
@@ -276,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for r in buggy:
         k = by_id[r["id"]]
         r.update(source=k.source, op=k.op, expected=k.expected)
-    by_op: dict[str, list[dict]] = defaultdict(list)
+    by_op: dict[str, list[dict]] = defaultdict(list, {op: [] for op in gen.discarded})
     by_src: dict[str, list[dict]] = defaultdict(list)
     for r in buggy:
         by_op[r["op"]].append(r)
@@ -293,7 +300,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     hits = sum(bool(r.get("ok")) for r in buggy)
     lines = sum(bool(r.get("line_ok")) for r in buggy)
     clean = sum(bool(r.get("ok")) for r in controls)
-    worst = min(((sum(bool(r.get("ok")) for r in rs) / len(rs), op) for op, rs in by_op.items()), default=(1.0, "-"))
+    worst = min(((sum(bool(r.get("ok")) for r in rs) / len(rs), op) for op, rs in by_op.items() if rs), default=(1.0, "-"))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "discarded": {k: dict(v) for k, v in gen.discarded.items()},
                                                "skipped_sources": gen.skipped_sources}, indent=1, default=str))
@@ -302,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         from benchmarks.mutants.triage import write
 
         write(rows, args.triage, f"# Mutation bench triage ({len(buggy)} kept mutants; misses by operator and cause)")
-    print(f"mutants: {len(buggy)} kept over {len(by_src)} sources, {n_disc} discarded; controls clean "
+    print(f"mutants: {len(buggy)} kept over {len(by_src)} sources ({len(by_op)} operators), {n_disc} discarded; controls clean "
           f"{clean}/{len(controls)}; generation {t_gen:.0f}s, scoring {t_score:.0f}s = {rate:.0f} mutants/min")
     print(f"recall {_pct(hits, len(buggy))}; right line {_pct(lines, len(buggy))} (of hits {_pct(lines, hits)}); "
           f"weakest operator {worst[1]} {worst[0]:.0%}")

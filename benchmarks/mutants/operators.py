@@ -545,7 +545,7 @@ def driver_mutants(p: Parsed, base: Baseline, rng: random.Random, per_op: int) -
                      ret_build, ("GP110",), "stale_or_raises", ret_build, "build", "whole model frozen in build_model")
         for child in rng.sample(list(base.children), min(per_op, len(base.children))):
             yield Mutant("freeze_submodule", "case.py",
-                         _insert_line(p.text, ret_build, f"{ind}model.{child}.requires_grad_(False)"), ret_build,
+                         _insert_line(p.text, ret_build, f"{ind}model.{_attr_path(child)}.requires_grad_(False)"), ret_build,
                          ("GP203", "GP105"), "stale", ret_build, "build", f"submodule {child} frozen in build_model")
         for name in rng.sample(list(base.params), min(per_op, len(base.params))):
             yield Mutant("hook_zero", "case.py",
@@ -593,7 +593,12 @@ def driver_mutants(p: Parsed, base: Baseline, rng: random.Random, per_op: int) -
                     stmt_line = s.stmt_rng.start.line if s.stmt_rng else line
                     for e in plain:
                         r = pos[e]
-                        yield Mutant("dropped_from_optimizer", "case.py", p.splice(r, ""), stmt_line,
+                        text = p.splice(r, "")
+                        cut = p.off(r.start.line, r.start.column)
+                        rest = text[cut:]
+                        if rest.lstrip(" ").startswith(","):  # the element's comma goes with it
+                            text = text[:cut] + rest.lstrip(" ")[1:]
+                        yield Mutant("dropped_from_optimizer", "case.py", text, stmt_line,
                                      ("GP504", "GP201"), "stale", r.start.line, "build",
                                      f"`{p.code(e.value)}` left out of the optimizer")
             else:

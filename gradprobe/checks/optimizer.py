@@ -117,6 +117,17 @@ def _replacement_site(record, model: nn.Module, name: str, after_seq: int | None
     return best
 
 
+def _frozen_site(record, tensors: list) -> dict | None:
+    """The user line that froze most of `tensors`, if the build recorded it."""
+    table = getattr(record, "frozen_sites", None) or {}
+    hits = [table[id(t)][1] for t in tensors if id(t) in table]
+    if not hits:
+        return None
+    lines = [(h["file"], h["line"]) for h in hits]
+    top = max(set(lines), key=lines.count)
+    return hits[lines.index(top)]
+
+
 def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Finding], list[dict]]:
     """Identity comparison of optimizer groups with the model's parameters."""
     findings: list[Finding] = []
@@ -217,9 +228,12 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
             evidence={"duplicates": [{"name": d[0], "groups": [d[1], d[2]]} for d in dupes]},
         ))
     if frozen:
+        # where they were frozen says more than where the optimizer was built (that line is in the evidence)
+        frozen_at = _frozen_site(record, [t for g in optimizer.param_groups for t in g["params"] if not t.requires_grad])
         findings.append(make_finding(
-            "GP203", f"The optimizer holds {len(frozen)} frozen parameter(s) (requires_grad=False).",
-            parameters=frozen, location=site, evidence={"frozen": len(frozen)},
+            "GP203", f"The optimizer holds {len(frozen)} frozen parameter(s) (requires_grad=False)"
+            + (f", frozen at line {frozen_at['line']} of {frozen_at['file'].rsplit('/', 1)[-1]}." if frozen_at else "."),
+            parameters=frozen, location=frozen_at or site, evidence={"frozen": len(frozen), "optimizer_created_at": site},
         ))
     if nonleaf:
         findings.append(make_finding(

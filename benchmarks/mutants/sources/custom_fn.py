@@ -1,4 +1,5 @@
 """An MLP built on hand-written autograd Functions: a fused linear, a tanh-GELU and a straight-through quantizer."""
+import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import math
 
 import torch

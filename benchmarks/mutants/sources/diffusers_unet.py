@@ -1,6 +1,7 @@
 """Driver: a small denoiser around diffusers' DownBlock2D/UpBlock2D, from project-local copies of
 unet_2d_blocks.py and resnet.py (the bench mutates those copies)."""
 
+import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -1,5 +1,6 @@
 """Driver: a tiny ViT image classifier, built from the project-local copy of transformers' modeling_vit.py (the bench mutates that copy)."""
 
+import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch
 import torch.nn.functional as F
 from transformers import ViTConfig

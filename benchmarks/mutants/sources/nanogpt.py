@@ -1,4 +1,5 @@
 """A nanoGPT-style character model: pre-norm blocks, weight tying, decay/no-decay groups."""
+import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import math
 
 import torch

@@ -1,5 +1,6 @@
 """A PEFT LoRA set-up on a tiny GPT-2 (the PEFT README recipe): adapters on c_attn, base frozen by PEFT."""
 
+import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import GPT2Config, GPT2LMHeadModel

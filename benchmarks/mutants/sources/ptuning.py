@@ -1,5 +1,6 @@
 """P-tuning of a frozen GPT-2 for answer-word prediction: prompt vectors reparameterised by an MLP."""
 
+import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

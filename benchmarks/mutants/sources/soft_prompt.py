@@ -1,5 +1,6 @@
 """Soft-prompt tuning of a frozen GPT-2: learned virtual-token embeddings prepended to the input."""
 
+import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch
 import torch.nn as nn
 from transformers import GPT2Config, GPT2LMHeadModel

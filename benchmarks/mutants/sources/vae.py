@@ -1,5 +1,6 @@
 """A small convolutional VAE on 16x16 images: reparameterised latent, Bernoulli decoder, KL term."""
 
+import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

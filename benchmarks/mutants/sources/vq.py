@@ -1,5 +1,6 @@
 """A VQ-VAE codebook layer with a straight-through estimator, commitment loss and a tiny conv autoencoder."""
 
+import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
