@@ -16,12 +16,13 @@ pytest.importorskip("libcst")
 
 
 def test_mutants_sample(tmp_path: Path) -> None:
-    out = main(["--sources", "nanogpt,custom_fn,soft_prompt", "--per-op", "1", "--seed", "1",
+    out = main(["--sources", "nanogpt,vae,soft_prompt", "--per-op", "1", "--seed", "1",
                 "--keep", str(tmp_path / "cases"), "--quiet"])
     rows = out["rows"]
     buggy = [r for r in rows if r.get("kind") == "buggy"]
+    print(f"sample: {out['kept']} kept, recall {out['hits']}, right line {out['lines']}")
     assert out["kept"] >= 30, out["kept"]
-    assert len(out["operators"]) >= 20, out["operators"]
+    assert len(out["operators"]) >= 18, out["operators"]
     assert out["clean"] == out["controls"] == 3, [r for r in rows if r.get("kind") == "control" and not r["ok"]]
     misses = [(r["id"], r.get("codes_seen")) for r in buggy if not r.get("ok")]
     assert out["hits"] / out["kept"] >= 0.85, misses

@@ -273,7 +273,36 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
             ))
     if not params and not any(f["code"] in ("GP101", "GP102", "GP103", "GP109") for f in findings):
         findings.append(make_finding("GP110", "The model has no parameters at all.", evidence={"parameters": 0}))
-    return findings
+    return _one_per_line(findings)
+
+
+_PER_ATTRIBUTE = ("GP101", "GP102", "GP103", "GP104", "GP109")
+
+
+def _one_per_line(findings: list[Finding]) -> list[Finding]:
+    """One finding per cause: a class whose __init__ line registers wrongly is instantiated many times
+    (every block's norm), and each instance would repeat the same finding; merge them, naming every instance."""
+    out: list[Finding] = []
+    by_line: dict[tuple, Finding] = {}
+    for f in findings:
+        loc = dict(f.get("location") or {})
+        key = (f["code"], f["severity"], loc.get("file"), loc.get("line"))
+        if f["code"] not in _PER_ATTRIBUTE or loc.get("line") is None:
+            out.append(f)
+            continue
+        first = by_line.get(key)
+        if first is None:
+            by_line[key] = f
+            out.append(f)
+            continue
+        first["parameters"] = list(first["parameters"]) + [p for p in f["parameters"] if p not in first["parameters"]]
+        first["evidence"].setdefault("instances", 1)
+        first["evidence"]["instances"] += 1
+    for f in by_line.values():
+        n = f["evidence"].get("instances")
+        if n:
+            f["message"] += f" The same line made {n} such attributes: {', '.join(f['parameters'][:6])}{'...' if len(f['parameters']) > 6 else ''}."
+    return out
 
 
 def _freeze_site(build_record, tensors: list) -> dict | None:
