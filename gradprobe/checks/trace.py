@@ -359,7 +359,9 @@ def _loss_and_backward_findings(tracer: GradTracer, step: StepResult) -> list[Fi
                     "or clone the tensor before modifying it." if inplace else None,
             ))
     elif step.loss_problem:
-        out.append(make_finding("GP310", step.loss_problem, evidence=step.loss_evidence))
+        gf = step.loss.grad_fn if isinstance(step.loss, torch.Tensor) else None
+        made_at = tracer.grad_fn_loc.get(id(gf)) if gf is not None else None  # the user line that computed the loss
+        out.append(make_finding("GP310", step.loss_problem, location=made_at, evidence=step.loss_evidence))
     elif step.error is not None and not tracer.backward_calls:
         err = step.error
         out.append(make_finding(
