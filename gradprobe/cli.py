@@ -26,30 +26,46 @@ def _target_from_args(args) -> dict:
               "seed": args.seed, "timeout_s": args.timeout, "setup": args.setup, "python": args.python}
     for field in ("inputs", "loss", "optimizer", "train_step"):
         target[field] = ref(getattr(args, field))
+    if not (args.project_dir or args.file) and args.model and os.path.isabs(args.model):
+        del target["project_dir"]  # an absolute --model file: its directory is the project
     return {k: v for k, v in target.items() if v is not None}
+
+
+def _fail(args, kind: str, message: str, code: int) -> int:
+    """An error the user can act on: one line on stderr, or a JSON error object on stdout with --json."""
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "tool": args.command, "error": {"kind": kind, "message": message}}, indent=1))
+    else:
+        print(f"gradprobe: {message}", file=sys.stderr)
+    return code
 
 
 def _run_check(args) -> int:
     import anyio
+    from pydantic import ValidationError
 
     from gradprobe.render import render_text
     from gradprobe.sandbox.execute import execute
     from gradprobe.sandbox.runner import ToolInputError
-    from gradprobe.target import Target
+    from gradprobe.target import Target, explain_validation_error
 
     try:
         target = Target.model_validate(_target_from_args(args))
-    except Exception as exc:
-        print(f"gradprobe: bad target: {exc}", file=sys.stderr)
-        return 2
+    except ValidationError as exc:
+        return _fail(args, "bad-target", f"bad target: {explain_validation_error(exc)}", 2)
     options = {}
     if args.command == "check_optimizer_coverage":
         options["step"] = not args.no_step
     try:
         report = anyio.run(execute, args.command, target, options)
     except ToolInputError as exc:
-        print(f"gradprobe: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, "bad-target", str(exc), 2)
+    except Exception as exc:  # a gradprobe bug: exit 3, never mistaken for a finding (1); JSON with --json
+        if not args.json:
+            import traceback
+
+            traceback.print_exc()
+        return _fail(args, "internal-error", f"gradprobe failed (a gradprobe bug): {type(exc).__name__}: {exc}", 3)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -77,8 +93,22 @@ def _executor(args):
     return RayExecutor(args.ray_address, num_cpus=args.max_concurrent)
 
 
+class _Parser(argparse.ArgumentParser):
+    """With --json on the command line, even a usage error is a JSON error object."""
+
+    json_errors = False
+
+    def error(self, message: str):  # type: ignore[override]
+        if _Parser.json_errors:
+            tool = self.prog.split()[-1]
+            print(json.dumps({"ok": False, "tool": tool, "error": {"kind": "usage", "message": message}}, indent=1))
+            sys.exit(2)
+        super().error(message)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="gradprobe", description="Measure why gradients do not flow in PyTorch code.")
+    _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
+    parser = _Parser(prog="gradprobe", description="Measure why gradients do not flow in PyTorch code.")
     sub = parser.add_subparsers(dest="command")
     serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
     serve.add_argument("--max-concurrent", type=int, default=None, help="checks running at once (default: cores)")
@@ -105,9 +135,11 @@ def main(argv: list[str] | None = None) -> None:
     http.add_argument("--public-url", default=None, help="the URL clients use (behind a TLS proxy), for the auth metadata")
     http.add_argument("--issuer-url", default=None, help="the authorization server advertised to clients (default: the public URL)")
     sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")
+    sub.add_parser("mcp-config", help="print a host config (claude_desktop_config.json) with this interpreter's full path")
+    tool_parsers = {}
     for spec in TOOLS:
         tool = spec.name
-        p = sub.add_parser(tool, help=f"{spec.help} (prints the report)")
+        p = tool_parsers[tool] = sub.add_parser(tool, help=f"{spec.help} (prints the report)")
         p.add_argument("file", nargs="?", help="the user's file (e.g. train.py); its directory is the project")
         p.add_argument("--project-dir", default=None)
         p.add_argument("--model", default=None, help="callable in FILE building the model (default: build_model)")
@@ -139,8 +171,18 @@ def main(argv: list[str] | None = None) -> None:
                     allowed_roots=getattr(args, "allow_root", None), allowed_pythons=getattr(args, "allow_python", None),
                     limits=_limits(args), executor=_executor(args))
         return
+    if args.command == "mcp-config":
+        # hosts start servers without the user's PATH or virtualenv: name this interpreter by its full path
+        server = {"command": sys.executable, "args": ["-m", "gradprobe", "serve"]}
+        print(json.dumps({"mcpServers": {"gradprobe": server}}, indent=2))
+        return
     if args.command == "demo":
         from gradprobe.demo import run_demo
 
         sys.exit(run_demo())
+    if not (args.file or args.setup or args.model):
+        if args.json:
+            sys.exit(_fail(args, "usage", f"give the file to check, e.g. `gradprobe {args.command} train.py`", 2))
+        tool_parsers[args.command].print_help(sys.stderr)
+        sys.exit(2)
     sys.exit(_run_check(args))

@@ -85,13 +85,15 @@ def make_finding(
     location: Location | dict[str, Any] | None = None,
     evidence: dict[str, Any] | None = None,
     fix: str | None = None,
+    severity: Severity | None = None,
 ) -> Finding:
-    """Build a finding of a catalogued code; name, severity and the default fix come from the catalogue."""
+    """Build a finding of a catalogued code; name, severity and the default fix come from the catalogue
+    (`severity` overrides it where the measured cause makes the same fact less severe: by design, not a bug)."""
     rule = catalogue()[code]
     return Finding(
         code=code,
         name=rule["name"],
-        severity=rule["severity"],
+        severity=severity or rule["severity"],
         message=message,
         parameters=list(parameters or []),
         location=cast("Location | None", location),

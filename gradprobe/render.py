@@ -31,6 +31,11 @@ def render_text(report: dict, *, color: bool = False, max_findings: int = 12) ->
         where = _loc(f)
         if where:
             out.append(f"  at: {where}")
+        tb = (f.get("evidence") or {}).get("traceback")
+        if tb and isinstance(tb, str) and f["code"] != "GP000":  # the user's trimmed traceback; GP000's is ours
+            lines = tb.strip().splitlines()
+            tail = (["..."] if len(lines) > 30 else []) + lines[-30:]
+            out.append("  " + "\n  ".join(tail))
         if f.get("fix") and sev != "info":
             fix = f["fix"].replace("\n", "\n       ")
             out.append(c(_DIM, f"  fix: {fix}"))

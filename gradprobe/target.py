@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 REF_HELP = '"FILE_OR_MODULE:CALLABLE", e.g. "train.py:build_model" or "mypkg.models:Net"'
 _DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|auto|meta)$")
@@ -24,7 +24,9 @@ class Target(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    project_dir: str = Field(description="The user's project root (absolute path); put first on the child's sys.path.")
+    project_dir: str = Field(description=(
+        "The user's project root (absolute path); put first on the child's sys.path. "
+        "May be left out when `model` is an absolute file path: its directory is then the project."))
     model: Ref = Field(
         default=None,
         description=(
@@ -48,6 +50,20 @@ class Target(BaseModel):
     seed: int = Field(default=0, description="Random seed set before anything is built, so runs repeat.")
     python: str | None = Field(default=None, description="Optional interpreter for the child (the project's virtualenv); it needs a compatible torch.")
     timeout_s: float = Field(default=120.0, gt=0, le=3600, description="Wall-clock limit for the call in the child; past it the child is killed and GP100 is reported.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _project_from_model_path(cls, data: Any) -> Any:
+        """`{"model": "/abs/path/model.py"}` alone: the file's directory is the project (roots still apply)."""
+        if not isinstance(data, dict) or data.get("project_dir"):
+            return data
+        for field in ("model", "script"):
+            ref = data.get(field)
+            if isinstance(ref, str) and os.path.isabs(ref.strip()):
+                path, sep, name = ref.strip().partition(":")
+                if path.endswith(".py"):
+                    return {**data, "project_dir": os.path.dirname(path), field: os.path.basename(path) + sep + name}
+        return data
 
     @field_validator("model", "inputs", "loss", "optimizer", "train_step")
     @classmethod
@@ -92,3 +108,60 @@ class Target(BaseModel):
                     raise ValueError(f"{field}: file {mod!r} not found in project_dir {self.project_dir!r}")
         if self.python is not None and not (os.path.isfile(self.python) and os.access(self.python, os.X_OK)):
             raise ValueError(f"python {self.python!r} is not an executable file")
+
+
+DOCS_HINT = "see docs/targets.md"
+_FIELD_HINTS = {
+    "target": 'pass {"target": {"model": "/home/ana/proj/train.py"}} (the fields are in docs/targets.md)',
+    "project_dir": 'write the absolute path of your project, e.g. "/home/ana/proj" (or give `model` as an absolute file path)',
+    "model": f"write {REF_HELP}, or just the file, e.g. \"train.py\"",
+    "inputs": f"write {REF_HELP.replace('build_model', 'make_batch')}",
+    "loss": f"write {REF_HELP.replace('build_model', 'loss_fn')}",
+    "optimizer": f"write {REF_HELP.replace('build_model', 'make_optimizer')}",
+    "train_step": f"write {REF_HELP.replace('build_model', 'train_step')}",
+    "setup": "write inline Python source that defines `model` (and `inputs`, ...)",
+    "device": 'write "cpu", "cuda", "cuda:N", "auto" or "meta"',
+    "seed": "write an integer, e.g. 0",
+    "python": 'write the absolute path of an interpreter, e.g. "/home/ana/proj/.venv/bin/python"',
+    "timeout_s": "write a number of seconds between 0 and 3600, e.g. 120",
+    "script": 'write the training script\'s path relative to project_dir, e.g. "train.py"',
+    "module": 'write a dotted module name run like python -m, e.g. "mypkg.train"',
+    "args": 'write a list of strings, e.g. ["--max_iters=1", "--device=cpu"]',
+}
+
+
+def _field_name(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _sentence(err: Any, prefix: str) -> str:
+    loc = tuple(err.get("loc") or ())
+    where = _field_name((prefix,) + loc) if prefix else _field_name(loc)
+    field = str(loc[-1]) if loc else ""
+    kind = err.get("type", "")
+    hint = _FIELD_HINTS.get(field, "")
+    if kind == "missing":
+        if not loc:
+            return f"{where} is missing."
+        return f"`{where}` is missing: {hint or 'give a value'}."
+    if kind == "extra_forbidden":
+        known = ", ".join(Target.model_fields)
+        return f"`{where}` is not a target field; the fields are {known} ({DOCS_HINT})."
+    if kind == "model_type" or (not loc and kind.endswith("_type")):
+        return (f"`{prefix or 'target'}` must be an object, e.g. "
+                '{"model": "/home/ana/proj/train.py"} or {"project_dir": "/home/ana/proj", "model": "train.py"}.')
+    msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    if kind == "value_error":
+        return f"`{where}`: {msg}." if loc else f"{prefix or 'target'}: {msg}."
+    return f"`{where}` is not valid ({msg[:1].lower() + msg[1:]}): {hint or DOCS_HINT}."
+
+
+def explain_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    """One or two sentences naming the field and what to write, instead of pydantic's dump."""
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return f"{prefix or 'target'} is not valid ({DOCS_HINT})."
+    text = _sentence(errors[0], prefix)
+    if len(errors) > 1:
+        text += f" ({len(errors) - 1} more problem(s) in the same call; {DOCS_HINT}.)"
+    return text

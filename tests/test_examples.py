@@ -54,3 +54,17 @@ async def test_example_through_diagnose(client, path):
         return  # folded into a higher-ranked root cause
     assert_expected(report, {**expect, "line": None}, path.name)
     assert report["facts"].get("mermaid", "").startswith("flowchart") or report["findings"][0]["code"].startswith("GP1")
+
+
+@pytest.mark.anyio
+async def test_healthy_plain_pytorch_controls_are_really_exercised(client):
+    """The plain-PyTorch controls are checked, not skipped: the Function is gradchecked, every parameter gets a gradient."""
+    r = await client.call_tool("run_gradcheck", {"target": {"project_dir": str(EXAMPLES), "model": "healthy_custom_function.py"}})
+    report = r.structured_content
+    assert report["ok"] is True and [f["function"] for f in report["facts"]["functions"]] == ["ScaledTanh"]
+    for name in ("healthy_cnn.py", "healthy_custom_layer_mlp.py", "healthy_custom_function.py"):
+        r = await client.call_tool("diagnose", {"target": {"project_dir": str(EXAMPLES), "model": name}})
+        report = r.structured_content
+        assert report["ok"] is True, (name, report["findings"])
+        rows = report["facts"]["per_parameter"]
+        assert rows and all(row["grad"] == "ok" for row in rows), (name, rows)

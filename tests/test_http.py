@@ -116,3 +116,52 @@ def test_non_loopback_bind_without_auth_is_refused():
     out = subprocess.run([sys.executable, "-m", "gradprobe", "serve", "--http", "--host", "0.0.0.0", "--port", str(free_port())],
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 2 and "without authentication" in out.stderr
+
+
+def sse_events(text: str) -> list[dict]:
+    """The events of an SSE body, each as {field: value} (data lines joined)."""
+    events = []
+    for block in text.replace("\r\n", "\n").strip().split("\n\n"):
+        event: dict = {}
+        for line in block.split("\n"):
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            event[field] = event[field] + "\n" + value if field in event and field == "data" else value
+        events.append(event)
+    return events
+
+
+def test_sse_streams_send_a_priming_event_with_retry_and_resume(http_server):
+    """Each SSE stream opens with an id, empty data and `retry`; a client that lost it resumes with Last-Event-ID."""
+    url = http_server["url"] + "/mcp"
+    auth = {**HEADERS, "Authorization": "Bearer alice-secret-token"}
+    r = httpx2.post(url, json=INIT, headers=auth)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    first, *rest = sse_events(r.text)
+    assert first.get("id") and first.get("data") == "" and int(first["retry"]) > 0, first
+    assert any('"serverInfo"' in e.get("data", "") for e in rest)
+    session = {**auth, "mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+    httpx2.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+    r = httpx2.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, headers=session)
+    priming, *answer = sse_events(r.text)
+    assert priming.get("id") and "retry" in priming and any('"diagnose"' in e.get("data", "") for e in answer)
+    with httpx2.stream("GET", url, headers={**session, "Accept": "text/event-stream", "Last-Event-ID": priming["id"]},
+                       timeout=10) as replay:
+        assert replay.status_code == 200
+        seen = ""
+        for chunk in replay.iter_text():
+            seen += chunk
+            if '"diagnose"' in seen:
+                break
+    assert '"diagnose"' in seen, "the tools/list answer was not replayed after the priming event"
+
+
+@pytest.mark.anyio
+async def test_model_given_as_an_absolute_path_alone_and_roots_still_apply(http_server):
+    async with authed() as http:
+        async with Client(streamable_http_client(http_server["url"] + "/mcp", http_client=http)) as c:
+            r = await c.call_tool("inspect_parameters", {"target": {"model": str(EXAMPLES / "gp101_temperature_tensor.py")}})
+            assert not r.is_error, r.content
+            assert r.structured_content["findings"][0]["code"] == "GP101"
+            r = await c.call_tool("inspect_parameters", {"target": {"model": str(http_server["outside"] / "case.py")}})
+            assert r.is_error and "outside the roots" in r.content[0].text

@@ -192,3 +192,46 @@ async def test_the_projects_own_interpreter_runs_the_checks(client):
     r = await client.call_tool("trace_grad_path", {"target": {"project_dir": str(EXAMPLES), "model": "gp303_no_grad_block.py", "python": sys.executable}})
     sc = r.structured_content
     assert sc["findings"][0]["code"] == "GP303" and sc["facts"]["sandbox"]["child"] == "cold interpreter"
+
+
+@pytest.mark.anyio
+async def test_model_given_as_an_absolute_path_alone(client):
+    """What people type: {"model": "/abs/path/model.py"}; project_dir is the file's directory."""
+    r = await client.call_tool("diagnose", {"target": {"model": str(EXAMPLES / "gp303_no_grad_block.py")}})
+    assert not r.is_error, r.content
+    assert r.structured_content["findings"][0]["code"] == "GP303"
+    r = await client.call_tool("inspect_parameters", {"target": {"model": str(EXAMPLES / "gp101_temperature_tensor.py:build_model")}})
+    assert not r.is_error and r.structured_content["findings"][0]["code"] == "GP101"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("args, field", [
+    ({"target": {"model": "train.py"}}, "target.project_dir"),
+    ({}, "target"),
+    ({"target": "train.py"}, "target"),
+    ({"target": {"project_dir": "/tmp", "model": "x.py", "modle": "y.py"}}, "target.modle"),
+    ({"target": {"project_dir": "/tmp", "model": "x.py", "seed": "zero"}}, "target.seed"),
+    ({"target": {"project_dir": "/tmp", "model": "x.py", "device": "gpu"}}, "target.device"),
+    ({"target": {"project_dir": "/tmp", "model": "x.py", "timeout_s": -5}}, "target.timeout_s"),
+    ({"target": {"project_dir": "/tmp"}}, "model"),
+])
+async def test_argument_errors_name_the_field_and_what_to_write(client, args, field):
+    r = await client.call_tool("diagnose", args)
+    assert r.is_error
+    text = r.content[0].text
+    assert "pydantic" not in text and "validation error for" not in text and "input_value" not in text, text
+    assert field in text, text
+    assert any(w in text for w in ("write", "give", "pass", "the fields are", "must be")), text
+    body = text.removeprefix("Error executing tool diagnose: ")
+    assert body.count(". ") <= 2 and len(body) < 400, text
+
+
+@pytest.mark.anyio
+async def test_an_unknown_finding_code_is_a_clear_error(client):
+    from mcp.shared.exceptions import MCPError
+
+    with pytest.raises(MCPError) as info:
+        await client.read_resource("gradprobe://findings/GP999")
+    assert info.value.error.code == -32602 and "unknown code GP999" in info.value.error.message
+    ok = await client.read_resource("gradprobe://findings/gp302")
+    assert "GP302" in ok.contents[0].text

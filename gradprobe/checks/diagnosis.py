@@ -52,9 +52,32 @@ def fold(findings: list[Finding]) -> list[Finding]:
     return kept
 
 
+def _attribute(model, path: str):
+    owner, _, attr = path.rpartition(".")
+    try:
+        return getattr(model.get_submodule(owner) if owner else model, attr, None)
+    except AttributeError:
+        return None
+
+
+def _forward_caches(findings: list[Finding], model, nonleaf_before: dict) -> list[Finding]:
+    """A non-leaf tensor attribute that the observed forward replaced is a per-forward cache (a model diagnosed
+    mid-training, after a forward already ran): info, not the lost-leaf error GP109 is for."""
+    out = []
+    for f in findings:
+        path = f["evidence"].get("attribute") if f["code"] == "GP109" else None
+        if isinstance(path, str) and path in nonleaf_before and _attribute(model, path) is not nonleaf_before[path]:
+            f = {**f, "severity": "info", "evidence": {**f["evidence"], "replaced_by_forward": True},
+                 "message": f"`{path}` is a non-leaf tensor the forward stores on the module and replaces on every call "
+                            "(a cache from the previous forward): not a parameter, and nothing is lost.",
+                 "fix": "Nothing to fix; store it detached (or not at all) if it only serves inspection, to free its graph sooner."}
+        out.append(f)
+    return out
+
+
 def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     model = loaded.model
-    findings: list[Finding] = registration.check_registration(model, loaded.record, loaded.info)
+    findings: list[Finding] = registration.check_registration(model, loaded.record, loaded.info, user=loaded.user)
     facts: dict = {"checks": ["registration"]}
     coverage: list[Finding] = []
     if loaded.optimizer_error is not None or loaded.optimizer is not None:
@@ -65,10 +88,11 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     if loaded.batch is None and loaded.train_step is None:
         facts["note"] = "no inputs and no train_step: the step-based checks were skipped"
         return findings, facts
+    nonleaf_before = {f["evidence"]["attribute"]: _attribute(model, f["evidence"]["attribute"])
+                      for f in findings if f["code"] == "GP109" and "attribute" in f["evidence"]}
     found = prompt_tuning.find_prompt(model)
-    peftish = hasattr(model, "peft_config")
-    # a mostly frozen model alone is no prompt tuning: diagnose checks it only when PEFT says so
-    prompt_on = found.any and (peftish or found.how in ("caller", "peft", "named"))
+    # a mostly frozen model alone is no prompt tuning, PEFT or not: adapters (LoRA, IA3, ...) feed no input positions
+    prompt_on = found.any and found.how in ("caller", "peft", "named")
     base = prompt_tuning.find_base(model) if prompt_on else None
     opt = loaded.optimizer if isinstance(loaded.optimizer, torch.optim.Optimizer) else None
     before = optimizer.snapshot(model) if opt is not None else None
@@ -84,6 +108,7 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         if base_obs is not None:
             stack.enter_context(base_obs)
         step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
+    findings = _forward_caches(findings, model, nonleaf_before)
     tfindings, tfacts = trace.analyze(tracer, grads, model, step, record=loaded.record)
     findings += tfindings
     facts.update(tfacts)

@@ -281,8 +281,10 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
     # the break on the prompt's path, from the trace
     pnames = set(prompt_params)
     breaks = [f for f in trace_list if f["severity"] == "error" and pnames & set(f["parameters"])]
-    no_grad = [r["name"] for r in prompt_rows if r["grad"] in ("none", "zero") and prompt_params[r["name"]].requires_grad]
-    zero_grad = [r["name"] for r in prompt_rows if r["grad"] == "zero"]
+    by_init = trace_facts.get("zero_by_init") or {}  # a zero gradient a zero-initialised gate explains is by design
+    no_grad = [r["name"] for r in prompt_rows if r["grad"] in ("none", "zero") and prompt_params[r["name"]].requires_grad
+               and r["name"] not in by_init]
+    zero_grad = [r["name"] for r in prompt_rows if r["grad"] == "zero" and r["name"] not in by_init]
     explained = False
     n_virt = _n_virtual(model, prompt_params, attrs, find_base(model))
     facts["virtual_tokens"] = n_virt
@@ -313,7 +315,11 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
         align["note"] = "prefix tuning: the virtual tokens reach the base as past_key_values, not as sequence positions"
     elif not in_sequence:
         align["note"] = "the trainable parts are adapters, not virtual tokens: no mask/labels alignment to check"
-    if call and n_virt and not peft_prefix and in_sequence:
+    positions = _occupies_positions(call, loaded.batch, list(prompt_params.values()) + [a["tensor"] for a in attrs], n_virt)
+    if call and n_virt and not peft_prefix and in_sequence and not positions:
+        align["note"] = ("the base model's input sequence is no longer than the user's and holds no prompt row: the prompt "
+                         "reaches the base another way (e.g. as a key/value cache), so no mask/labels alignment to check")
+    if call and n_virt and not peft_prefix and in_sequence and positions:
         t = call["tensors"]
         seq = t["inputs_embeds"].shape[1] if "inputs_embeds" in t else (t["input_ids"].shape[1] if "input_ids" in t else None)
         align = {"embedded_length": seq, "virtual_tokens": n_virt}
@@ -335,6 +341,9 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
                     ))
                     explained = True
         labels = t.get("labels")
+        if _encoder_decoder(find_base(model)):
+            align["note"] = "encoder-decoder base: labels belong to the decoder, the prompt to the encoder's input"
+            labels = None
         if isinstance(labels, torch.Tensor) and labels.dim() == 2 and seq:
             align["labels_length"] = labels.shape[1]
             if labels.shape[1] != seq:
@@ -449,11 +458,30 @@ def checkpoint_findings(tracer, trace_facts: dict, names: list[str] | None = Non
         location=tracer.checkpoint_warnings[0], evidence={"warnings": len(tracer.checkpoint_warnings)})]
 
 
-def _prompt_start(embeds, prompts: list, n_virt: int) -> int:
-    """Where the virtual tokens sit in the embedded sequence: found by value when the prompt's rows were
-    copied into inputs_embeds (prepended, appended or in the middle), else assumed prepended."""
+def _encoder_decoder(base) -> bool:
+    return bool(getattr(getattr(base, "config", None), "is_encoder_decoder", False))
+
+
+def _occupies_positions(call: dict | None, batch, prompts: list, n_virt: int | None) -> bool:
+    """Whether the virtual tokens sit in the base model's input sequence (measured): its rows are found in
+    inputs_embeds by value, or that sequence is longer than the user's input_ids by at least n_virt. A prompt
+    that reaches the base as a key/value cache (prefix tuning, cartridges) occupies no position."""
+    if not call or not n_virt:
+        return False
+    t = call["tensors"]
+    if _prompt_found(t.get("inputs_embeds"), prompts, n_virt) is not None:
+        return True
+    seq = t["inputs_embeds"].shape[1] if "inputs_embeds" in t else (t["input_ids"].shape[1] if "input_ids" in t else None)
+    ids = batch.get("input_ids") if isinstance(batch, dict) else None
+    if seq is None or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return True  # nothing to compare with: keep checking, as before
+    return seq >= ids.shape[1] + n_virt
+
+
+def _prompt_found(embeds, prompts: list, n_virt: int) -> int | None:
+    """The position of the prompt's rows in inputs_embeds, found by value, or None."""
     if not isinstance(embeds, torch.Tensor) or embeds.dim() != 3:
-        return 0
+        return None
     with torch.no_grad(), untraced():
         row0 = embeds[0].detach()
         for p in prompts:
@@ -464,7 +492,14 @@ def _prompt_start(embeds, prompts: list, n_virt: int) -> int:
             for h in hits:
                 if h + n_virt <= row0.shape[0] and torch.equal(row0[h:h + n_virt], p.detach().to(row0.dtype)):
                     return int(h)
-    return 0
+    return None
+
+
+def _prompt_start(embeds, prompts: list, n_virt: int) -> int:
+    """Where the virtual tokens sit in the embedded sequence: found by value when the prompt's rows were
+    copied into inputs_embeds (prepended, appended or in the middle), else assumed prepended."""
+    found = _prompt_found(embeds, prompts, n_virt)
+    return 0 if found is None else found
 
 
 def _peft_type(model) -> str | None:

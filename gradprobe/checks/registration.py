@@ -157,7 +157,7 @@ def parameter_table(model: nn.Module) -> tuple[list[dict], list[dict]]:
     return rows, buffers
 
 
-def check_registration(model: nn.Module, build_record=None, info: dict | None = None) -> list[Finding]:
+def check_registration(model: nn.Module, build_record=None, info: dict | None = None, user=None) -> list[Finding]:
     """All GP1xx findings (but GP100/GP106, which arise while loading) on a live model."""
     info = info or {}
     site = (lambda m, a: build_record.site_of(m, a)) if build_record is not None else (lambda m, a: None)
@@ -220,16 +220,21 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
                     evidence={"buffer": path, "requires_grad": buf.requires_grad, "shape": list(buf.shape)},
                 ))
         kind = _grad_mode_decorator(type(module).forward)
-        if kind:
-            names = [prefix + n for n, _ in module.named_parameters()]
+        names = [prefix + n for n, p in module.named_parameters() if p.requires_grad] if kind else []
+        if names:  # a parameterless no_grad module (sinusoidal positions) takes no gradient from anyone
             fwd = type(module).forward
             wrapped = getattr(fwd, "__wrapped__", fwd)
             code = getattr(wrapped, "__code__", None)
             loc = location(code.co_filename, code.co_firstlineno, code.co_name) if code is not None else None
+            library = code is not None and user is not None and not user.is_user_file(code.co_filename)
             findings.append(make_finding(
                 "GP111",
-                f"{type(module).__name__}.forward is decorated with {kind}: its {len(names)} parameters never get a gradient.",
-                parameters=names, location=loc, evidence={"module": mod_name or "(root)", "decorator": kind},
+                f"{type(module).__name__}.forward is decorated with {kind}: its {len(names)} parameters never get a gradient"
+                + (" through it. It is library code, decorated by design (e.g. an index computation)." if library else "."),
+                parameters=names, location=loc, evidence={"module": mod_name or "(root)", "decorator": kind, "library_code": library},
+                severity="warning" if library else None,
+                fix="Nothing to fix if the library means it; train these parameters with the objective the library provides for them."
+                if library else None,
             ))
 
     if info.get("grad_enabled_after_build") is False:

@@ -39,7 +39,8 @@ from gradprobe.report import make_report
 RULES = {
     "GP301": {
         "name": "param-gets-no-grad", "severity": "error", "rank": 34,
-        "summary": "A trainable parameter that the forward read has .grad None after backward.",
+        "summary": "A trainable parameter that the forward read has .grad None after backward (a warning when nothing cut "
+                   "the path and its output is simply not used by the loss: an unused pooler, head or branch).",
         "why": "The path from it to the loss is cut somewhere; the more precise GP30x codes say where when it can be located.",
         "example": "out = MyFn.apply(x, self.w)  # whose backward returns None for w",
         "fix": "Follow evidence.chain to the op that cut the path and keep the computation inside autograd.",
@@ -53,7 +54,7 @@ RULES = {
     },
     "GP303": {
         "name": "op-under-no-grad", "severity": "error", "rank": 28,
-        "summary": "The path is cut because an op ran under no_grad / inference_mode.",
+        "summary": "The path is cut because an op ran under no_grad / inference_mode (a warning when library code entered no_grad itself).",
         "why": "No graph is recorded under no_grad, so its outputs do not depend on the parameters as far as autograd knows.",
         "example": "@torch.no_grad()\ndef encode(self, x): ...  # reused by forward",
         "fix": "Remove the no_grad decorator/block from the training path, or call an undecorated twin in forward.",
@@ -74,7 +75,7 @@ RULES = {
     },
     "GP306": {
         "name": "zero-gradient", "severity": "warning", "rank": 99,
-        "summary": "A parameter's gradient is exactly zero.",
+        "summary": "A parameter's gradient is exactly zero (info when a zero-initialised partner such as LoRA B or a closed gate explains it).",
         "why": "Masked out, a dead ReLU, all labels ignored, or an attention mask that hides it: the parameter cannot learn from this batch.",
         "example": "attention_mask zero on the positions that use the parameter",
         "fix": "Check masks, ignore-index labels and activations on the path of this parameter.",
@@ -198,6 +199,9 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
     def wanted(n: str) -> bool:
         return not only or any(n == o or n.startswith(o.rstrip(".") + ".") for o in only)
 
+    by_init = zero_by_initialisation(zero, grads, model, names)
+    zero = [p for p in zero if id(p) not in by_init]
+    zero_ids = {id(p) for p in zero}  # identity, never `p in zero` (tensor == compares values)
     findings: list[Finding] = []
     loss_tags = frozenset().union(*(b.get("tags", frozenset()) for b in tracer.backward_calls)) if tracer.backward_calls else frozenset()
     targets = {id(p) for p in broken + zero}
@@ -208,7 +212,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
             n_bw = len(tracer.backward_calls)
             hits = [c for c in tracer.candidates if id(p) in reached[c.index] and c.can_explain(n_bw)]
             # a zero-derivative op explains a zero gradient, never a missing one
-            hits = [c for c in hits if (c.kind == "zero_derivative") == (p in zero)]
+            hits = [c for c in hits if (c.kind == "zero_derivative") == (id(p) in zero_ids)]
             if not hits:
                 continue
             hits.sort(key=lambda c: (c.index not in loss_tags, not c.direct, c.index))
@@ -242,10 +246,17 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
             evidence["came_back_at"] = cand.came_back_at
         if cand.process_at:
             evidence["pickled_at"] = cand.process_at
+        by_library = idx in tracer.library_no_grad
+        tail = (f" at line {where['line']} of {where['file'].rsplit('/', 1)[-1]}." if where else ".")
+        if by_library:
+            evidence["no_grad_entered_by"] = "library code"
+            tail += (" The library turned gradients off there itself (by design, e.g. an index or routing computation), "
+                     "so these parameters are not trained through this path.")
         findings.append(make_finding(
             code, f"The path from the loss to {len(pnames)} parameter(s) ({', '.join(pnames[:5])}{'...' if len(pnames) > 5 else ''}) {text}"
-            + (f" at line {where['line']} of {where['file'].rsplit('/', 1)[-1]}." if where else "."),
-            parameters=pnames, location=where, evidence=evidence,
+            + tail, parameters=pnames, location=where, evidence=evidence,
+            fix="Nothing to fix if the library means it; train these parameters with the objective the library provides for them."
+            if by_library else None, severity="warning" if by_library else None,
         ))
     # parameters sent to other processes as they are (leaf crossings are silent in PyTorch)
     crossed: dict[str, dict] = {}
@@ -275,9 +286,16 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
         msg = f"{len(rest)} parameter(s) read by the forward got no gradient: {', '.join(rnames[:6])}{'...' if len(rnames) > 6 else ''}."
         if via:
             msg += f" They were inputs of custom autograd.Function(s) {', '.join(sorted(set(via.values())))} whose backward returned no gradient for them (see run_gradcheck)."
+        else:
+            # no op cut their path and no custom backward dropped them: what they computed never reached the loss
+            msg += (" Nothing cut their path: what they compute (a pooler, a head, a branch) is not used by this loss. "
+                    "Fine if intended (under DistributedDataParallel it needs find_unused_parameters=True); "
+                    "if they should learn, add their output to the loss.")
         findings.append(make_finding(
-            "GP301", msg, parameters=rnames,
-            evidence={"custom_function_inputs": via, "backward_called": bool(tracer.backward_calls)},
+            "GP301", msg, parameters=rnames, severity=None if via else "warning",
+            evidence={"custom_function_inputs": via, "backward_called": bool(tracer.backward_calls),
+                      "cause": "custom backward returned None" if via else "output not used by the loss"},
+            fix=None if via else "Use their output in the loss, or drop them (or freeze them) if they are not needed for this objective.",
         ))
     zero_rest = [names[id(p)][0] for p in zero if id(p) not in attributed and wanted(names[id(p)][0])]
     if zero_rest:
@@ -285,6 +303,17 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
             "GP306", f"{len(zero_rest)} parameter(s) got an exactly-zero gradient: {', '.join(zero_rest[:6])}"
             f"{'...' if len(zero_rest) > 6 else ''} (masked out, a dead ReLU, ignored labels, or a mask hiding them).",
             parameters=zero_rest, evidence={"zero": len(zero_rest)},
+        ))
+    init_names = {names[i][0]: partner for i, partner in by_init.items() if wanted(names[i][0])}
+    if init_names:
+        partners = sorted(set(init_names.values()))
+        findings.append(make_finding(
+            "GP306", f"{len(init_names)} parameter(s) got an exactly-zero gradient at this step because a zero-initialised "
+            f"partner multiplies them ({', '.join(partners[:3])}{'...' if len(partners) > 3 else ''}): by design "
+            "(a LoRA B, a gate that starts closed); they get gradients once the partner has moved.",
+            parameters=list(init_names), severity="info",
+            evidence={"zero_initialised_partners": init_names},
+            fix="Nothing to fix if the partner is zero-initialised on purpose.",
         ))
     if nonfinite:
         nn_names = [names[id(p)][0] for p in nonfinite if wanted(names[id(p)][0])]
@@ -303,9 +332,41 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
         ))
     findings += _loss_and_backward_findings(tracer, step)
     findings += _health_findings(tracer, grads, model, names, wanted, record)
-    return findings, {"per_parameter": table, "candidates_seen": len(tracer.candidates),
+    return findings, {"per_parameter": table, "candidates_seen": len(tracer.candidates), "zero_by_init": init_names,
                       "backward_calls": [{k: v for k, v in b.items() if k != "tags"} for b in tracer.backward_calls],
                       "crossings": tracer.crossings[:20]}
+
+
+def zero_by_initialisation(zero: list, grads: GradRecorder, model: nn.Module, names: dict) -> dict[int, str]:
+    """Zero gradients that initialisation explains: parameter id -> the zero-initialised partner's name.
+
+    A partner was exactly zero before the step and got a nonzero gradient (LoRA B, a closed gate). It
+    explains a zero gradient when it sits in the nearest enclosing module that holds other trainable
+    parameters, and multiplies rather than adds there: it lives in another submodule (lora_B beside
+    lora_A), is a matrix, or is a scalar gate; a zero bias beside its weight explains nothing.
+    """
+    if not zero or not grads.zero_at_start:
+        return {}
+    trainable = [(names[id(q)][0], q) for q in model.parameters() if q.requires_grad]
+    partners = [(n, q) for n, q in trainable if id(q) in grads.zero_at_start
+                and (g := grads.got.get(id(q))) is not None and not g["zero"] and g["finite"]]
+    if not partners:
+        return {}
+    out: dict[int, str] = {}
+    for p in zero:
+        name = names[id(p)][0]
+        owner = name.rpartition(".")[0]
+        parts = owner.split(".") if owner else []
+        for k in range(len(parts), 0, -1):
+            prefix = ".".join(parts[:k]) + "."
+            if not any(n.startswith(prefix) and q is not p for n, q in trainable):
+                continue  # nothing else trainable here yet: look one module further out
+            hit = next((n for n, q in partners if n.startswith(prefix) and q is not p
+                        and (n.rpartition(".")[0] != owner or q.dim() >= 2 or q.numel() == 1)), None)
+            if hit is not None:
+                out[id(p)] = hit
+            break
+    return out
 
 
 def _backward_broke(tracer: GradTracer) -> bool:

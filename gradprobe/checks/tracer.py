@@ -45,6 +45,15 @@ MAX_INPLACE_EVENTS = 20000
 def _is_inplace(name: str, kwargs: dict) -> bool:
     """`x.add_(y)`, `x += y`, `x[i] = v`, `F.relu(x, inplace=True)`."""
     return (name.endswith("_") and not name.startswith("_")) or name in INPLACE_DUNDERS or kwargs.get("inplace") is True
+
+
+# new tensors that take only the shape, dtype and device of their input, never its values: not a cut
+SHAPE_ONLY_OPS = {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like",
+                  "new_zeros", "new_ones", "new_empty", "new_full", "size", "dim", "numel", "__len__"}
+# frames between a no_grad switch and the code that asked for it: torch's grad-mode machinery, Module.__call__
+_GRAD_MODE_FILES = ("grad_mode.py", "_contextlib.py")
+_MODULE_CALL_FILES = ("nn/modules/module.py",)
+_GRADPROBE_DIR = "/gradprobe/"
 ZERO_DERIVATIVE_OPS = {"round", "floor", "ceil", "trunc", "sign", "frac_", "round_", "floor_", "ceil_", "sign_", "heaviside"}
 
 
@@ -124,6 +133,8 @@ class GradTracer(TorchFunctionMode):
         # in-place ops on tensors that take part in autograd: (shape, version after the op, user line)
         self.inplace_ops: list[tuple[list[int], int, dict | None]] = []
         self.disable_site: dict | None = None
+        self.disable_by_library = False
+        self.library_no_grad: set[int] = set()  # candidate indices cut by a no_grad the library entered itself
         self.crossings: list[dict] = []
         self.nonleaf_grad_reads: list[dict] = []
         self.thread = threading.get_ident()
@@ -166,7 +177,7 @@ class GradTracer(TorchFunctionMode):
         if name in REWRAP_OPS and self.left_events and not req:
             self._came_back(out)
             return out
-        if req and not inside_custom_function():
+        if req and not inside_custom_function() and name not in SHAPE_ONLY_OPS:
             outs = _outputs(out)
             if outs and all(_cut(o, req) for o in outs) or name in LEFT_OPS or name in ZERO_DERIVATIVE_OPS:
                 cand = self._candidate(name, req, outs, out)
@@ -222,6 +233,8 @@ class GradTracer(TorchFunctionMode):
         cand = Candidate(len(self.candidates), kind, name, loc, grad_on, list(req[:4]), direct,
                          self.disable_site if not grad_on else None)
         cand.backwards_before = len(self.backward_calls)
+        if kind == "no_grad" and self.disable_by_library:
+            self.library_no_grad.add(cand.index)
         self.candidates.append(cand)
         if kind == "detach":
             for o in outs:
@@ -249,6 +262,26 @@ class GradTracer(TorchFunctionMode):
             self.disable_site = None
         elif torch.is_grad_enabled():
             self.disable_site = self._disable_site(sys._getframe(2))
+            self.disable_by_library = self._entered_by_library(sys._getframe(2))
+
+    def _entered_by_library(self, frame) -> bool:
+        """Whether library code (not the user's, not gradprobe's) turned gradients off on its own: a `with
+        no_grad()` in a library function, or a no_grad-decorated library function that library code called
+        (transformers' index computations). A decorated library function the user calls (generate()) is the user's."""
+        f = frame
+        while f is not None and f.f_code.co_filename.endswith(_GRAD_MODE_FILES) and not is_grad_mode_decorator_frame(f.f_code):
+            f = f.f_back
+        if f is not None and is_grad_mode_decorator_frame(f.f_code):
+            fcode = getattr(decorated_function(f), "__code__", None)
+            if fcode is not None and self.user.is_user_file(fcode.co_filename):
+                return False
+            f = f.f_back
+            while f is not None and f.f_code.co_filename.endswith(_MODULE_CALL_FILES):
+                f = f.f_back
+        if f is None:
+            return False
+        name = f.f_code.co_filename
+        return not self.user.is_user_file(name) and _GRADPROBE_DIR not in name
 
     def _disable_site(self, frame):
         f = frame
@@ -346,6 +379,7 @@ class GradRecorder:
     def __init__(self, model: nn.Module):
         self.model = model
         self.got: dict[int, dict] = {}
+        self.zero_at_start: set[int] = set()
 
     def _hook(self, p):
         g = p.grad
@@ -361,7 +395,11 @@ class GradRecorder:
             rec["zero"] = rec["zero"] and norm == 0.0
 
     def __enter__(self):
-        self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in self.model.parameters() if p.requires_grad]
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        with torch.no_grad(), untraced():
+            # exactly-zero trainable tensors before the step: zero-initialised partners (LoRA B, gates)
+            self.zero_at_start = {id(p) for p in trainable if p.numel() and not bool(p.any())}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in trainable]
         return self
 
     def __exit__(self, *exc):

@@ -8,11 +8,14 @@ import json
 import logging
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError, UnexpectedToolError
+from pydantic import ValidationError
 
 from gradprobe import __version__
 from gradprobe.findings import catalogue
 from gradprobe.server.runtime import Runtime
 from gradprobe.server.tools import register_all
+from gradprobe.target import explain_validation_error
 
 INSTRUCTIONS = (
     "gradprobe measures why gradients do not flow in the user's PyTorch code, instead of guessing. "
@@ -20,6 +23,19 @@ INSTRUCTIONS = (
     "takes a `target` naming the user's project directory and the callables that build the model "
     "and a batch. Quote the finding's file:line and fix to the user."
 )
+
+
+class GradprobeServer(MCPServer):
+    """MCPServer whose argument errors say, in a sentence or two, which field is wrong and what to write."""
+
+    async def call_tool(self, name, arguments, context=None):
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                raise
+            raise ToolError(f"Error executing tool {name}: {explain_validation_error(cause)}") from cause
 
 
 def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None) -> MCPServer:
@@ -37,7 +53,7 @@ def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None)
             if runtime.warm is not None:
                 runtime.warm.stop()
 
-    server = MCPServer(
+    server = GradprobeServer(
         "gradprobe",
         lifespan=lifespan,
         title="gradprobe",
@@ -67,7 +83,7 @@ def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None)
         """What one code means, why it breaks gradients, an example and the fix."""
         rule = catalogue().get(code.upper())
         if rule is None:
-            raise ValueError(f"unknown finding code {code!r}; see gradprobe://findings")
+            raise ResourceNotFoundError(f"unknown code {code}: gradprobe://findings lists every code")
         return (f"# {rule['code']} {rule['name']} ({rule['severity']})\n\n{rule['summary']}\n\n"
                 f"## Why it breaks gradients\n{rule['why']}\n\n## Example\n```python\n{rule['example']}\n```\n\n"
                 f"## Fix\n```python\n{rule['fix']}\n```\n")

@@ -16,6 +16,7 @@ from pydantic import AnyHttpUrl
 
 from gradprobe.server.app import build_server, make_nondumpable
 from gradprobe.server.auth import StaticTokenVerifier, load_tokens
+from gradprobe.server.events import RETRY_MS, BoundedEventStore
 from gradprobe.server.runtime import Runtime
 
 log = logging.getLogger("gradprobe.http")
@@ -70,5 +71,6 @@ def serve_http(args) -> int:
     server.run(
         "streamable-http", host=args.host, port=args.port, streamable_http_path="/mcp",
         max_request_body_size=args.max_body, transport_security=transport_security(args.host, args.port, args.allowed_host, args.allowed_origin),
+        event_store=BoundedEventStore(), retry_interval=RETRY_MS,  # SSE: a priming event, `retry`, resumable streams
     )
     return 0

@@ -21,11 +21,14 @@ log = logging.getLogger("gradprobe.audit")
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
 TARGET_HELP = (
-    "`target` says where the user's code is: project_dir (absolute path), model "
+    "`target` says where the user's code is: project_dir (absolute path; may be left out when model is an "
+    "absolute file path, e.g. {\"model\": \"/home/ana/proj/train.py\"}), model "
     '("train.py:build_model", or just "case.py" to pick up build_model/make_inputs/loss_fn/'
     "make_optimizer/train_step from that file), inputs, loss, optimizer, train_step (same "
     "FILE_OR_MODULE:CALLABLE form), setup (inline Python defining model/inputs/...), device "
-    '("cpu", "cuda", "auto"), seed, timeout_s. The code runs in a sandboxed child process, never in the server.'
+    '("cpu", "cuda", "auto"), seed, timeout_s. The code runs in a sandboxed child process, never in the server. '
+    "A dict batch is passed as keyword arguments (keys forward does not take stay for loss_fn(output, batch)); "
+    "the full format, with a worked example, is docs/targets.md in the gradprobe repository."
 )
 
 

@@ -1,0 +1,550 @@
+"""The ecosystem sweep: `diagnose` on one real training step of hundreds of healthy models.
+
+Every model is built from a tiny config (no weights are downloaded) and checked twice:
+  * ground truth, in plain PyTorch without gradprobe (a forked child per model): does it train
+    (finite loss and gradients, AdamW moves the trainable parameters), and which gradients are
+    None or zero by design;
+  * gradprobe, through the machinery the server uses (`gradprobe.sandbox.execute.execute`: one
+    sandboxed child per model, forked from the warm worker, with a timeout), target = inline `setup`.
+On a model that trains, every error-severity finding is a false error, and a GP000/GP100 is an
+internal crash (the model loads and trains without gradprobe).
+
+    nice -n 10 python benchmarks/sweep.py                        # everything
+    python benchmarks/sweep.py --only peft --limit 20 --jobs 2
+    python benchmarks/sweep.py --sample --json                   # the fixed fast sample (the test)
+
+Families: transformers, midtrain (causal LMs diagnosed after one training step already ran), peft,
+diffusers, examples, timm, torchvision (skipped with the reason when they do not import).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+EXAMPLES = ROOT / "examples" / "broken"
+FAMILIES = ("transformers", "midtrain", "peft", "diffusers", "examples", "timm", "torchvision")
+GT_TIMEOUT_S = 90.0
+DIAGNOSE_TIMEOUT_S = 120.0
+
+# The fixed fast sample (the test): at least one model of every family that can run here.
+SAMPLE = [
+    {"family": "transformers", "task": "causal_lm", "model_type": "gpt2", "cls": "GPT2LMHeadModel"},
+    {"family": "transformers", "task": "seq_cls", "model_type": "bert", "cls": "BertForSequenceClassification"},
+    {"family": "transformers", "task": "seq2seq", "model_type": "m2m_100", "cls": "M2M100ForConditionalGeneration"},
+    {"family": "transformers", "task": "image_cls", "model_type": "vit", "cls": "ViTForImageClassification"},
+    {"family": "midtrain", "task": "causal_lm", "model_type": "llama", "cls": "LlamaForCausalLM", "warm": True},
+    {"family": "peft", "base": "gpt2", "method": "LORA"},
+    {"family": "peft", "base": "llama", "method": "PREFIX_TUNING"},
+    {"family": "peft", "base": "llama", "method": "LORA+dora"},
+    {"family": "diffusers", "cls": "UNet2DModel"},
+    {"family": "examples", "file": "healthy_prompt_llama.py"},
+]
+
+
+def spec_name(spec: dict) -> str:
+    f = spec["family"]
+    if f in ("transformers", "midtrain"):
+        return f"{spec['task']}/{spec['model_type']}"
+    if f == "peft":
+        return f"{spec['method'].lower()}@{spec['base']}"
+    if f == "diffusers":
+        return spec["cls"]
+    if f == "examples":
+        return spec["file"]
+    return spec.get("name", "?")
+
+
+# ---- enumeration ---------------------------------------------------------------------------------
+
+def enumerate_specs(family: str) -> tuple[list[dict], list[dict]]:
+    """(specs to run, skipped entries) for one family; imports only what enumeration needs."""
+    sys.path.insert(0, str(BENCH))
+    import sweep_models as sm
+
+    reason = sm.import_family("peft" if family == "peft" else "transformers" if family == "midtrain" else family) \
+        if family != "examples" else None
+    if reason is not None:
+        return [], [{"family": family, "name": family, "skip": reason}]
+    specs: list[dict] = []
+    skipped: list[dict] = []
+    if family in ("transformers", "midtrain"):
+        import transformers
+        from transformers.models.auto import modeling_auto
+
+        tasks = sm.HF_TASKS if family == "transformers" else {"causal_lm": sm.HF_TASKS["causal_lm"]}
+        for task, mapping in tasks.items():
+            for model_type, cls in getattr(modeling_auto, mapping).items():
+                cls = cls[0] if isinstance(cls, (tuple, list)) else cls
+                spec = {"family": family, "task": task, "model_type": model_type, "cls": cls}
+                if family == "midtrain":
+                    spec["warm"] = True
+                if model_type not in transformers.CONFIG_MAPPING:
+                    skipped.append({**spec, "name": spec_name(spec), "skip": "no config class in CONFIG_MAPPING"})
+                elif not hasattr(transformers, cls):
+                    skipped.append({**spec, "name": spec_name(spec), "skip": f"{cls} is not exported by transformers"})
+                else:
+                    specs.append(spec)
+    elif family == "peft":
+        import peft
+
+        for kind in peft.PeftType:
+            for base in ("gpt2", "llama", "t5"):
+                specs.append({"family": "peft", "base": base, "method": kind.name})
+        for variant in sm.LORA_VARIANTS:
+            for base in ("gpt2", "llama"):
+                specs.append({"family": "peft", "base": base, "method": f"LORA+{variant}"})
+        for kind in ("LORA", "PREFIX_TUNING", "PROMPT_TUNING", "IA3"):
+            specs.append({"family": "peft", "base": "bart", "method": kind})
+    elif family == "diffusers":
+        specs = [{"family": "diffusers", "cls": c} for c in ("UNet2DModel", "UNet2DConditionModel", "AutoencoderKL")]
+    elif family == "examples":
+        sys.path.insert(0, str(ROOT / "tests"))
+        for path in sorted(EXAMPLES.glob("*.py")):
+            expect = _example_expect(path)
+            if expect is not None and (expect.get("healthy") or not expect.get("codes")):
+                specs.append({"family": "examples", "file": path.name})
+    for s in specs:
+        s["name"] = spec_name(s)
+    return specs, skipped
+
+
+def _example_expect(path: Path) -> dict | None:
+    import ast
+
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "EXPECT":
+            return ast.literal_eval(node.value)
+    return None
+
+
+# ---- ground truth: a fork server that imported torch once, one forked child per model ------------
+
+def gt_server() -> None:
+    """Read specs (JSON lines) on stdin, answer each with the plain-PyTorch ground truth on stdout."""
+    sys.path.insert(0, str(BENCH))
+    import torch  # noqa: F401  (imported once, before forking; no tensor op runs in this process)
+
+    for mod in ("transformers", "peft", "diffusers"):
+        try:
+            __import__(mod)
+        except Exception:
+            pass
+    out = sys.stdout
+    for line in sys.stdin:
+        spec = json.loads(line)
+        out.write(json.dumps(_gt_fork(spec)) + "\n")
+        out.flush()
+
+
+def _gt_fork(spec: dict) -> dict:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            res = _gt_child(spec)
+        except BaseException as exc:
+            res = {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "tb": traceback.format_exc()[-1500:]}
+        data = json.dumps(res, default=str).encode()
+        with os.fdopen(w, "wb") as f:
+            f.write(data)
+        os._exit(0)
+    os.close(w)
+    buf = b""
+    deadline = time.monotonic() + GT_TIMEOUT_S
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(r)
+            return {"error": f"plain step did not finish in {GT_TIMEOUT_S:g} s"}
+        ready, _, _ = select.select([r], [], [], min(left, 1.0))
+        if ready:
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                break
+            buf += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if not buf:
+        return {"error": f"plain step child died (status {status})"}
+    return json.loads(buf)
+
+
+def _gt_child(spec: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    import sweep_models as sm
+
+    if spec["family"] == "examples":
+        return _gt_example(spec)
+    if spec["family"] in ("transformers", "midtrain"):
+        errors = []
+        for variant in range(4):
+            try:
+                res = sm.plain_step({**spec, "variant": variant})
+                res["variant"] = variant
+                return res
+            except TimeoutError as exc:
+                return {"error": str(exc)}
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+                if variant == 0 and _not_a_shape_problem(exc):
+                    break
+        return {"error": errors[0], "all_errors": errors}
+    return sm.plain_step(spec)
+
+
+def _not_a_shape_problem(exc: BaseException) -> bool:
+    """Build failures (not the batch's shape) are not retried with another batch."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    return not any(fr.name in ("forward", "hf_inputs", "_call_impl", "plain_step") for fr in tb[1:]) and \
+        not isinstance(exc, (RuntimeError, ValueError, IndexError))
+
+
+def _gt_example(spec: dict) -> dict:
+    import importlib.util
+
+    import torch
+
+    sys.path.insert(0, str(EXAMPLES))
+    modspec = importlib.util.spec_from_file_location("example_under_sweep", EXAMPLES / spec["file"])
+    mod = importlib.util.module_from_spec(modspec)
+    modspec.loader.exec_module(mod)
+    t0 = time.perf_counter()
+    model = mod.build_model()
+    batch = mod.make_inputs() if hasattr(mod, "make_inputs") else None
+    opt = mod.make_optimizer(model) if hasattr(mod, "make_optimizer") else \
+        torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    build_s = time.perf_counter() - t0
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    before = {n: p.detach().clone() for n, p in named}
+    t1 = time.perf_counter()
+    if hasattr(mod, "train_step"):
+        mod.train_step(model, batch, opt)
+        loss_val = None
+    else:
+        out = model(**batch) if isinstance(batch, dict) else model(*batch) if isinstance(batch, tuple) else model(batch)
+        loss = mod.loss_fn(out, batch) if hasattr(mod, "loss_fn") else _default_loss(out)
+        loss.backward()
+        opt.step()
+        loss_val = float(loss.detach())
+    step_s = time.perf_counter() - t1
+    moved = [n for n, p in named if not torch.equal(before[n], p.detach())]
+    none = [n for n, p in named if p.grad is None]
+    zero = [n for n, p in named if p.grad is not None and not bool(p.grad.any())]
+    trains = bool(moved) and (loss_val is None or loss_val == loss_val)
+    return {"trains": trains, "why": "" if trains else "no parameter moved", "loss": loss_val, "build_s": build_s,
+            "step_s": step_s, "trainable": len(named), "grad_none": none, "grad_zero": zero, "moved": len(moved)}
+
+
+def _default_loss(out):
+    """gradprobe's documented default: an HF output's .loss, a scalar as it is, else a fixed random projection."""
+    import torch
+
+    if getattr(out, "loss", None) is not None:
+        return out.loss
+    if isinstance(out, torch.Tensor) and out.numel() == 1:
+        return out.reshape(())
+    flat = [t for t in (out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else [out])
+            if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    g = torch.Generator().manual_seed(0)
+    return sum((t * torch.randn(t.shape, generator=g)).sum() for t in flat)
+
+
+class GroundTruth:
+    """One fork server process (a lane); restarted if it dies."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--gt-server"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false",
+                                              HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"),
+                                     cwd=tempfile.gettempdir())
+
+    def ask(self, spec: dict) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(spec) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError) as exc:
+            self.proc = None
+            return {"error": f"ground-truth server died: {exc}"}
+        if not line:
+            self.proc = None
+            return {"error": "ground-truth server died"}
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+# ---- gradprobe -------------------------------------------------------------------------------------
+
+def target_for(spec: dict):
+    from gradprobe.target import Target
+
+    if spec["family"] == "examples":
+        return Target(project_dir=str(EXAMPLES), model=spec["file"], timeout_s=DIAGNOSE_TIMEOUT_S)
+    clean = {k: v for k, v in spec.items() if k not in ("name",)}
+    setup = ("from sweep_models import build\n"
+             f"model, inputs, loss_fn, optimizer = build({clean!r})\n")
+    return Target(project_dir=str(BENCH), setup=setup, timeout_s=DIAGNOSE_TIMEOUT_S)
+
+
+_RAISE_SITES: dict[str, list[str]] = {}
+
+
+def raise_sites(code: str) -> list[str]:
+    """The gradprobe source lines that can produce `code` (the frame that raised a finding)."""
+    if not _RAISE_SITES:
+        for path in sorted((ROOT / "gradprobe").rglob("*.py")):
+            for i, text in enumerate(path.read_text().splitlines(), 1):
+                for m in re.finditer(r'"(GP\d{3})"', text):
+                    producing = text.strip().startswith(m.group(0) + ",") or f"make_finding({m.group(0)}" in text
+                    mapped = re.search(r'"\w+": ' + m.group(0), text) is not None  # a kind -> code table (trace's cuts)
+                    if not (producing or mapped):
+                        continue  # a RULES key or a list of codes, not a producing site
+                    _RAISE_SITES.setdefault(m.group(1), []).append(f"{path.relative_to(ROOT)}:{i}")
+    return _RAISE_SITES.get(code, [])
+
+
+def internal_frame(tb: str) -> str:
+    """The innermost gradprobe frame of a traceback text."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', tb)
+    ours = [f for f in frames if "/gradprobe/" in f[0]]
+    if not ours:
+        return frames[-1][0] + ":" + frames[-1][1] if frames else "?"
+    f = ours[-1]
+    return f"{f[0].split('/gradprobe/', 1)[-1] and 'gradprobe/' + f[0].split('/gradprobe/', 1)[-1]}:{f[1]} in {f[2]}: {f[3].strip()}"
+
+
+def classify(report: dict) -> dict:
+    """crash / errors / warnings / infos of one diagnose report (the model trains: errors are false)."""
+    crashes, errors = [], []
+    warnings: Counter = Counter()
+    infos: Counter = Counter()
+    for f in report.get("findings", []):
+        entry = {"code": f["code"], "message": f["message"][:400], "location": f.get("location"),
+                 "parameters": (f.get("parameters") or [])[:6]}
+        if f["code"] in ("GP000", "GP100"):
+            tb = (f.get("evidence") or {}).get("internal_traceback") or (f.get("evidence") or {}).get("traceback") or ""
+            entry["frame"] = internal_frame(tb) if tb else "(no traceback: " + str((f.get("evidence") or {}).get("phase")) + ")"
+            entry["stderr_tail"] = str((f.get("evidence") or {}).get("stderr_tail") or "")[-600:]
+            crashes.append(entry)
+        elif f["severity"] == "error":
+            entry["frame"] = ", ".join(raise_sites(f["code"])[:4])
+            errors.append(entry)
+        elif f["severity"] == "warning":
+            warnings[f["code"]] += 1
+        else:
+            infos[f["code"]] += 1
+        for rel in (f.get("evidence") or {}).get("related", []) or []:
+            if isinstance(rel, dict) and rel.get("severity") == "error" and f["severity"] != "error":
+                errors.append({"code": rel.get("code"), "message": str(rel.get("message"))[:400], "folded": True})
+    seen: set = set()
+    errors = [e for e in errors if (e["code"], e["message"]) not in seen and not seen.add((e["code"], e["message"]))]
+    return {"crashes": crashes, "errors": errors, "warnings": dict(warnings), "infos": dict(infos)}
+
+
+async def run_one(spec: dict, gt: GroundTruth, warm, limits) -> dict:
+    from gradprobe.sandbox.execute import execute
+
+    res: dict = {"family": spec["family"], "name": spec["name"], "spec": spec}
+    truth = await asyncio.to_thread(gt.ask, {k: v for k, v in spec.items() if k != "name"})
+    res["truth"] = truth
+    if "error" in truth:
+        res["status"] = "skipped"
+        res["skip"] = "not built: " + truth["error"]
+        return res
+    if not truth.get("trains"):
+        res["status"] = "skipped"
+        res["skip"] = "does not train in plain PyTorch: " + truth.get("why", "")
+        return res
+    if "variant" in truth:
+        spec = {**spec, "variant": truth["variant"]}
+    t0 = time.perf_counter()
+    try:
+        report = await execute("diagnose", target_for(spec), limits=limits, warm=warm)
+    except Exception as exc:
+        report = {"findings": [{"code": "GP000", "severity": "error", "message": f"execute raised {type(exc).__name__}: {exc}",
+                                "evidence": {"internal_traceback": traceback.format_exc()}}]}
+    res["seconds"] = time.perf_counter() - t0
+    res["ratio"] = res["seconds"] / max(truth["step_s"], 1e-6)
+    res["ratio_build_step"] = res["seconds"] / max(truth["step_s"] + truth["build_s"], 1e-6)
+    res.update(classify(report))
+    res["status"] = "crash" if res["crashes"] else "false_error" if res["errors"] else "clean"
+    return res
+
+
+async def sweep(specs: list[dict], jobs: int, log) -> list[dict]:
+    from gradprobe.sandbox.runner import Limits, child_env
+    from gradprobe.sandbox.warm import WarmWorker
+
+    scratch = tempfile.mkdtemp(prefix="gradprobe-sweep-")
+    warm = WarmWorker(child_env(scratch))
+    limits = Limits()
+    queue: asyncio.Queue = asyncio.Queue()
+    for s in specs:
+        queue.put_nowait(s)
+    results: list[dict] = []
+    total = len(specs)
+
+    async def lane() -> None:
+        gt = GroundTruth()
+        try:
+            while not queue.empty():
+                spec = queue.get_nowait()
+                res = await run_one(spec, gt, warm, limits)
+                results.append(res)
+                extra = res.get("skip", "") if res["status"] == "skipped" else \
+                    " ".join(f"{e['code']}" for e in res.get("crashes", []) + res.get("errors", []))
+                secs = f"{res['seconds']:.1f}s" if "seconds" in res else ""
+                log(f"[{len(results)}/{total}] {res['family']:<12} {res['name']:<45} {res['status']:<11} {secs} {extra[:160]}")
+        finally:
+            gt.close()
+
+    try:
+        await asyncio.gather(*(lane() for _ in range(max(1, jobs))))
+    finally:
+        warm.stop()
+    return results
+
+
+# ---- report ----------------------------------------------------------------------------------------
+
+def summarize(results: list[dict], skipped: list[dict]) -> dict:
+    fams: dict = {}
+    for r in results + [{"family": s["family"], "name": s["name"], "status": "skipped", "skip": s["skip"]} for s in skipped]:
+        f = fams.setdefault(r["family"], {"built": 0, "clean": 0, "crash": 0, "false_error": 0, "skipped": 0,
+                                           "warnings": Counter(), "infos": Counter(), "seconds": [], "ratios": [],
+                                           "skip_reasons": Counter()})
+        if r["status"] == "skipped":
+            f["skipped"] += 1
+            f["skip_reasons"][re.sub(r"\d+", "N", r["skip"])[:110]] += 1
+            continue
+        f["built"] += 1
+        f[r["status"]] += 1
+        f["warnings"].update(r.get("warnings", {}))
+        f["infos"].update(r.get("infos", {}))
+        f["seconds"].append(r["seconds"])
+        f["ratios"].append(r["ratio"])
+    out = {}
+    for name, f in fams.items():
+        out[name] = {k: f[k] for k in ("built", "clean", "crash", "false_error", "skipped")}
+        out[name]["warnings"] = dict(sorted(f["warnings"].items()))
+        out[name]["infos"] = dict(sorted(f["infos"].items()))
+        out[name]["median_s"] = round(statistics.median(f["seconds"]), 2) if f["seconds"] else None
+        out[name]["median_ratio_to_plain_step"] = round(statistics.median(f["ratios"]), 1) if f["ratios"] else None
+        out[name]["skip_reasons"] = dict(f["skip_reasons"].most_common(12))
+    return out
+
+
+def print_table(summary: dict, results: list[dict], wall_s: float) -> None:
+    head = f"{'family':<13}{'built':>6}{'clean':>6}{'crash':>6}{'false err':>10}{'skipped':>8}{'median s':>9}{'x plain step':>13}  warnings by code"
+    print(head)
+    print("-" * len(head))
+    tot = Counter()
+    warn_tot: Counter = Counter()
+    for name, s in summary.items():
+        w = " ".join(f"{k}:{v}" for k, v in s["warnings"].items()) or "-"
+        print(f"{name:<13}{s['built']:>6}{s['clean']:>6}{s['crash']:>6}{s['false_error']:>10}{s['skipped']:>8}"
+              f"{s['median_s'] if s['median_s'] is not None else '-':>9}{s['median_ratio_to_plain_step'] or '-':>13}  {w}")
+        tot.update({k: s[k] for k in ("built", "clean", "crash", "false_error", "skipped")})
+        warn_tot.update(s["warnings"])
+    print(f"{'total':<13}{tot['built']:>6}{tot['clean']:>6}{tot['crash']:>6}{tot['false_error']:>10}{tot['skipped']:>8}"
+          f"{'':>22}  {' '.join(f'{k}:{v}' for k, v in sorted(warn_tot.items())) or '-'}")
+    bad = [r for r in results if r["status"] in ("crash", "false_error")]
+    if bad:
+        print("\ncrashes and false errors:")
+    for r in bad:
+        for e in r.get("crashes", []) + r.get("errors", []):
+            loc = e.get("location") or {}
+            where = f"{loc.get('file')}:{loc.get('line')}" if loc else "-"
+            print(f"  {r['family']}/{r['name']}: {e['code']} {e['message'][:220]!r}\n      at {where}; raised by {e.get('frame', '?')}")
+    for name, s in summary.items():
+        if s["skip_reasons"]:
+            print(f"\nskipped in {name}: " + "; ".join(f"{v}x {k}" for k, v in s["skip_reasons"].items()))
+    print(f"\nsweep: {tot['built']} built, {tot['crash']} internal crashes, {tot['false_error']} with false errors, "
+          f"{tot['skipped']} skipped, in {wall_s / 60:.1f} min")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", action="append", choices=FAMILIES, help="run only this family (repeatable)")
+    ap.add_argument("--limit", type=int, default=None, help="at most N models per family")
+    ap.add_argument("--match", default=None, help="only models whose name contains this")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
+    ap.add_argument("--out", default=None, help="also write the JSON results to this file")
+    ap.add_argument("--jobs", type=int, default=1, help="models checked at once (default 1)")
+    ap.add_argument("--sample", action="store_true", help="the fixed fast sample (the test in tests/test_sweep_sample.py)")
+    ap.add_argument("--gt-server", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.gt_server:
+        gt_server()
+        return 0
+    sys.path.insert(0, str(ROOT))
+    t0 = time.perf_counter()
+    specs: list[dict] = []
+    skipped: list[dict] = []
+    if args.sample:
+        for fam in FAMILIES:
+            if fam in ("timm", "torchvision"):
+                skipped += enumerate_specs(fam)[1]
+        for s in SAMPLE:
+            specs.append({**s, "name": spec_name(s)})
+    else:
+        for fam in args.only or FAMILIES:
+            got, skip = enumerate_specs(fam)
+            if args.match:
+                got = [s for s in got if args.match in s["name"]]
+            specs += got[: args.limit] if args.limit else got
+            skipped += skip
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    results = asyncio.run(sweep(specs, args.jobs, log))
+    wall = time.perf_counter() - t0
+    summary = summarize(results, skipped)
+    payload = {"summary": summary, "results": results, "skipped": skipped, "wall_s": wall}
+    if args.out:
+        Path(args.out).write_text(json.dumps(payload, indent=1, default=str))
+    if args.json:
+        print(json.dumps(payload, default=str))
+    else:
+        print_table(summary, results, wall)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
