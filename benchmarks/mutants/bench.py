@@ -226,6 +226,40 @@ def table(title: str, groups: dict[str, list[dict]], discarded: dict[str, Counte
     return out
 
 
+def load_kept(workdir: Path, max_per_op: int | None, only: set[str] | None, sources: set[str] | None) -> Gen:
+    """The kept cases (and controls) of an earlier run's --keep directory."""
+    gen = Gen()
+    info = workdir / "generation.json"
+    if info.exists():
+        data = json.loads(info.read_text())
+        for op, counts in data.get("discarded", {}).items():
+            gen.discarded[op].update(counts)
+        gen.skipped_sources.update(data.get("skipped_sources", {}))
+    seen: Counter = Counter()
+    for case in sorted((workdir / "cases").iterdir()):
+        exp = json.loads((case / "expected.json").read_text())
+        src = exp.get("source", "")
+        if sources and src not in sources:
+            continue
+        if not exp.get("buggy"):
+            gen.controls.append(case)
+            continue
+        if only and exp["operator"] not in only:
+            continue
+        seen[(src, exp["operator"])] += 1
+        if max_per_op is not None and seen[(src, exp["operator"])] > max_per_op:
+            continue
+        gen.kept.append(Kept(exp["id"], src, exp["operator"], case, exp))
+    return gen
+
+
+def score_only(args: argparse.Namespace) -> dict[str, Any]:
+    gen = load_kept(Path(args.score_only), args.max_per_op, set(args.only.split(",")) if args.only else None,
+                    set(args.sources.split(",")) if args.sources else None)
+    print(f"scoring {len(gen.kept)} kept mutants and {len(gen.controls)} controls from {args.score_only}", flush=True)
+    return report(args, gen, 0.0)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.mutants", description=__doc__.split("\n")[0])
     ap.add_argument("--limit", type=int, default=None, help="stop after this many kept mutants")
@@ -239,7 +273,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tool", default="diagnose")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--triage", default=None, help="write the misses grouped by operator and cause (markdown)")
+    ap.add_argument("--score-only", default=None, help="score the cases a previous run kept (its --keep directory)")
+    ap.add_argument("--max-per-op", type=int, default=None, help="with --score-only: at most this many per (source, operator)")
     args = ap.parse_args(argv)
+    if args.score_only:
+        return score_only(args)
 
     import torch  # the oracle forks from here: import the heavy libraries once
 
@@ -260,14 +298,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     gen = generate(sources, workdir, args.per_op, args.seed, only, args.limit, log)
     t_gen = time.perf_counter() - t0
+    (workdir / "generation.json").write_text(json.dumps(
+        {"discarded": {k: dict(v) for k, v in gen.discarded.items()}, "skipped_sources": gen.skipped_sources,
+         "seconds": t_gen}, indent=1))
     n_disc = sum(sum(c.values()) - c.get("site not run by the step", 0) for c in gen.discarded.values())
     print(f"generated {len(gen.kept)} kept mutants ({n_disc} discarded by the oracle) over "
           f"{len({k.source for k in gen.kept})} sources in {t_gen:.0f}s", flush=True)
     if args.no_score:
         return {"kept": len(gen.kept), "discarded": n_disc}
+    return report(args, gen, t_gen)
+
+
+def report(args: argparse.Namespace, gen: Gen, t_gen: float) -> dict[str, Any]:
+    log = sys.stderr
+    n_disc = sum(sum(c.values()) - c.get("site not run by the step", 0) for c in gen.discarded.values())
     cases = [k.case_dir for k in gen.kept] + gen.controls
+    partial = open(args.json + ".partial.jsonl", "w") if args.json else None
 
     def on_row(r: dict) -> None:
+        if partial is not None:
+            partial.write(json.dumps(r, default=str) + "\n")
+            partial.flush()
         if not args.quiet:
             print(f"{'PASS' if r.get('ok') else 'MISS'} {r['id']:44s} line={r.get('line_ok')} {r.get('s')}s "
                   f"{r.get('codes_seen', r.get('errors', ''))} {r.get('error', '')}", file=log, flush=True)

@@ -595,9 +595,9 @@ def driver_mutants(p: Parsed, base: Baseline, rng: random.Random, per_op: int) -
                         r = pos[e]
                         text = p.splice(r, "")
                         cut = p.off(r.start.line, r.start.column)
-                        rest = text[cut:]
-                        if rest.lstrip(" ").startswith(","):  # the element's comma goes with it
-                            text = text[:cut] + rest.lstrip(" ")[1:]
+                        after = text[cut:]
+                        if after.lstrip(" ").startswith(","):  # the element's comma goes with it
+                            text = text[:cut] + after.lstrip(" ")[1:]
                         yield Mutant("dropped_from_optimizer", "case.py", text, stmt_line,
                                      ("GP504", "GP201"), "stale", r.start.line, "build",
                                      f"`{p.code(e.value)}` left out of the optimizer")
