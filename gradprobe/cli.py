@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from gradprobe.tools import TOOLS
@@ -44,7 +43,7 @@ def _run_check(args) -> int:
     import anyio
     from pydantic import ValidationError
 
-    from gradprobe.render import render_text
+    from gradprobe.render import clean, render_text
     from gradprobe.sandbox.execute import execute
     from gradprobe.sandbox.runner import ToolInputError
     from gradprobe.target import Target, explain_validation_error
@@ -70,27 +69,35 @@ def _run_check(args) -> int:
         print(json.dumps(report, indent=1))
     else:
         print(render_text(report, color=sys.stdout.isatty() and not args.no_color))
-        mermaid = (report.get("facts") or {}).get("mermaid")
-        if mermaid and args.mermaid:
-            print("\n" + mermaid)
+        flow = (report.get("facts") or {}).get("flow")
+        if flow and args.mermaid:
+            from gradprobe.flowchart import flow_mermaid
+
+            print("\n" + clean(flow_mermaid(flow)))
     return 0 if report.get("ok") else 1
 
 
-def _limits(args):
+def serve_options(args):
+    """The one place serving flags become typed options (gradprobe.server.options.ServeOptions)."""
     from gradprobe.sandbox.runner import Limits
+    from gradprobe.server.options import HttpOptions, ServeOptions
 
-    return Limits(memory_bytes=int(getattr(args, "memory_gb", 8.0) * 1024**3),
-                  isolate=not getattr(args, "no_isolation", False), require_isolation=getattr(args, "require_isolation", False))
-
-
-def _executor(args):
-    if getattr(args, "executor", "local") != "ray":
-        return None
-    try:
-        from gradprobe.sandbox.ray_executor import RayExecutor
-    except ImportError:
-        sys.exit("gradprobe: --executor ray needs Ray: pip install 'gradprobe[ray]'")
-    return RayExecutor(args.ray_address, num_cpus=args.max_concurrent)
+    http = None
+    if args.http:
+        http = HttpOptions(host=args.host, port=args.port, token_file=args.token_file, insecure_no_auth=args.insecure_no_auth,
+                           allowed_hosts=tuple(args.allowed_host), allowed_origins=tuple(args.allowed_origin),
+                           max_body=args.max_body, public_url=args.public_url, issuer_url=args.issuer_url,
+                           max_connections=args.max_connections, header_timeout_s=args.header_timeout)
+    limits = Limits(memory_bytes=int(args.memory_gb * 1024**3), isolate=not args.no_isolation,
+                    require_isolation=args.require_isolation)
+    if args.executor == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            sys.exit("gradprobe: --executor ray needs Ray: pip install 'gradprobe[ray]'")
+    return ServeOptions(max_concurrent=args.max_concurrent, per_caller=args.per_caller, warm=not args.cold,
+                        allowed_roots=tuple(args.allow_root or ()), allowed_pythons=tuple(args.allow_python), limits=limits,
+                        executor=args.executor, ray_address=args.ray_address, http=http)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -121,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--memory-gb", type=float, default=8.0, help="memory limit of each check (cgroup; address space on CPU runs)")
     serve.add_argument("--executor", choices=["local", "ray"], default="local", help="where sandboxed jobs run")
     serve.add_argument("--ray-address", default="local", help="Ray cluster address ('auto', 'ray://host:10001'); 'local' starts one here")
-    serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name outside the roots")
+    serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name (repeatable); with --allow-root or over HTTP, no other is accepted")
     http = serve.add_argument_group("Streamable HTTP (for teams)")
     http.add_argument("--http", action="store_true", help="serve Streamable HTTP instead of stdio")
     http.add_argument("--host", default="127.0.0.1")
@@ -132,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     http.add_argument("--allowed-origin", action="append", default=[], help="Origin header values to accept")
     http.add_argument("--per-caller", type=int, default=None, help="running checks per caller (default: half the pool, at least 1)")
     http.add_argument("--max-body", type=int, default=1024 * 1024, help="request body limit in bytes")
+    http.add_argument("--max-connections", type=int, default=256, help="open connections at once (beyond: 503)")
+    http.add_argument("--header-timeout", type=float, default=10.0, help="seconds a connection may take to send a request head")
     http.add_argument("--public-url", default=None, help="the URL clients use (behind a TLS proxy), for the auth metadata")
     http.add_argument("--issuer-url", default=None, help="the authorization server advertised to clients (default: the public URL)")
     sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")
@@ -158,18 +167,17 @@ def main(argv: list[str] | None = None) -> None:
         if tool == "check_optimizer_coverage":
             p.add_argument("--no-step", action="store_true")
     args = parser.parse_args(argv)
-    if args.command in (None, "serve"):
-        if getattr(args, "http", False):
+    if args.command is None:
+        args = parser.parse_args(["serve"])
+    if args.command == "serve":
+        options = serve_options(args)
+        if options.http is not None:
             from gradprobe.server.http import serve_http
 
-            if args.per_caller is None:
-                args.per_caller = max(1, (args.max_concurrent or os.cpu_count() or 2) // 2)
-            sys.exit(serve_http(args))
+            sys.exit(serve_http(options))
         from gradprobe.server.app import serve_stdio
 
-        serve_stdio(max_concurrent=getattr(args, "max_concurrent", None), warm=not getattr(args, "cold", False),
-                    allowed_roots=getattr(args, "allow_root", None), allowed_pythons=getattr(args, "allow_python", None),
-                    limits=_limits(args), executor=_executor(args))
+        serve_stdio(options)
         return
     if args.command == "mcp-config":
         # hosts start servers without the user's PATH or virtualenv: name this interpreter by its full path

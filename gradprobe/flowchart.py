@@ -55,20 +55,58 @@ _STYLE = {
 }
 
 
+MAX_GROUPS = 200
+_CODE = re.compile(r"GP\d{3}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _text(value, cap: int, default: str = "") -> str:
+    return _CONTROL.sub(" ", value)[:cap] if isinstance(value, str) else default
+
+
+def clean_graph(graph) -> dict:
+    """The graph with every field type-checked and capped: it comes from the child, so it is untrusted."""
+    if not isinstance(graph, dict):
+        return {"loss": "loss", "groups": []}
+    groups = []
+    given = graph.get("groups")
+    for g in (given if isinstance(given, list) else [])[:MAX_GROUPS]:
+        if not isinstance(g, dict):
+            continue
+        status = g.get("status") if g.get("status") in _STYLE else "ok"
+        count = g.get("count") if isinstance(g.get("count"), int) and not isinstance(g.get("count"), bool) else 0
+        item = {"module": _text(g.get("module"), 120, "?"), "count": count, "status": status}
+        brk = g.get("break")
+        if status == "broken" and isinstance(brk, dict):
+            code = brk.get("code") if isinstance(brk.get("code"), str) and _CODE.fullmatch(brk["code"]) else "GP???"
+            line = brk.get("line") if isinstance(brk.get("line"), int) and not isinstance(brk.get("line"), bool) else None
+            item["break"] = {"code": code, "op": _text(brk.get("op"), 80), "line": line}
+        groups.append(item)
+    return {"loss": _text(graph.get("loss"), 60, "loss") or "loss", "groups": groups}
+
+
+def _mm(text: str) -> str:
+    """Text safe inside a quoted Mermaid label (entity codes for what could end the label or open markup)."""
+    for ch, code in (("&", "#amp;"), ('"', "#quot;"), ("<", "#lt;"), (">", "#gt;"), ("|", "#124;"), ("`", "#96;")):
+        text = text.replace(ch, code)
+    return text
+
+
 def _id(text: str) -> str:
     return "n_" + re.sub(r"\W", "_", text)
 
 
 def flow_mermaid(graph: dict) -> str:
-    lines = ["flowchart LR", f'    loss(["{graph.get("loss", "loss")}"])']
-    for g in graph.get("groups", []):
+    graph = clean_graph(graph)
+    lines = ["flowchart LR", f'    loss(["{_mm(graph["loss"])}"])']
+    for g in graph["groups"]:
         nid = _id(g["module"])
-        label = f'{g["module"]}<br/>{g["count"]} param(s): {g["status"]}'
+        label = f'{_mm(g["module"])}<br/>{g["count"]} param(s): {g["status"]}'
         lines.append(f'    {nid}["{label}"]')
         brk = g.get("break")
         if g["status"] == "broken" and brk:
             where = f' at line {brk["line"]}' if brk.get("line") else ""
-            lines.append(f'    loss -. "{brk["code"]} {brk["op"]}{where}" .-x {nid}')
+            lines.append(f'    loss -. "{brk["code"]} {_mm(brk["op"])}{where}" .-x {nid}')
         elif g["status"] in ("unused", "frozen"):
             lines.append(f"    loss ~~~ {nid}")
         else:
@@ -80,14 +118,15 @@ def flow_mermaid(graph: dict) -> str:
 
 
 def flow_svg(graph: dict) -> str:
-    groups = graph.get("groups", [])
+    graph = clean_graph(graph)
+    groups = graph["groups"]
     row_h, width = 46, 720
     height = 70 + row_h * max(1, len(groups))
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="13">',
         '<rect width="100%" height="100%" fill="white"/>',
         f'<rect x="10" y="{height // 2 - 18}" width="90" height="36" rx="18" fill="#e3f2fd" stroke="#1565c0"/>',
-        f'<text x="55" y="{height // 2 + 5}" text-anchor="middle">{html.escape(graph.get("loss", "loss"))}</text>',
+        f'<text x="55" y="{height // 2 + 5}" text-anchor="middle">{html.escape(graph["loss"])}</text>',
     ]
     for i, g in enumerate(groups):
         y = 40 + i * row_h

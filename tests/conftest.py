@@ -54,6 +54,8 @@ def assert_expected(report: dict, expect: dict, name: str) -> None:
     if expect.get("healthy") or not expect["codes"]:
         errors = [f for f in findings if f["severity"] == "error"]
         assert not errors, f"{name}: healthy model got errors {[(f['code'], f['message']) for f in errors]}"
+    absent = [f for f in findings if f["code"] in expect.get("absent", ())]  # codes that must not appear at any severity
+    assert not absent, f"{name}: unexpected {[(f['code'], f['message']) for f in absent]}"
     if not expect["codes"]:
         return
     hits = [f for f in findings if f["code"] in expect["codes"] and all(names_culprit(f, c) for c in expect["culprits"])]

@@ -39,8 +39,8 @@ def http_server(tmp_path_factory):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), "--token-file", str(tmp / "tokens"),
-         "--allow-root", str(EXAMPLES), "--allow-root", str(inside)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+         "--allow-root", str(EXAMPLES), "--allow-root", str(inside), "--header-timeout", "2"],
+        stdout=open(tmp / "access.log", "w"), stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -60,8 +60,10 @@ def http_server(tmp_path_factory):
     except subprocess.TimeoutExpired:
         proc.kill()
         _, err = proc.communicate()
+    err += (tmp / "access.log").read_text()  # uvicorn's access log goes to stdout
     assert "alice-secret-token" not in err and "bob-secret-token" not in err, "a token reached the log"
-    assert "caller=alice tool=inspect_parameters" in err, "audit lines name the caller"
+    assert '"caller": "alice", "tool": "inspect_parameters"' in err, "audit lines name the caller"
+    assert "?[redacted]" in err, "the query string of a refused request is redacted, not dropped silently"
 
 
 def authed(token: str = "alice-secret-token") -> httpx2.AsyncClient:
@@ -76,6 +78,38 @@ def test_unauthenticated_and_wrong_token_get_401(http_server):
     assert r.status_code == 401
     r = httpx2.post(url, json=INIT, headers={**HEADERS, "Authorization": "Bearer alice-secret-token"})
     assert r.status_code == 200
+
+
+def test_a_half_sent_request_is_dropped_after_the_header_timeout(http_server):
+    with socket.create_connection(("127.0.0.1", http_server["port"])) as s:
+        s.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and nothing more
+        s.settimeout(8)
+        t0 = time.monotonic()
+        assert s.recv(1024) == b"" and time.monotonic() - t0 < 7  # closed by the server, not by our timeout
+
+
+def test_a_token_in_the_query_string_is_refused_and_never_logged(http_server):
+    r = httpx2.post(http_server["url"] + "/mcp?access_token=alice-secret-token", json=INIT, headers=HEADERS)
+    assert r.status_code == 401  # and the fixture's teardown finds no token in the server's log
+
+
+@pytest.mark.anyio
+async def test_only_listed_interpreters_and_one_answer_for_outside_or_missing(http_server):
+    inside = http_server["inside"]
+    fake = inside / "python"
+    fake.write_text("#!/bin/sh\nid > /tmp/gradprobe-should-not-run\n")
+    fake.chmod(0o755)
+    (inside / "case.py").write_text("import torch.nn as nn\ndef build_model():\n    return nn.Linear(2, 2)\n")
+    async with authed("bob-secret-token") as http:
+        async with Client(streamable_http_client(http_server["url"] + "/mcp", http_client=http)) as c:
+            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(inside), "model": "case.py", "python": str(fake)}})
+            assert r.is_error and "--allow-python" in r.content[0].text, r.content[0].text
+            answers = []
+            for model in (f"../../{http_server['outside'].name}/case.py", "../../no-such-dir/nothing.py"):
+                r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(inside), "model": model}})
+                assert r.is_error and "is outside the roots" in r.content[0].text, r.content[0].text
+                answers.append(r.content[0].text.split("' is outside")[-1])
+            assert answers[0] == answers[1], answers
 
 
 def test_bad_host_and_origin_are_refused(http_server):

@@ -4,6 +4,7 @@ in time, with the server alive and no child left behind."""
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 import time
 
@@ -11,7 +12,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from conftest import ROOT, server_params
+from conftest import server_params
 
 HEADER = "import torch\nimport torch.nn as nn\n"
 FOOTER = "\ndef make_inputs():\n    return torch.randn(2, 3)\n"
@@ -24,7 +25,7 @@ def project(tmp_path, body: str, name: str = "case.py", extra: dict | None = Non
     return str(tmp_path)
 
 
-def _procs() -> dict[int, tuple[int, str]]:
+def _procs() -> dict[int, tuple[int, str, str]]:
     out = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -32,29 +33,47 @@ def _procs() -> dict[int, tuple[int, str]]:
         try:
             cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
             ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            cgroup = open(f"/proc/{d}/cgroup").read()
+            state = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[0]
+            comm = open(f"/proc/{d}/comm").read().strip()
         except (OSError, ValueError, IndexError):
             continue
-        out[int(d)] = (ppid, cmd)
+        if state == "Z":
+            cmd = f"<zombie {d} of {ppid}>"
+        elif comm == "gp-spare" and "/srv-" not in cgroup:
+            cmd = "<spare>"  # the warm worker's next call, forked ahead of time and waiting for its job
+        out[int(d)] = (ppid, cmd, cgroup)
     return out
 
 
 def children_alive() -> list[str]:
-    """Sandboxed processes still running: cold children (child.py), and anything forked from a warm
-    worker (zygote.py command line) that is not a warm worker itself, daemons reparented to init included.
-    Only this checkout's (other checkouts' servers may be running on a shared machine)."""
+    """Sandboxed processes still running that one of *this test run's* servers started: every descendant of a
+    `gradprobe serve` child of this process other than its warm worker, and anything in one of those servers'
+    cgroup subtrees (daemons that left the tree). Other gradprobe servers on the machine are not looked at."""
     procs = _procs()
-    sandbox = str(ROOT / "gradprobe" / "sandbox")
-
-    def is_zygote_cmd(pid):
-        return pid in procs and f"{sandbox}/zygote.py" in procs[pid][1]
-
+    servers = {pid for pid, (ppid, cmd, _) in procs.items() if ppid == os.getpid() and "gradprobe serve" in cmd}
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in procs.items():
+        kids.setdefault(ppid, []).append(pid)
     out = []
-    for pid, (ppid, cmd) in procs.items():
-        if f"{sandbox}/child.py" in cmd:
+    todo = [k for s in servers for k in kids.get(s, [])]
+    while todo:
+        pid = todo.pop()
+        ppid, cmd, _ = procs[pid]
+        if not (ppid in servers and "gradprobe/sandbox/zygote.py" in cmd) and cmd != "<spare>":
             out.append(cmd)
-        elif is_zygote_cmd(pid) and (is_zygote_cmd(ppid) or ppid == 1 or ppid not in procs):
-            out.append(cmd)
+        todo += kids.get(pid, [])
+    marks = [f"/srv-{s}-" for s in servers]
+    out += [cmd for pid, (_, cmd, cg) in procs.items() if any(m in cg for m in marks) and cmd not in out]
     return out
+
+
+def none_left(within_s: float = 5.0) -> bool:
+    """No sandboxed process of ours left, allowing for the teardown that follows the reply."""
+    deadline = time.monotonic() + within_s
+    while children_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not children_alive()
 
 
 async def call(client, tmp, tool="inspect_parameters", timeout_s=60, **target):
@@ -80,7 +99,7 @@ async def test_infinite_loop_times_out_and_next_call_works(client, tmp_path):
     assert f["code"] == "GP100" and f["evidence"]["timed_out"] and "building" in f["message"]
     assert seconds < 4 + 4
     await still_serves(client, tmp_path)
-    assert not children_alive()
+    assert none_left(), children_alive()
 
 
 @pytest.mark.anyio
@@ -210,7 +229,7 @@ async def test_no_tcp_even_to_loopback(client, tmp_path):
     finally:
         listener.close()
     assert seen.startswith("blocked"), (seen, iso)
-    assert "namespace" in iso["network"] or "TCP denied" in iso["filesystem"]
+    assert "namespace" in iso["applied"]["network"] and "net" in iso["verified_by_server"]["namespaces"]
 
 
 @pytest.mark.anyio
@@ -248,7 +267,10 @@ async def test_server_environment_is_not_readable_through_proc(tmp_path):
 
 @pytest.mark.anyio
 async def test_killing_the_parent_is_refused(client, tmp_path):
-    seen, _ = await probe(client, tmp_path, "import signal\ndef attempt():\n    os.kill(os.getppid(), signal.SIGKILL)\n    return 'sent'\n")
+    # the child is pid 1 of its own pid namespace: its parent has no pid it could name (getppid() == 0)
+    seen, _ = await probe(client, tmp_path, "import signal\ndef attempt():\n    ppid = os.getppid()\n"
+                          "    if ppid == 0:\n        raise PermissionError('no parent visible')\n"
+                          "    os.kill(ppid, signal.SIGKILL)\n    return 'sent'\n")
     assert seen.startswith("blocked"), seen
     await still_serves(client, tmp_path)
 
@@ -279,8 +301,7 @@ async def test_fork_bomb_and_daemons_are_contained_and_reaped(client, tmp_path):
     f = result.structured_content["findings"][0]
     assert f["code"] == "GP100" and "forked" in f["message"], f["message"]
     assert int(f["message"].rsplit("forked ", 1)[1].split()[0]) < 1000
-    time.sleep(0.5)
-    assert not children_alive()
+    assert none_left(), children_alive()
     await still_serves(client, tmp_path)
 
 
@@ -311,8 +332,274 @@ async def test_seccomp_denies_namespace_escapes_and_raw_sockets(client, tmp_path
                             "    if libc.unshare(0x10000000) != 0:\n        raise PermissionError('unshare')\n"
                             "    return 'unshared'\n")
     assert seen.startswith("blocked"), (seen, iso)
-    if not iso.get("syscalls", "").startswith("MISSING"):
+    if iso["verified_by_server"]["syscalls"] == "seccomp filter active":
         sub = tmp_path / "s"
         sub.mkdir()
         seen, _ = await probe(client, sub, "def attempt():\n    return socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n")
         assert seen.startswith("blocked"), seen
+
+
+# --- issue 17: what an attacker found beyond the first suite ---
+
+
+def _fake_interpreter(tmp_path, marker: str) -> str:
+    """An executable that is not Python: it reports what it can do, leaves a daemon, and exits."""
+    script = tmp_path / "fakepython"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        echo "uid=$(id -u)" >&2
+        grep -l hunter2 /proc/[0-9]*/environ >/dev/null 2>&1 && echo "LEAK:environ" >&2
+        cat /etc/shadow >/dev/null 2>&1 && echo "LEAK:shadow" >&2
+        echo x > {tmp_path}/written-outside 2>/dev/null && echo "LEAK:write" >&2
+        (exec 3<>/dev/tcp/127.0.0.1/22) 2>/dev/null && echo "LEAK:tcp" >&2
+        setsid bash -c 'exec -a {marker} sleep 300' </dev/null >/dev/null 2>&1 &
+        echo "procs=$(ls -d /proc/[0-9]* | wc -l)" >&2
+        exit 3
+        """))
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.anyio
+async def test_a_named_interpreter_that_is_not_python_starts_inside_every_layer(tmp_path):
+    marker = f"gradprobe-test-daemon-{os.getpid()}-{time.monotonic_ns()}"
+    fake = _fake_interpreter(tmp_path, marker)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    tmp = project(proj, "def build_model():\n    return nn.Linear(3, 1)\n")
+    async with Client(server_params(env={"GRADPROBE_FAKE_SECRET": "hunter2"}), read_timeout_seconds=120) as c:
+        result, _ = await call(c, tmp, python=fake)
+        sc = result.structured_content
+        f = sc["findings"][0]
+        err = f["evidence"]["stderr_tail"]
+        assert f["code"] == "GP100" and "exited with code 3" in f["message"], f
+        assert "uid=65534" in err and "LEAK" not in err, err
+        assert int(err.split("procs=")[1].split()[0]) <= 8, err  # its own pid namespace (the host has hundreds)
+        assert not (tmp_path / "written-outside").exists()
+        verified = sc["facts"]["sandbox"]["isolation"]["verified_by_server"]
+        assert verified["identity"].startswith("uid 65534") and "MISSING" not in str(verified), verified
+    time.sleep(0.5)
+    assert not [p for p in _procs().values() if marker in p[1]], "the daemon outlived the call"
+
+
+@pytest.mark.anyio
+async def test_32bit_syscall_entry_is_killed(client, tmp_path):
+    # socket(AF_INET, SOCK_STREAM, 0) through `int 0x80` (i386 number 359), from a 64-bit process
+    attempt = """
+    import ctypes, mmap
+    def attempt():
+        code = bytes.fromhex('53' 'b867010000' 'bb02000000' 'b901000000' '31d2' 'cd80' '5b' 'c3')
+        buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        buf.write(code)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        fd = ctypes.CFUNCTYPE(ctypes.c_int)(addr)()
+        if fd < 0:
+            raise PermissionError(fd)
+        return fd
+    """
+    seen, iso = await probe(client, tmp_path, attempt)
+    assert "SIGSYS" in seen or seen.startswith("blocked"), (seen, iso)
+
+
+@pytest.mark.anyio
+async def test_clone3_is_enosys_and_namespace_clones_are_denied(client, tmp_path):
+    attempt = """
+    import ctypes
+    def attempt():
+        libc = ctypes.CDLL(None, use_errno=True)
+        r3 = libc.syscall(435, None, 0)
+        e3 = ctypes.get_errno()
+        rn = libc.syscall(56, 0x10000000 | 17, None, None, None, None)  # clone(CLONE_NEWUSER | SIGCHLD)
+        en = ctypes.get_errno()
+        return f'{r3},{e3},{rn},{en}'
+    """
+    seen, _ = await probe(client, tmp_path, attempt)
+    assert seen == "ok:-1,38,-1,1", seen  # ENOSYS, EPERM
+
+
+@pytest.mark.anyio
+async def test_child_is_not_root_and_cannot_touch_the_installation_or_project(client, tmp_path):
+    (tmp_path / "data.txt").write_text("x")
+    attempt = f"""
+    import sys
+    def attempt():
+        out = [str(os.getuid())]
+        for what, fn in (('shadow', lambda: open('/etc/shadow').read()),
+                         ('chmod-python', lambda: os.chmod(os.path.realpath(sys.executable), 0o4755)),
+                         ('chmod-project', lambda: os.chmod({str(tmp_path / 'data.txt')!r}, 0o777)),
+                         ('utime-project', lambda: os.utime({str(tmp_path / 'data.txt')!r}, (0, 0)))):
+            try:
+                fn()
+                out.append(what)
+            except OSError:
+                pass
+        return ','.join(out)
+    """
+    mode = os.stat(os.path.realpath(sys.executable)).st_mode
+    seen, _ = await probe(client, tmp_path, attempt)
+    assert seen == "ok:65534", seen
+    assert os.stat(os.path.realpath(sys.executable)).st_mode == mode
+    assert os.stat(tmp_path / "data.txt").st_mtime > 0
+
+
+@pytest.mark.anyio
+async def test_no_unix_socket_outside_the_call_is_reachable(client, tmp_path):
+    import socket
+
+    where = tmp_path / "elsewhere"
+    where.mkdir()
+    path = str(where / "planted.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    os.chmod(path, 0o777)
+    os.chmod(where, 0o755)
+    listener.listen(1)
+    listener.settimeout(0.1)
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    try:
+        seen, _ = await probe(client, proj, f"def attempt():\n    s = socket.socket(socket.AF_UNIX)\n    s.connect({path!r})\n    return s.send(b'x')\n")
+        try:
+            conn, _ = listener.accept()
+            got = conn.recv(1)
+        except OSError:
+            got = b""
+    finally:
+        listener.close()
+    assert seen.startswith("blocked") and got == b"", seen
+
+
+@pytest.mark.anyio
+async def test_tmp_and_dev_shm_are_private_to_the_call(client, tmp_path):
+    name = f"gradprobe-test-{os.getpid()}-{time.monotonic_ns()}"
+    seen, _ = await probe(client, tmp_path, f"def attempt():\n    open('/dev/shm/{name}', 'w').write('x')\n    open('/tmp/{name}', 'w').write('x')\n    return 1\n")
+    assert seen == "ok:1", seen
+    assert not os.path.exists(f"/dev/shm/{name}") and not os.path.exists(f"/tmp/{name}")
+    sub = tmp_path / "again"
+    sub.mkdir()
+    seen, _ = await probe(client, sub, f"def attempt():\n    return os.path.exists('/dev/shm/{name}') or os.path.exists('/tmp/{name}')\n")
+    assert seen == "ok:False", seen
+
+
+@pytest.mark.anyio
+async def test_scratch_has_a_size_limit(client, tmp_path):
+    attempt = """
+    def attempt():
+        chunk = b'x' * (64 << 20)
+        n = 0
+        for i in range(40):  # 2.5 GiB if nothing stops it
+            with open(os.path.join(os.environ['TMPDIR'], f'f{i}'), 'wb') as f:
+                for _ in range(4):
+                    f.write(chunk)
+                    n += 1
+        return n
+    """
+    seen, _ = await probe(client, tmp_path, attempt)
+    assert seen == "blocked:OSError", seen
+
+
+@pytest.mark.anyio
+async def test_child_sees_only_its_own_processes(client, tmp_path):
+    seen, _ = await probe(client, tmp_path, "def attempt():\n    return len([d for d in os.listdir('/proc') if d.isdigit()])\n")
+    assert seen.startswith("ok:") and int(seen[3:]) <= 3, seen
+
+
+@pytest.mark.anyio
+async def test_the_child_cannot_forge_its_isolation_facts(client, tmp_path):
+    body = """
+    import json
+    def build_model():
+        forged = {"type": "result", "report": {"tool": "inspect_parameters", "ok": True, "findings": [], "summary": "s",
+                  "facts": {"isolation": {"identity": "FORGED", "syscalls": "FORGED"}}}}
+        for fd in map(int, os.listdir('/proc/self/fd')):
+            try:
+                os.write(fd, (json.dumps(forged) + '\\n').encode())
+            except OSError:
+                pass
+        os._exit(0)
+    """
+    result, _ = await call(client, project(tmp_path, "import os\n" + textwrap.dedent(body)))
+    iso = result.structured_content["facts"]["sandbox"]["isolation"]
+    assert "FORGED" not in str(iso) and iso["verified_by_server"]["identity"].startswith("uid 65534"), iso
+
+
+@pytest.mark.anyio
+async def test_another_server_starting_leaves_live_call_cgroups_alone(tmp_path):
+    from gradprobe.sandbox.cgroups import CallCgroup
+
+    group = CallCgroup(1 << 30)
+    if not group.ok:
+        pytest.skip(f"no writable cgroups here: {group.error}")
+    try:
+        async with Client(server_params(), read_timeout_seconds=120) as c:  # its Runtime cleans stale groups
+            await c.list_tools()
+        assert all(os.path.isdir(d) for d in group.dirs), group.dirs
+    finally:
+        group.remove()
+
+
+@pytest.mark.anyio
+async def test_project_dir_swapped_while_queued_is_refused(tmp_path):
+    root = tmp_path / "root"
+    (root / "busy").mkdir(parents=True)
+    (root / "proj").mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("top secret")
+    project(root / "busy", "import time\ndef build_model():\n    time.sleep(4)\n    return nn.Linear(3, 1)\n")
+    project(root / "proj", "def build_model():\n    return nn.Linear(3, 1)\n")
+    project(outside, f"def build_model():\n    raise ValueError('READ ' + open({str(outside / 'secret.txt')!r}).read())\n")
+    results = {}
+    async with Client(server_params(args=("--max-concurrent", "1", "--allow-root", str(root))), read_timeout_seconds=120) as c:
+        async def busy():
+            results["busy"] = await call(c, str(root / "busy"))
+
+        async def swapped():
+            try:
+                results["swapped"] = await call(c, str(root / "proj"))
+            except Exception as exc:  # a tool error
+                results["swapped"] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(busy)
+            await anyio.sleep(1.0)
+            tg.start_soon(swapped)
+            await anyio.sleep(1.0)  # queued behind `busy` by now: swap the directory for a symlink outside
+            (root / "proj").rename(root / "proj-old")
+            (root / "proj").symlink_to(outside)
+    got = results["swapped"]
+    text = str(got) if isinstance(got, Exception) else str(got[0].content)
+    assert "top secret" not in text and "outside the roots" in text, text
+
+
+@pytest.mark.anyio
+async def test_forged_flow_graph_cannot_inject_markup_into_svg_or_mermaid(client, tmp_path):
+    import base64
+    import json as _json
+
+    evil = "</text><script>alert(1)</script>"
+    flow = {"loss": evil, "groups": [{"module": evil, "count": evil, "status": "broken",
+                                      "break": {"code": evil, "op": evil + '"] click n_x "javascript:alert(1)"', "line": evil}}]}
+    forged = {"type": "result", "report": {"tool": "diagnose", "ok": False, "findings": [], "summary": "s",
+                                           "facts": {"flow": flow, "mermaid": evil}}}
+    body = "import os\ndef build_model():\n"
+    body += "    for fd in map(int, os.listdir('/proc/self/fd')):\n        try:\n"
+    body += f"            os.write(fd, {(_json.dumps(forged) + chr(10)).encode()!r})\n        except OSError:\n            pass\n    os._exit(0)\n"
+    result, _ = await call(client, project(tmp_path, body), tool="diagnose")
+    images = [c for c in result.content if getattr(c, "type", "") == "image"]
+    svg = base64.b64decode(images[0].data).decode() if images else ""
+    mermaid = result.structured_content["facts"].get("mermaid", "")
+    assert svg.startswith("<svg") and "<script" not in svg, svg
+    assert "<script" not in mermaid and '"] click' not in mermaid and '"javascript' not in mermaid, mermaid
+
+
+def test_cli_output_carries_no_terminal_control_characters(tmp_path):
+    import subprocess
+
+    evil = "\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J\\x1b]0;pwned\\x07\\r\\x9b31m OK"
+    (tmp_path / "case.py").write_text(f"import torch.nn as nn\ndef build_model():\n    raise ValueError('{evil}')\n")
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
+    out = subprocess.run([sys.executable, "-m", "gradprobe", "inspect_parameters", str(tmp_path / "case.py"), "--no-color"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert "ValueError" in out.stdout, out.stdout + out.stderr
+    assert not any(ch in out.stdout for ch in "\x1b\x07\r\x9b"), repr(out.stdout)

@@ -2,7 +2,10 @@
 
 The tracer needs to know when it is inside a custom Function's forward (where
 grad mode is off by design, so nothing there is a "break"), and gradcheck needs
-the real inputs each Function received. One patch of `Function.apply` serves both.
+the real inputs each Function received. One patch serves both; it sits where
+`Function.apply` resolves its `super().apply(...)` at call time (see
+torchcompat.custom_function_entry), so an alias bound at import (`square = Square.apply`)
+cannot escape it.
 """
 
 from __future__ import annotations
@@ -10,14 +13,14 @@ from __future__ import annotations
 import threading
 
 import torch
-from torch.autograd.function import Function
 
-from gradprobe.checks.torchcompat import custom_function_apply, untraced
+from gradprobe.checks.torchcompat import custom_function_entry, untraced
 
 MAX_CALLS_PER_FN = 64  # parameter positions are recorded for the first calls of each Function
+MAX_GRAPH_NODES = 4000  # graph nodes walked per input to name the parameters upstream of it
 _state = threading.local()
 _watchers: list[ApplyWatch] = []
-_original_apply = custom_function_apply()
+_ENTRY_OWNER, _ENTRY_NAME, _C_APPLY = custom_function_entry()
 
 
 def inside_custom_function() -> bool:
@@ -42,13 +45,14 @@ def _copy(args):
 
 
 def _watched_apply_fn(cls, *args, **kwargs):
+    apply = _C_APPLY.__get__(None, cls)
     if not _watchers or cls.__module__.startswith("torch."):
-        return _original_apply.__func__(cls, *args, **kwargs)
+        return apply(*args, **kwargs)
     for w in _watchers:
         w.record(cls, args)
     _state.depth = getattr(_state, "depth", 0) + 1
     try:
-        return _original_apply.__func__(cls, *args, **kwargs)
+        return apply(*args, **kwargs)
     finally:
         _state.depth -= 1
 
@@ -82,20 +86,42 @@ class ApplyWatch:
         entry["count"] += 1
         if entry["count"] <= self.max_calls:
             for i, a in enumerate(args):
-                if isinstance(a, torch.Tensor) and id(a) in self.param_ids:
+                if not isinstance(a, torch.Tensor):
+                    continue
+                found = [self.param_ids[id(a)]] if id(a) in self.param_ids else []
+                if self.capture and a.grad_fn is not None:
+                    found += self._upstream_params(a.grad_fn)
+                for n in found:
                     names = entry["params_at"].setdefault(i, [])
-                    n = self.param_ids[id(a)]
                     if n not in names:
                         names.append(n)
 
+    def _upstream_params(self, root) -> list[str]:
+        """The model parameters whose gradients flow through this input: the leaves of its graph, nearest first."""
+        out: list[str] = []
+        seen: set[int] = set()
+        queue = [root]
+        while queue and len(seen) < MAX_GRAPH_NODES:
+            nxt = []
+            for node in queue:
+                if id(node) in seen:
+                    continue
+                seen.add(id(node))
+                var = getattr(node, "variable", None)  # AccumulateGrad: a leaf tensor
+                if isinstance(var, torch.Tensor) and id(var) in self.param_ids:
+                    out.append(self.param_ids[id(var)])
+                nxt += [fn for fn, _ in node.next_functions if fn is not None]
+            queue = nxt
+        return out
+
     def __enter__(self):
         if not _watchers:
-            Function.apply = _watched_apply
+            setattr(_ENTRY_OWNER, _ENTRY_NAME, _watched_apply)
         _watchers.append(self)
         return self
 
     def __exit__(self, *exc):
         _watchers.remove(self)
         if not _watchers:
-            Function.apply = _original_apply
+            delattr(_ENTRY_OWNER, _ENTRY_NAME)  # _SingleLevelFunction defines no apply of its own
         return False

@@ -91,8 +91,9 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     nonleaf_before = {f["evidence"]["attribute"]: _attribute(model, f["evidence"]["attribute"])
                       for f in findings if f["code"] == "GP109" and "attribute" in f["evidence"]}
     found = prompt_tuning.find_prompt(model)
-    # a mostly frozen model alone is no prompt tuning, PEFT or not: adapters (LoRA, IA3, ...) feed no input positions
-    prompt_on = found.any and found.how in ("caller", "peft", "named")
+    # a mostly frozen model alone is no prompt tuning, PEFT or not: adapters (LoRA, IA3, ...) feed no input positions;
+    # the input embedding trained alone in a frozen LM is (new token embeddings as the tuning mechanism)
+    prompt_on = found.any and found.how in ("caller", "peft", "named", "embedding")
     base = prompt_tuning.find_base(model) if prompt_on else None
     opt = loaded.optimizer if isinstance(loaded.optimizer, torch.optim.Optimizer) else None
     before = optimizer.snapshot(model) if opt is not None else None

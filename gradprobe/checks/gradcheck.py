@@ -13,12 +13,14 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+import sys
 import textwrap
 from typing import Any, cast
 
 import torch
 from torch.autograd.function import Function
 
+from gradprobe.checks import backward_lines, rewrites
 from gradprobe.checks._apply import ApplyWatch, inside_custom_function
 from gradprobe.checks._step import call_model, param_names
 from gradprobe.checks.torchcompat import INVALID_GRADIENT, WRONG_GRADIENT_COUNT, WRONG_GRADIENT_SHAPE, GradcheckError
@@ -31,7 +33,8 @@ RULES = {
     "GP401": {
         "name": "gradcheck-mismatch", "severity": "error", "rank": 18,
         "summary": "Analytical and numerical Jacobians differ.",
-        "why": "The hand-written backward computes a wrong derivative: training follows wrong gradients, silently.",
+        "why": "The hand-written backward computes a wrong derivative: training follows wrong gradients, silently. "
+               "Intentional rewrites (a gradient reversal or scaling layer, a straight-through surrogate) are GP409, not this.",
         "example": "d/dz (0.044715 z^3) written as 0.044715 z^2",
         "fix": "Re-derive the backward for the reported input; compare against torch.autograd.gradcheck on float64 inputs.",
     },
@@ -76,6 +79,15 @@ RULES = {
         "why": "Double backward (gradient penalties, MAML, Hessian-vector products) gets wrong values.",
         "example": "a backward written with non-differentiable ops or saved .data",
         "fix": "Write backward with differentiable torch ops, or mark it once_differentiable.",
+    },
+    "GP409": {
+        "name": "intentional-gradient-rewrite", "severity": "info", "rank": 99,
+        "summary": "backward deliberately differs from the true gradient: a uniform reversal or scaling, or a surrogate through a piecewise-constant forward.",
+        "why": "Gradient-reversal layers (domain adaptation), gradient scaling and straight-through estimators rewrite the gradient on purpose; "
+               "the check measures that the rewrite is a single factor for every element (and names the scalar the call received), or that "
+               "the forward is piecewise constant, so it is not reported as a wrong derivative.",
+        "example": "class RevGrad(Function): backward returns -alpha * grad_out",
+        "fix": "Nothing to fix if the rewrite is intended.",
     },
     "GP408": {
         "name": "nondeterministic-backward", "severity": "warning", "rank": 99,
@@ -282,17 +294,36 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
             gradcheck_error = None
         except GradcheckError as exc:
             gradcheck_error = str(exc)
-        if gradcheck_error is not None:
-            findings.append(make_finding(
-                "GP401", f"{name}.backward disagrees with finite differences (fast mode: v^T J u differs).",
-                parameters=[name], location=def_loc,
-                evidence={"function": name, "mode": "fast", "gradcheck_error": gradcheck_error[-2000:]}))
+        # torch's fast mode misses small elementwise errors (a dropped factor in one term): our own projections too
+        projected, through = rewrites.projected_jacobians(fn, inputs64, req, _flat_out)
+        wrong = [j for j, (a, n) in projected.items() if bool(((a - n).abs() > atol + rtol * n.abs()).any())]
+        if gradcheck_error is not None or wrong:
+            wrong = wrong or req
+            rewrite = rewrites.classify(fn, inputs64, projected, _flat_out, atol, rtol, through)
+            rewrite.full = False
+            pseudo = [{"input_index": j, "parameters": params_at.get(j, [])} for j in wrong]
+            findings += _rewrite_findings(name, rewrite, pseudo, label, def_loc)
+            explained = set(rewrite.surrogate) | (set(rewrite.scaled) if rewrite.recognised else set())
+            wrong = [j for j in wrong if j not in explained]
+            if wrong:
+                line = backward_lines.wrong_gradient_line(cls, inputs64, req, wrong[0])
+                where = location(def_loc["file"], line, def_loc["function"]) if def_loc and line else None
+                findings.append(make_finding(
+                    "GP401", f"{name}.backward disagrees with finite differences for {', '.join(label(j) for j in wrong)} "
+                    "(fast mode: v^T J u differs).",
+                    parameters=[name] + [p for j in wrong for p in params_at.get(j, [])], location=where or ret_loc or def_loc,
+                    evidence={"function": name, "mode": "fast", "gradcheck_error": (gradcheck_error or "")[-2000:],
+                              "projections": {j: {"analytical": projected[j][0].flatten().tolist(),
+                                                  "numerical": projected[j][1].flatten().tolist()} for j in wrong}}))
         return findings, facts
     analytical = _analytical_jacobians(fn, inputs64, req)
     mismatches = []
+    jacobians: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for pos, j in enumerate(req):
         numerical = _numerical_jacobian(fn, inputs64, j)
         ana = analytical[pos]
+        if ana is not None:
+            jacobians[j] = (ana, numerical)
         num_nonzero = bool((numerical.abs() > atol).any())
         ps = params_at.get(j, [])
         if ana is None or (not bool((ana != 0).any()) and num_nonzero):
@@ -315,15 +346,27 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
                                "analytical": ana[k, i].item(), "numerical": numerical[k, i].item(),
                                "max_abs_error": diff.max().item(),
                                "max_rel_error": (diff / numerical.abs().clamp_min(1e-12)).max().item()})
+    rewrite = rewrites.Rewrite()
+    if mismatches:
+        through = {j: rewrites.is_identity(num) for j, (_, num) in jacobians.items()}
+        rewrite = rewrites.classify(fn, inputs64, jacobians, _flat_out, atol, rtol, through)
+        findings += _rewrite_findings(name, rewrite, mismatches, label, def_loc)
+        explained = set(rewrite.surrogate) | (set(rewrite.scaled) if rewrite.recognised else set())
+        mismatches = [m for m in mismatches if m["input_index"] not in explained]
     if mismatches:
         mismatches.sort(key=lambda m: -m["max_abs_error"])
         w = mismatches[0]
+        uniform = rewrite.factor if rewrite.scaled and not rewrite.recognised else None
+        line = backward_lines.wrong_gradient_line(cls, inputs64, req, w["input_index"])
+        where = location(def_loc["file"], line, def_loc["function"]) if def_loc and line else None
         findings.append(make_finding(
             "GP401", f"{name}.backward is wrong for {', '.join(m['input'] for m in mismatches)}: worst at "
             f"d(output[{w['output_index']}])/d(input{w['input_index']}{w['element']}) = {w['analytical']:.6g} analytically "
-            f"but {w['numerical']:.6g} numerically (max abs error {w['max_abs_error']:.3g}).",
-            parameters=[name] + [p for m in mismatches for p in m["parameters"]], location=def_loc,
-            evidence={"function": name, "mismatches": mismatches, "atol": atol, "rtol": rtol},
+            f"but {w['numerical']:.6g} numerically (max abs error {w['max_abs_error']:.3g})"
+            + (f"; it is {uniform:.6g} x the true gradient for every element: a constant factor is wrong." if uniform else "."),
+            parameters=[name] + [p for m in mismatches for p in m["parameters"]], location=where or ret_loc or def_loc,
+            evidence={"function": name, "mismatches": mismatches, "atol": atol, "rtol": rtol,
+                      **({"uniform_factor": uniform} if uniform else {})},
         ))
     # determinism: the same backward twice
     again = _analytical_jacobians(fn, inputs64, req)
@@ -343,6 +386,33 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
                 "GP407", f"{name}: second derivatives disagree with finite differences (gradgradcheck).",
                 parameters=[name], location=def_loc, evidence={"function": name, "error": facts.get("second_order_error")}))
     return findings, facts
+
+
+def _rewrite_findings(name: str, rw: rewrites.Rewrite, mismatches: list[dict], label, def_loc) -> list[Finding]:
+    """Info findings for the intentional rewrites among the mismatches (see checks/rewrites.py for the rule)."""
+    out = []
+    by_input = {m["input_index"]: m for m in mismatches}
+    for j in rw.surrogate:
+        m = by_input.get(j)
+        f = make_finding(
+            "GP409", f"{name}.backward passes a surrogate gradient for {label(j)} through a piecewise-constant forward "
+            "(its true gradient is zero almost everywhere): a straight-through estimator, by design.",
+            parameters=[name] + (m["parameters"] if m else []), location=def_loc,
+            evidence={"function": name, "rewrite": "surrogate", "input_index": j},
+            fix="Nothing to fix if the surrogate is intended (straight-through estimator).")
+        out.append(f)
+    if rw.scaled and rw.recognised and rw.factor is not None:
+        c = rw.factor
+        kind = "a gradient reversal" if c < 0 else "a gradient scaling"
+        ps = [p for j in rw.scaled if j in by_input for p in by_input[j]["parameters"]]
+        f = make_finding(
+            "GP409", f"{name}.backward is {c:.6g} x the true gradient {'for every element' if rw.full else 'in every random projection'} of "
+            f"{', '.join(label(j) for j in rw.scaled)}: {kind}, by design.",
+            parameters=[name] + ps, location=def_loc,
+            evidence={"function": name, "rewrite": "reversal" if c < 0 else "scaling", "factor": c, "inputs": rw.scaled},
+            fix=f"Nothing to fix if {kind} is intended.")
+        out.append(f)
+    return out
 
 
 def _is_user_class(cls, user) -> bool:
@@ -387,8 +457,12 @@ class DirectForwardWatch:
             func = orig.__func__
 
             def watched(*a, _cls=cls, _f=func, **k):
-                if not inside_custom_function() and _cls not in self.hits:
-                    self.hits[_cls] = {"location": self.user.innermost(skip=1)}
+                # "called directly" only when the user's own code is the caller: apply's C core
+                # calls forward with our apply watch (or torch's functorch path) as the Python caller
+                caller = sys._getframe(1)
+                if (_cls not in self.hits and not inside_custom_function()
+                        and self.user.is_user_file(caller.f_code.co_filename)):
+                    self.hits[_cls] = {"location": self.user.innermost(caller)}
                 return _f(*a, **k)
 
             self._stack.enter_context(patched(cls, "forward", staticmethod(watched)))

@@ -30,8 +30,8 @@ RULES = {
         "name": "stale-optimizer-reference", "severity": "error", "rank": 11,
         "summary": "The optimizer holds tensors that are not the model's current parameters.",
         "why": "After a model is rebuilt, deep-copied, reloaded or a parameter replaced, the optimizer keeps updating the old tensors; the live model never changes.",
-        "example": "agent.online = copy.deepcopy(pretrained)  # after the optimizer was built",
-        "fix": "Load weights in place (agent.online.load_state_dict(pretrained.state_dict())) or rebuild the optimizer after replacing modules.",
+        "example": "model.encoder = copy.deepcopy(pretrained_encoder)  # after the optimizer was built",
+        "fix": "Load the new weights into the existing module (module.load_state_dict(new.state_dict())) or build the optimizer after replacing modules.",
     },
     "GP203": {
         "name": "frozen-param-in-optimizer", "severity": "info", "rank": 99,
@@ -84,6 +84,14 @@ RULES = {
     },
 }
 
+
+def _gp202_fix(modules: list[str]) -> str | None:
+    """GP202's fix in the user's own names: the replaced modules, loaded in place."""
+    mods = [m for m in modules if m][:3]
+    if not mods:
+        return None
+    return (f"Load the new weights into the existing module ({'; '.join(f'model.{m}.load_state_dict(new.state_dict())' for m in mods)}) "
+            "instead of assigning a new one, or build the optimizer after the replacement.")
 
 def _opt_site(loaded_record, optimizer):
     if loaded_record is None:
@@ -199,6 +207,7 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
                "resized)." if replaced else "the model was rebuilt or a parameter replaced."),
             parameters=replaced, location=loc or site,
             evidence={"stale_tensors": guesses, "optimizer_created_at": site},
+            fix=_gp202_fix(sorted({module_of(n) for n in replaced})),
         ))
         missing_stale = {n for n in replaced}
     else:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from gradprobe.checks._step import module_of
 from gradprobe.checks.torchcompat import untraced
@@ -123,7 +125,7 @@ def find_base(model: nn.Module) -> nn.Module | None:
     return None
 
 
-PromptSource = Literal["caller", "peft", "named", "mostly_frozen", "none"]
+PromptSource = Literal["caller", "peft", "named", "embedding", "mostly_frozen", "none"]
 
 
 @dataclass
@@ -172,23 +174,91 @@ def find_prompt(model: nn.Module, prompt: str | None = None) -> FoundPrompt:
         return FoundPrompt(named, attrs, "named", "parameters or tensor attributes named like a prompt (prompt, virtual, soft token/embedding, prefix, learned embedding)")
     total = sum(p.numel() for p in params.values())
     trainable = [n for n, p in params.items() if p.requires_grad]
+    base = find_base(model)
+    get_emb = getattr(base, "get_input_embeddings", None)
+    emb = get_emb() if callable(get_emb) else None
+    if trainable and isinstance(emb, nn.Module) and len(trainable) < len(params):
+        in_emb = {id(p) for p in emb.parameters()}
+        if all(id(params[n]) in in_emb for n in trainable):
+            return FoundPrompt(trainable, [], "embedding", "the input embedding is the only trainable part of a frozen language model "
+                               "(new token embeddings trained as the tuning mechanism)")
     if trainable and total and sum(params[n].numel() for n in trainable) < 0.5 * total:
         return FoundPrompt(trainable, [], "mostly_frozen", "the only trainable parameters of a mostly frozen model (under half of its values)")
     return FoundPrompt([], [], "none", "nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft token/prefix/learned embedding, and a mostly frozen model")
 
 
+class _EmbeddingOps(TorchFunctionMode):
+    """Records the embedding lookups (F.embedding: integer indices, table, inside the base's forward or not) of a step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = 0  # > 0 while the base model's forward runs
+        self.lookups: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.embedding and len(self.lookups) < 64:
+            idx = args[0] if args else (kwargs or {}).get("input")
+            weight = args[1] if len(args) > 1 else (kwargs or {}).get("weight")
+            if isinstance(idx, torch.Tensor) and isinstance(weight, torch.Tensor):
+                self.lookups.append((idx, weight, self.active > 0))
+        return func(*args, **(kwargs or {}))
+
+
+def _prompt_mask(embeds: torch.Tensor, lookups: list[tuple[torch.Tensor, torch.Tensor, bool]]) -> torch.Tensor | None:
+    """[batch, seq] True where inputs_embeds does not hold the token row its own id lookup produced: the positions the
+    prompt vectors were written to (prepended, interleaved around the input, or at template slots), found by value."""
+    if embeds.dim() != 3:
+        return None
+    with torch.no_grad(), untraced():
+        for idx, weight, _ in lookups:
+            if idx.dim() == 2 and tuple(idx.shape) == tuple(embeds.shape[:2]) and weight.dim() == 2 and weight.shape[-1] == embeds.shape[-1]:
+                rows = F.embedding(idx, weight.detach()).to(embeds.dtype)
+                differ = (rows != embeds.detach()).any(dim=-1)
+                # every position changed is no placement but a transform of all rows (scaling, dropout, positions added)
+                if bool(differ.any()) and not bool(differ.all(dim=-1).any()):
+                    return differ
+    return None
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    except RuntimeError:
+        return False
+
+
 class BaseObserver:
-    """Forward pre-hook on the HF base model and a wrapper around generate()."""
+    """Forward pre-hook on the HF base model, a wrapper around generate(), and the embedding lookups of its forward."""
 
     def __init__(self, base: nn.Module, user):
         self.base, self.user = base, user
         self.calls: list[dict] = []
         self.generate_calls: list[dict] = []
         self._in_generate = 0
+        self._embedding_ops = _EmbeddingOps()
+
+    def input_embedding(self) -> torch.Tensor | None:
+        """The table the forward looked token ids up in: the lookup whose indices are (a view of) the input_ids the
+        base received, else the first lookup of the base's forward. Found by what ran, whatever wraps it."""
+        lookups = self._embedding_ops.lookups
+        ids = [c["tensors"]["input_ids"] for c in self.calls if "input_ids" in c.get("tensors", {})]
+        for idx, weight, _ in lookups:
+            if any(idx is t or _same_storage(idx, t) for t in ids):
+                return weight
+        embeds = [c["tensors"]["inputs_embeds"] for c in self.calls if "inputs_embeds" in c.get("tensors", {})]
+        for _idx, weight, in_base in lookups:  # looked up by the user's code, then passed as inputs_embeds
+            if not in_base and weight.dim() == 2 and any(weight.shape[-1] == e.shape[-1] for e in embeds):
+                return weight
+        return next((w for _, w, in_base in lookups if in_base), None)
+
+    def _post(self, module, args, kwargs, out):
+        if not self._in_generate:
+            self._embedding_ops.active = max(0, self._embedding_ops.active - 1)
 
     def _pre(self, module, args, kwargs):
         if self._in_generate:
             return
+        self._embedding_ops.active += 1
         rec: dict[str, Any] = {"location": self.user.innermost(skip=2), "tensors": {}}
         for key in ("input_ids", "inputs_embeds", "attention_mask", "labels", "past_key_values", "use_cache"):
             v = kwargs.get(key)
@@ -196,6 +266,10 @@ class BaseObserver:
                 v = args[0]
             if isinstance(v, torch.Tensor):
                 rec["tensors"][key] = v
+                if key == "inputs_embeds":
+                    pm = _prompt_mask(v, self._embedding_ops.lookups)
+                    if pm is not None:
+                        rec["tensors"]["prompt_mask"] = pm
                 rec[key] = {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", ""), "requires_grad": v.requires_grad}
             elif v is not None:
                 rec[key] = v if isinstance(v, (bool, int, float, str)) else type(v).__name__
@@ -203,6 +277,8 @@ class BaseObserver:
 
     def __enter__(self):
         self._hook = self.base.register_forward_pre_hook(self._pre, with_kwargs=True)
+        self._post_hook = self.base.register_forward_hook(self._post, with_kwargs=True, always_call=True)
+        self._embedding_ops.__enter__()
         gen = getattr(self.base, "generate", None)
         self._had_generate = "generate" in vars(self.base)
         if gen is not None:
@@ -220,23 +296,22 @@ class BaseObserver:
         return self
 
     def __exit__(self, *exc):
+        self._embedding_ops.__exit__(None, None, None)
         self._hook.remove()
+        self._post_hook.remove()
         if "generate" in vars(self.base) and not self._had_generate:
             del self.base.generate
         return False
 
 
-def _n_virtual(model, prompt_params: dict, attrs: list[dict], base) -> int | None:
+def _n_virtual(model, prompt_params: dict, attrs: list[dict], emb_weight: torch.Tensor | None) -> int | None:
     cfg = getattr(model, "peft_config", None)
     if isinstance(cfg, dict) and cfg:
         c = next(iter(cfg.values()))
         n = getattr(c, "num_virtual_tokens", None)
         if n:
             return int(n)
-    hidden = None
-    emb = base.get_input_embeddings() if base is not None and hasattr(base, "get_input_embeddings") else None
-    if emb is not None:
-        hidden = emb.weight.shape[-1]
+    hidden = emb_weight.shape[-1] if emb_weight is not None and emb_weight.dim() == 2 else None
     for t in list(prompt_params.values()) + [a["tensor"] for a in attrs]:
         if t.dim() >= 2 and (hidden is None or t.shape[-1] == hidden):
             return int(t.shape[-2])
@@ -286,7 +361,8 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
                and r["name"] not in by_init]
     zero_grad = [r["name"] for r in prompt_rows if r["grad"] == "zero" and r["name"] not in by_init]
     explained = False
-    n_virt = _n_virtual(model, prompt_params, attrs, find_base(model))
+    emb_weight = base_obs.input_embedding() if base_obs else None
+    n_virt = _n_virtual(model, prompt_params, attrs, emb_weight)
     facts["virtual_tokens"] = n_virt
     for f in breaks:
         if f["code"] == "GP305" and re.search(r"long|int|to|type|embedding", str(f["evidence"].get("op", ""))):
@@ -310,26 +386,42 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
     # mask and labels alignment
     align: dict[str, Any] = {}
     peft_prefix = _peft_type(model) in ("PREFIX_TUNING",)
-    in_sequence = found.how != "mostly_frozen"  # adapters (LoRA, ...) occupy no sequence positions
+    in_sequence = found.how not in ("mostly_frozen", "embedding")  # adapters and token tables occupy no virtual positions
     if peft_prefix:
         align["note"] = "prefix tuning: the virtual tokens reach the base as past_key_values, not as sequence positions"
+    elif found.how == "embedding":
+        align["note"] = "the input embedding itself is trained: no virtual positions, no mask/labels alignment to check"
     elif not in_sequence:
         align["note"] = "the trainable parts are adapters, not virtual tokens: no mask/labels alignment to check"
-    positions = _occupies_positions(call, loaded.batch, list(prompt_params.values()) + [a["tensor"] for a in attrs], n_virt)
+    t = call["tensors"] if call else {}
+    seq_t = t.get("inputs_embeds", t.get("input_ids"))
+    pm = t.get("prompt_mask")  # where the prompt vectors really are, found by value in inputs_embeds
+    prompts = list(prompt_params.values()) + [a["tensor"] for a in attrs]
+    positions = pm is not None or _occupies_positions(call, loaded.batch, prompts, n_virt)
     if call and n_virt and not peft_prefix and in_sequence and not positions:
         align["note"] = ("the base model's input sequence is no longer than the user's and holds no prompt row: the prompt "
                          "reaches the base another way (e.g. as a key/value cache), so no mask/labels alignment to check")
-    if call and n_virt and not peft_prefix and in_sequence and positions:
-        t = call["tensors"]
-        seq = t["inputs_embeds"].shape[1] if "inputs_embeds" in t else (t["input_ids"].shape[1] if "input_ids" in t else None)
-        align = {"embedded_length": seq, "virtual_tokens": n_virt}
-        start = _prompt_start(t.get("inputs_embeds"), list(prompt_params.values()) + [a["tensor"] for a in attrs], n_virt)
-        align["prompt_positions"] = [start, start + n_virt]
+    if (call and isinstance(seq_t, torch.Tensor) and seq_t.dim() >= 2 and (n_virt or pm is not None) and not peft_prefix
+            and in_sequence and positions):
+        seq = seq_t.shape[1]
+        if pm is None:
+            nv = n_virt or 0
+            start = _prompt_start(t.get("inputs_embeds"), prompts, nv)
+            pm = torch.zeros(seq_t.shape[:2], dtype=torch.bool)
+            pm[:, start:start + nv] = True
+            where = "the prompt's values found in inputs_embeds" if start else "the first positions"
+        else:
+            n_virt = int(pm[0].sum())
+            where = "the positions whose embedding is not their token's row"
+        spans = _spans(pm[0].nonzero().flatten().tolist())
+        align = {"embedded_length": seq, "virtual_tokens": n_virt, "prompt_spans": spans[:32], "prompt_positions_from": where}
+        if len(spans) == 1:
+            align["prompt_positions"] = spans[0]  # one block [start, end)
         mask = t.get("attention_mask")
         if isinstance(mask, torch.Tensor) and mask.dim() == 2 and seq:
             align["mask_length"] = mask.shape[1]
             if mask.shape[1] == seq:
-                cols = mask[:, start:start + n_virt]
+                cols = mask[pm]
                 align["mask_on_prompt_positions"] = float(cols.float().mean())
                 if bool((cols == 0).all()):
                     loc = tracer.made_at(mask) if tracer else None
@@ -337,7 +429,7 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
                         "GP506", f"The attention mask passed to the base model is 0 on all {n_virt} prompt positions: nothing attends to the "
                         "virtual tokens, so the loss does not depend on the prompt" + (" (its gradient is exactly zero)." if zero_grad else "."),
                         parameters=sorted(pnames) or [a["name"] for a in attrs], location=loc or call["location"],
-                        evidence={"mask_prompt_columns": cols[0].tolist(), "mask_shape": list(mask.shape), "embedded_length": seq},
+                        evidence={"mask_prompt_columns": mask[0][pm[0]].tolist(), "mask_shape": list(mask.shape), "embedded_length": seq},
                     ))
                     explained = True
         labels = t.get("labels")
@@ -352,13 +444,16 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
                     parameters=sorted(pnames), location=(tracer.made_at(labels) if tracer else None) or call["location"],
                     evidence={"labels_length": labels.shape[1], "embedded_length": seq, "virtual_tokens": n_virt}))
             else:
-                ignored = bool((labels[:, start:start + n_virt] == -100).all())
+                ignored = bool((labels[pm] == -100).all())
                 align["labels_ignore_prompt_positions"] = ignored
                 if not ignored:
                     findings.append(make_finding(
                         "GP507", f"labels on the {n_virt} prompt positions are not the ignore index -100: the model is trained to predict tokens at virtual positions.",
                         parameters=sorted(pnames), location=(tracer.made_at(labels) if tracer else None) or call["location"],
-                        evidence={"labels_prompt_columns": labels[0, start:start + n_virt].tolist()}))
+                        evidence={"labels_prompt_columns": labels[0][pm[0]].tolist(), "prompt_spans": align["prompt_spans"]},
+                        fix=None if bool(pm[:, :n_virt].all()) else
+                        f"Set the labels to -100 at the positions the prompt vectors fill (spans {align['prompt_spans']} here), "
+                        "e.g. labels = labels.masked_fill(is_prompt_slot, -100), keeping only the positions to predict."))
     facts["alignment"] = align
     # cache in training
     for c in train_calls:
@@ -406,16 +501,15 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
             parameters=[n for n, _ in trainable_base][:50], location=took[0] if took else None,
             evidence={"by_module": base_trainable}))
     base = find_base(model)
-    if base is not None and hasattr(base, "get_input_embeddings"):
-        emb: Any = base.get_input_embeddings()  # type: ignore[operator]  # a transformers PreTrainedModel (hasattr above)
-        head: Any = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None  # type: ignore[operator]
-        if emb is not None and head is not None and getattr(head, "weight", None) is emb.weight and emb.weight.requires_grad:  # type: ignore[union-attr]
-            ename = next((n for n, p in model.named_parameters() if p is emb.weight), "input embedding")
-            took = _trainable_site(loaded, [emb.weight], base)
-            findings.append(make_finding(
-                "GP508", f"The input embedding `{ename}` is trainable and tied to the output head: training it moves the output layer too"
-                + (f" ({took[1].format(where=_where(took[0]))})." if took else "."),
-                parameters=[ename], location=took[0] if took else None, evidence={"tied": True}))
+    head: Any = base.get_output_embeddings() if base is not None and hasattr(base, "get_output_embeddings") else None  # type: ignore[operator]
+    head_weight = getattr(head, "weight", None)
+    if isinstance(emb_weight, torch.Tensor) and emb_weight.requires_grad and head_weight is emb_weight:
+        ename = next((n for n, p in model.named_parameters() if p is emb_weight), "input embedding")
+        took = _trainable_site(loaded, [emb_weight], base if base is not None else model)
+        findings.append(make_finding(
+            "GP508", f"The input embedding `{ename}` is trainable and tied to the output head: training it moves the output layer too"
+            + (f" ({took[1].format(where=_where(took[0]))})." if took else "."),
+            parameters=[ename], location=took[0] if took else None, evidence={"tied": True}))
     if no_grad and not explained:
         f0 = breaks[0] if breaks else None
         findings.append(make_finding(
@@ -493,6 +587,17 @@ def _prompt_found(embeds, prompts: list, n_virt: int) -> int | None:
                 if h + n_virt <= row0.shape[0] and torch.equal(row0[h:h + n_virt], p.detach().to(row0.dtype)):
                     return int(h)
     return None
+
+
+def _spans(positions: list[int]) -> list[list[int]]:
+    """Sorted positions as half-open [start, end) runs: [1, 2, 3, 5, 6] -> [[1, 4], [5, 7]]."""
+    out: list[list[int]] = []
+    for p in positions:
+        if out and out[-1][1] == p:
+            out[-1][1] = p + 1
+        else:
+            out.append([p, p + 1])
+    return out
 
 
 def _prompt_start(embeds, prompts: list, n_virt: int) -> int:

@@ -95,6 +95,17 @@ _MODULE_INTERNALS = set(vars(nn.Module()).keys())
 _WEIGHT_WORDS = {"weight", "bias", "scale", "logit_scale", "temperature", "gamma", "beta", "alpha", "embedding", "prompt"}
 
 
+def _mask_like(buf) -> bool:
+    """A constant, not a weight: a scalar (a fixed activation beta), or a matrix of only 0/1 (a GPT causal
+    `bias = tril(ones)`) or holding -inf (an additive mask)."""
+    if buf.dim() == 0:
+        return True
+    if buf.dim() < 2 or buf.numel() == 0:
+        return False
+    with torch.no_grad():
+        return bool(((buf == 0) | (buf == 1)).all()) or bool(torch.isinf(buf).any())
+
+
 def _grad_mode_decorator(fn) -> str | None:
     """If fn is wrapped by torch's no_grad/inference_mode decorator, the context's name."""
     code = getattr(fn, "__code__", None)
@@ -140,8 +151,10 @@ def _container_items(value, depth: int = 0):
 
 def parameter_table(model: nn.Module) -> tuple[list[dict], list[dict]]:
     aliases: dict[int, list[str]] = {}
+    by_name: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(p), []).append(name)
+        by_name[name] = p
     rows = []
     for name, p in model.named_parameters():
         rows.append({
@@ -211,7 +224,8 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
             if buf is None:
                 continue
             path = prefix + bname
-            if buf.requires_grad or (bname in _WEIGHT_WORDS and buf.is_floating_point() and "running" not in bname):
+            if buf.requires_grad or (bname in _WEIGHT_WORDS and buf.is_floating_point() and "running" not in bname
+                                     and not _mask_like(buf)):
                 findings.append(make_finding(
                     "GP104",
                     f"buffer `{path}` " + ("requires grad" if buf.requires_grad else "is named like a learned weight")
@@ -268,12 +282,16 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
                       "frozen_numel": sum(p.numel() for n, p in params if not p.requires_grad)},
         ))
     aliases: dict[int, list[str]] = {}
+    by_name: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(p), []).append(name)
+        by_name[name] = p
     for names in aliases.values():
         if len(names) > 1:
             findings.append(make_finding(
-                "GP108", f"One Parameter is reachable as {', '.join(names)} (tied): trained once, with both gradients summed.",
+                "GP108", f"One Parameter is reachable as {', '.join(names)} (tied): "
+                + ("trained once, with both gradients summed." if by_name[names[0]].requires_grad else
+                   "frozen (requires_grad=False) under every name; unfreezing one name unfreezes all."),
                 parameters=names, evidence={"names": names},
             ))
     if not params and not any(f["code"] in ("GP101", "GP102", "GP103", "GP109") for f in findings):

@@ -53,9 +53,23 @@ def tensor_version(t: torch.Tensor) -> int:
     return int(t._version)
 
 
-def custom_function_apply() -> Any:
-    """Function.apply as torch defines it (a classmethod object), to patch and restore."""
-    return torch.autograd.Function.__dict__["apply"]
+def custom_function_entry() -> tuple[type, str, Any]:
+    """(class, attribute, C apply) where every custom Function call arrives, aliases included.
+
+    `Function.apply` ends in `super().apply(...)`, resolved at call time on the MRO
+    below `Function`: `_SingleLevelFunction` (which defines no apply of its own), then
+    `torch._C._FunctionBase.apply`. A watch placed on `_SingleLevelFunction` therefore
+    sees `square = Square.apply` bound at import as well as `Square.apply(...)`.
+    """
+    from torch.autograd.function import _SingleLevelFunction
+
+    return _SingleLevelFunction, "apply", torch._C._FunctionBase.__dict__["apply"]
+
+
+def function_class_of_node(node: Any) -> type[torch.autograd.Function] | None:
+    """The autograd.Function class behind a grad_fn node (a BackwardCFunction carries `_forward_cls`)."""
+    cls = getattr(node, "_forward_cls", None)
+    return cls if isinstance(cls, type) and issubclass(cls, torch.autograd.Function) else None
 
 
 def multiprocessing_tensor_reducers() -> dict[Any, Any]:

@@ -5,6 +5,11 @@ setsid(); a cgroup catches both. Works with cgroup v2 (cgroup.kill, memory.max,
 pids.max) and with the hybrid layout (v1 memory/pids controllers beside a v2
 hierarchy at /sys/fs/cgroup/unified). Where no cgroup is writable, calls fall back
 to rlimits and process groups, and the report says so.
+
+Each server process owns one subtree, `gradprobe/srv-<pid>-<start time>/`, and puts
+its calls' groups in it; a starting server removes only the subtrees of servers
+that are gone (their pid no longer runs with that start time), never another live
+server's calls.
 """
 
 from __future__ import annotations
@@ -15,6 +20,20 @@ import time
 import uuid
 
 BASE = "/sys/fs/cgroup"
+PARENTS = (BASE, os.path.join(BASE, "unified"), os.path.join(BASE, "memory"), os.path.join(BASE, "pids"))
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def server_dir_name(pid: int | None = None) -> str:
+    pid = pid or os.getpid()
+    return f"srv-{pid}-{_start_time(pid)}"
 
 
 class CallCgroup:
@@ -32,8 +51,9 @@ class CallCgroup:
             self.remove()
 
     def _mk(self, parent: str) -> str:
-        path = os.path.join(parent, "gradprobe", self.name)
-        os.makedirs(path, exist_ok=False)
+        path = os.path.join(parent, "gradprobe", server_dir_name(), self.name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.mkdir(path)
         self.dirs.append(path)
         return path
 
@@ -88,13 +108,23 @@ class CallCgroup:
                 continue
         return False
 
-    def kill(self) -> None:
-        """Kill every process of the call, daemons included."""
+    def kill_now(self) -> None:
+        """Signal every process of the call once, without waiting (cgroup.kill, else the pid list)."""
         if self.kill_file:
             try:
                 _write(self.kill_file, "1")
+                return
             except OSError:
                 pass
+        for pid in self._pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def kill(self) -> None:
+        """Kill every process of the call, daemons included, and wait until none is left."""
+        self.kill_now()
         for _ in range(50):
             pids = self._pids()
             if not pids:
@@ -133,14 +163,44 @@ def _write(path: str, value: str) -> None:
         f.write(value)
 
 
+def _server_alive(name: str) -> bool:
+    try:
+        _, pid, start = name.split("-", 2)
+        return _start_time(int(pid)) == start
+    except ValueError:
+        return True  # not ours to judge
+
+
 def clean_stale() -> None:
-    """Remove cgroups a killed server left behind (empty ones only)."""
-    for parent in (BASE, os.path.join(BASE, "unified"), os.path.join(BASE, "memory"), os.path.join(BASE, "pids")):
+    """Remove the subtrees of gradprobe servers that are gone (killing what their calls left behind)."""
+    for parent in PARENTS:
         root = os.path.join(parent, "gradprobe")
         if not os.path.isdir(root):
             continue
         for name in os.listdir(root):
+            server = os.path.join(root, name)
+            if not name.startswith("srv-") or not os.path.isdir(server) or _server_alive(name):
+                continue
+            for call in os.listdir(server):
+                d = os.path.join(server, call)
+                if not os.path.isdir(d):
+                    continue
+                try:
+                    _write(os.path.join(d, "cgroup.kill"), "1")
+                except OSError:
+                    pass
+                try:
+                    for pid in open(os.path.join(d, "cgroup.procs")).read().split():
+                        os.kill(int(pid), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+                for _ in range(25):
+                    try:
+                        os.rmdir(d)
+                        break
+                    except OSError:
+                        time.sleep(0.02)
             try:
-                os.rmdir(os.path.join(root, name))
+                os.rmdir(server)
             except OSError:
                 pass

@@ -1,7 +1,8 @@
 """Entry point of the sandboxed child: read a job, load the target, run one check, write JSON.
 
-Run as `python -I .../gradprobe/sandbox/child.py`: gradprobe reaches the child
-by path, so any interpreter with a compatible torch works. The job arrives on
+Run as `python -I .../gradprobe/sandbox/child.py` by launch.py (already confined:
+see confine.py), or called in a warm worker's confined fork; gradprobe reaches the
+child by path, so any interpreter with a compatible torch works. The job arrives on
 stdin; progress events and the result leave as JSON lines on a dedicated pipe
 (fd given in GRADPROBE_RESULT_FD), never on stdout, which belongs to the user's
 prints. Every failure becomes a finding; nothing here trusts the user's code.
@@ -9,7 +10,6 @@ prints. Every failure becomes a finding; nothing here trusts the user's code.
 
 from __future__ import annotations
 
-from typing import Any
 
 import json
 import os
@@ -24,28 +24,6 @@ def _bootstrap_path() -> None:
         sys.path.pop(0)  # never import our own modules as top-level names
     if root not in sys.path:
         sys.path.insert(0, root)
-
-
-def _apply_limits(limits: dict) -> None:
-    import resource
-
-    def cap(which, value):
-        if value is None:
-            return
-        try:
-            _, hard = resource.getrlimit(which)
-            value = int(value)
-            if hard != resource.RLIM_INFINITY:
-                value = min(value, hard)
-            resource.setrlimit(which, (value, hard))
-        except (ValueError, OSError):
-            pass
-
-    cap(resource.RLIMIT_CORE, 0)
-    cap(resource.RLIMIT_AS, limits.get("memory_bytes"))
-    cap(resource.RLIMIT_CPU, limits.get("cpu_seconds"))
-    cap(resource.RLIMIT_FSIZE, limits.get("file_bytes"))
-    cap(resource.RLIMIT_NOFILE, limits.get("open_files"))
 
 
 class Channel:
@@ -65,48 +43,21 @@ class Channel:
         self.send({"type": "progress", "phase": phase, "elapsed_s": round(time.monotonic() - self.t0, 3)})
 
 
-def _die_with_parent() -> None:
-    """If whatever started us dies (a killed Ray worker, a crashed server), so do we."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 def run(job: dict, fd: int) -> None:
     """Run one job and exit; shared by the cold child and the warm worker's forked children."""
-    _die_with_parent()
     os.environ.pop("GRADPROBE_RESULT_FD", None)
     chan = Channel(fd)
-    _apply_limits(job.get("limits") or {})
     import faulthandler
 
     faulthandler.enable()
     chan.progress("starting")
-    policy = job.get("isolation") or {}
-    from gradprobe.sandbox.isolation import Layer, apply
-
-    layers = {"cgroup": Layer(bool(policy.get("cgroup_enforced")), policy.get("cgroup_state", "off"))}
-    if policy.get("enabled"):
-        layers.update(apply(policy))
-    isolation = {k: layer.text for k, layer in layers.items()}
-    missing = [k for k, layer in layers.items() if not layer.enforced]
     from gradprobe.sandbox.job import run_job
 
-    report: dict[str, Any]
-    if policy.get("require") and missing:
-        report = {"tool_error": f"isolation required but missing here: {', '.join(missing)} ({isolation})"}
-    else:
-        report = run_job(job, chan.progress)
-        if "tool_error" not in report:
-            report.setdefault("facts", {})["isolation"] = isolation
+    report = run_job(job, chan.progress)  # the isolation facts are the server's to report (runner.py), not ours
+    sys.stdout.flush()  # before the result: the server may stop reading once the result is in
+    sys.stderr.flush()
     chan.send({"type": "result", "report": report})
     chan.out.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
     os._exit(0)  # skip the user's atexit handlers and non-daemon threads
 
 

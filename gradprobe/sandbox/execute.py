@@ -6,7 +6,8 @@ from typing import Any
 
 from gradprobe.findings import make_finding
 from gradprobe.report import make_report
-from gradprobe.sandbox.runner import Limits, ProgressFn, ToolInputError, describe_exit, run_child
+from gradprobe.sandbox.executor import Executor, LocalExecutor
+from gradprobe.sandbox.runner import Limits, ProgressFn, ToolInputError, describe_exit
 from gradprobe.target import Target
 
 
@@ -17,17 +18,17 @@ async def execute(
     *,
     progress: ProgressFn | None = None,
     limits: Limits | None = None,
-    warm=None,
-    executor=None,
+    executor: Executor | None = None,
 ) -> dict:
-    """Run `tool` on `target` in a fresh sandboxed child. Raises ToolInputError for caller mistakes."""
+    """Run `tool` on `target` in a fresh sandboxed child (a cold local one unless `executor` says otherwise;
+    `limits` overrides the executor's). Raises ToolInputError for caller mistakes."""
     try:
         target.check_paths()
     except ValueError as exc:
         raise ToolInputError(str(exc)) from exc
     job = {"tool": tool, "target": target.model_dump(), "options": options or {}}
-    run = executor.run if executor is not None else run_child
-    outcome = await run(job, python=target.python, timeout_s=target.timeout_s, limits=limits, progress=progress, warm=warm)
+    executor = executor or LocalExecutor(limits)
+    outcome = await executor.run(job, python=target.python, timeout_s=target.timeout_s, progress=progress, limits=limits)
     sandbox: dict[str, Any] = {
         "seconds": round(outcome.seconds, 3),
         "child": {"warm": "forked from the warm worker", "ray": "a Ray task (cold interpreter on the worker)"}.get(outcome.mode, "cold interpreter"),
@@ -40,8 +41,7 @@ async def execute(
                       "limits": "rlimits (address space on CPU, CPU time, file size, open files)",
                       "timeout_s": target.timeout_s},
     }
-    if outcome.report is not None:
-        sandbox["isolation"].update(outcome.report.get("facts", {}).pop("isolation", {}))
+    sandbox["isolation"].update(outcome.isolation)  # what the server applied and checked, never the child's word
     if outcome.tool_error is not None:
         if outcome.tool_error_kind == "interpreter":
             raise ToolInputError(f"python {target.python or '(server interpreter)'}: {outcome.tool_error}")

@@ -1,7 +1,5 @@
-"""Isolation layers the child applies to itself before it imports any user code.
-
-Each layer is tried, and what it enforced (or why it could not) is reported with
-every result, so a missing layer is visible rather than silently absent:
+"""The isolation layers as functions; `confine.py` applies them in order before any user code or
+user-named program runs, and reports what each enforced (or why it could not):
 
 - cgroups: join the per-call cgroups the parent made (memory, pids; cgroup v2 for
   cgroup.kill of the whole tree, setsid daemons included);
@@ -17,7 +15,6 @@ every result, so a missing layer is visible rather than silently absent:
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 import os
 import platform
 import struct
@@ -139,75 +136,65 @@ def landlock(read_only: list[str], read_write: list[str], files_rw: list[str]) -
 _DENIED_X86_64 = {
     "ptrace": 101, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "unshare": 272, "setns": 308,
     "bpf": 321, "keyctl": 250, "add_key": 248, "request_key": 249, "userfaultfd": 323, "io_uring_setup": 425,
-    "perf_event_open": 298, "kexec_load": 246, "init_module": 175, "finit_module": 313,
+    "io_uring_enter": 426, "io_uring_register": 427, "perf_event_open": 298, "kexec_load": 246, "init_module": 175,
+    "finit_module": 313, "open_by_handle_at": 304, "process_vm_readv": 310, "process_vm_writev": 311,
+    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+    "mount_setattr": 442,
 }
-_SOCKET_X86_64 = 41
+_SOCKET_X86_64, _CLONE_X86_64, _CLONE3_X86_64 = 41, 56, 435
 _AF_UNIX = 1
+AUDIT_ARCH_X86_64 = 0xC000003E
+X32_SYSCALL_BIT = 0x40000000
+CLONE_NEW_ANY = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 
 
-def seccomp_filter() -> tuple[bool, str]:
-    """A classic-BPF filter: non-AF_UNIX sockets -> EACCES, the syscalls above -> EPERM, the rest allowed."""
-    if platform.machine() != "x86_64":
-        return False, f"no syscall table for {platform.machine()}"
-    ld_abs, jeq, ret = 0x20, 0x15, 0x06
-    allow, errno = 0x7FFF0000, 0x00050000
+def seccomp_program() -> list[bytes]:
+    """Classic BPF: a syscall of any other architecture (the 32-bit `int 0x80` entry) or an x32 number kills the
+    process; clone3 -> ENOSYS (libc falls back to clone, whose flags this filter can read); clone with a
+    namespace flag and the syscalls above -> EPERM; sockets other than AF_UNIX -> EACCES; the rest allowed."""
+    ld_abs, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, errno, kill = 0x7FFF0000, 0x00050000, 0x80000000
 
     def op(code, k, jt=0, jf=0):
         return struct.pack("HBBI", code, jt, jf, k)
 
-    prog = [op(ld_abs, 4), op(jeq, 0xC000003E, 1, 0), op(ret, allow), op(ld_abs, 0)]
+    prog = [op(ld_abs, 4), op(jeq, AUDIT_ARCH_X86_64, 1, 0), op(ret, kill),
+            op(ld_abs, 0), op(jge, X32_SYSCALL_BIT, 0, 1), op(ret, kill)]
     for nr in _DENIED_X86_64.values():
         prog += [op(jeq, nr, 0, 1), op(ret, errno | 1)]  # EPERM
+    prog += [op(jeq, _CLONE3_X86_64, 0, 1), op(ret, errno | 38)]  # ENOSYS
+    prog += [op(jeq, _CLONE_X86_64, 0, 4), op(ld_abs, 16), op(jset, CLONE_NEW_ANY, 0, 1), op(ret, errno | 1), op(ret, allow)]
     prog += [op(jeq, _SOCKET_X86_64, 1, 0), op(ret, allow),
              op(ld_abs, 16), op(jeq, _AF_UNIX, 0, 1), op(ret, allow), op(ret, errno | 13)]  # EACCES
+    return prog
+
+
+def seccomp_filter() -> tuple[bool, str]:
+    if platform.machine() != "x86_64":
+        return False, f"no syscall table for {platform.machine()}"
+    prog = seccomp_program()
     code = b"".join(prog)
     buf = ctypes.create_string_buffer(code)
     fprog = struct.pack("HxxxxxxQ", len(prog), ctypes.addressof(buf))
     fbuf = ctypes.create_string_buffer(fprog)
-    if _libc.prctl(22, 2, fbuf, 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, fbuf, 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
         return False, f"seccomp failed ({_err()})"
-    return True, f"seccomp: non-Unix sockets and {len(_DENIED_X86_64)} syscalls (ptrace, mount, unshare, bpf, ...) denied"
+    return True, (f"seccomp: other architectures (int 0x80) and x32 killed; clone3 ENOSYS; namespace clone flags, "
+                  f"non-Unix sockets and {len(_DENIED_X86_64)} syscalls (ptrace, mount, unshare, bpf, io_uring, ...) denied")
 
 
-def readable_roots(project_dir: str, package_root: str) -> list[str]:
-    roots = ["/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/proc", "/sys", "/opt",
-             sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-             package_root, project_dir]
+def become_subreaper() -> None:
+    """Orphans of our calls (a call's pid-1 whose keeper was killed first) are reparented to us, to be reaped."""
+    _libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def die_with_parent() -> None:
+    """If whatever started us dies (a killed Ray worker, a crashed server), so do we."""
+    _libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+
+
+def readable_roots(project_dir: str, package_root: str, trees: list[str]) -> list[str]:
+    """Read-only roots for Landlock where no private view could be built (a non-root server)."""
+    roots = ["/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc", "/proc", "/sys", package_root, project_dir, *trees]
     roots += [p for p in sys.path if p and os.path.isdir(p)]
     return [os.path.realpath(r) for r in roots if r and os.path.exists(r)]
-
-
-@dataclass(frozen=True)
-class Layer:
-    """One isolation layer: whether it is enforced, and what the user reads about it (facts.isolation)."""
-
-    enforced: bool
-    text: str
-
-    @classmethod
-    def of(cls, ok: bool, how: str) -> Layer:
-        return cls(ok, how if ok else f"MISSING: {how}")
-
-
-def apply(policy: dict) -> dict[str, Layer]:
-    """Apply the layers in order (cgroups, network, privileges, filesystem, syscalls); report what enforced each."""
-    report: dict[str, Layer] = {}
-    if policy.get("cgroups"):
-        err = join_cgroups(policy["cgroups"])
-        report["cgroup"] = Layer.of(not err, err or "joined the call's cgroups")
-    if policy.get("network", True):
-        ok, how = new_network_namespace()
-        report["network"] = Layer.of(ok, how)
-    ok, how = drop_privileges() if policy.get("privileges", True) else (False, "not asked")
-    report["privileges"] = Layer.of(ok, how)
-    if policy.get("filesystem", True):
-        ok, how = landlock(
-            readable_roots(policy["project_dir"], policy["package_root"]),
-            [policy["scratch"], "/dev/shm"],
-            ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full", "/dev/tty"],
-        )
-        report["filesystem"] = Layer.of(ok, how)
-    if policy.get("syscalls", True):
-        ok, how = seccomp_filter()
-        report["syscalls"] = Layer.of(ok, how)
-    return report

@@ -18,18 +18,23 @@ import dataclasses
 from gradprobe.sandbox.runner import ChildOutcome, Limits
 
 
-def _remote_job(job: dict, python: str | None, timeout_s: float, limits: dict) -> dict:
+def _remote_job(job: dict, python: str | None, timeout_s: float, limits: dict, allowed_roots: list[str]) -> dict:
     from gradprobe.sandbox.runner import Limits as L
     from gradprobe.sandbox.runner import run_child
 
-    outcome = asyncio.run(run_child(job, python=python, timeout_s=timeout_s, limits=L(**limits)))
+    outcome = asyncio.run(run_child(job, python=python, timeout_s=timeout_s, limits=L(**limits), allowed_roots=allowed_roots))
     return dataclasses.asdict(outcome)
 
 
 class RayExecutor:
-    def __init__(self, address: str | None = None, num_cpus: int | None = None):
+    """The `Executor` protocol (executor.py) on a Ray cluster."""
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, limits: Limits | None = None,
+                 allowed_roots: list[str] | None = None):
         import ray
 
+        self.limits = limits or Limits()
+        self.allowed_roots = list(allowed_roots or [])
         self.ray = ray
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "ignore_reinit_error": True}
@@ -40,13 +45,13 @@ class RayExecutor:
             ray.init(**kwargs)
         self.task = ray.remote(max_retries=0)(_remote_job)
 
-    async def run(self, job: dict, *, python: str | None, timeout_s: float, limits: Limits | None, progress=None, warm=None) -> ChildOutcome:
-        limits = limits or Limits()
+    async def run(self, job: dict, *, python: str | None, timeout_s: float, progress=None, limits: Limits | None = None) -> ChildOutcome:
+        limits = limits or self.limits
         device = (job.get("target") or {}).get("device") or "cpu"
         gpus = 1 if device.startswith("cuda") else 0
         if progress is not None:
             await progress("starting", None)
-        ref = self.task.options(num_gpus=gpus).remote(job, python, timeout_s, dataclasses.asdict(limits))
+        ref = self.task.options(num_gpus=gpus).remote(job, python, timeout_s, dataclasses.asdict(limits), self.allowed_roots)
         try:
             data = await ref
         except asyncio.CancelledError:
@@ -60,6 +65,16 @@ class RayExecutor:
                                 note=f"the Ray worker running this check failed ({kind})")
         data["mode"] = "ray"
         return ChildOutcome(**data)
+
+    async def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        self.shutdown()
+
+    @property
+    def warm_alive(self) -> bool:
+        return False
 
     def shutdown(self) -> None:
         if self.ray.is_initialized():

@@ -14,16 +14,20 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
 from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
 from gradprobe.sandbox.cgroups import CallCgroup
+from gradprobe.sandbox.isolation import become_subreaper
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
+LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUT_CAP = 64 * 1024
 RESULT_CAP = 8 * 1024 * 1024
@@ -46,6 +50,8 @@ class Limits:
     grace_s: float = 2.0
     isolate: bool = True  # namespaces, Landlock, capabilities, cgroups where the machine allows
     require_isolation: bool = False  # refuse to run user code when a layer is missing
+    scratch_bytes: int = 1024**3  # private tmpfs /tmp (holds the call's scratch dir)
+    shm_bytes: int = 512 * 1024**2  # private tmpfs /dev/shm
 
     def for_child(self, timeout_s: float, device: str) -> dict:
         gpu = device.startswith("cuda") or device == "auto"
@@ -126,6 +132,7 @@ class ChildOutcome:
     mode: str = "cold"
     note: str | None = None
     oom: bool = False
+    isolation: dict = field(default_factory=dict)
     # what the tool_error is about: the caller's arguments, or the interpreter the target named
     tool_error_kind: Literal["caller", "interpreter"] = "caller"
 
@@ -137,13 +144,14 @@ async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamR
     return reader, transport
 
 
-async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, fds: tuple[int, int, int]):
-    out_w, err_w, res_w = fds
+async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, fds: tuple[int, ...], policy: dict):
+    out_w, err_w, res_w, ctl = fds
     proc = await asyncio.create_subprocess_exec(
-        python or sys.executable, "-I", CHILD, stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
-        cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)), start_new_session=True, pass_fds=(res_w,),
+        sys.executable, "-I", LAUNCH, str(ctl), json.dumps(policy), python or sys.executable, CHILD,
+        stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
+        cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)), start_new_session=True, pass_fds=(res_w, ctl),
     )
-    assert proc.stdin is not None  # stdin=PIPE
+    assert proc.stdin is not None
     proc.stdin.write(json.dumps(job).encode())
     try:
         await proc.stdin.drain()
@@ -151,6 +159,76 @@ async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, f
         pass
     proc.stdin.close()
     return proc.pid, asyncio.ensure_future(proc.wait())
+
+
+def _ns(pid: int | str, name: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{name}")
+    except OSError:
+        return None
+
+
+def verify(pid: int, claimed: dict, cgroup_name: str | None) -> dict:
+    """What the server sees of the confined process from outside, before any user code runs in it."""
+    seen: dict[str, str] = {}
+    try:
+        lines = open(f"/proc/{pid}/status").read().splitlines()
+        cg = open(f"/proc/{pid}/cgroup").read()
+    except OSError as exc:
+        return {"error": f"could not inspect the child ({exc.strerror})"}
+    status: dict[str, list[str]] = {k: v.split() for k, _, v in (line.partition(":") for line in lines)}
+    uid = status.get("Uid", ["?"])[0]
+    capeff = int(status.get("CapEff", ["1"])[0], 16)
+    seen["identity"] = (f"uid {uid}, effective capabilities {'none' if capeff == 0 else hex(capeff)}, "
+                        f"no_new_privs {status.get('NoNewPrivs', ['?'])[0]}")
+    seen["syscalls"] = "seccomp filter active" if status.get("Seccomp", ["0"])[0] == "2" else "MISSING: no seccomp filter"
+    if claimed.get("filesystem", "").startswith("Landlock") and hasattr(os, "pidfd_open"):
+        seen["filesystem"] = "Landlock (as claimed; not visible from outside)"
+    apart = [n for n in ("mnt", "pid", "net", "ipc", "uts") if _ns(pid, n) is not None and _ns(pid, n) != _ns("self", n)]
+    seen["namespaces"] = f"own {', '.join(apart)}" if apart else "MISSING: shares the server's namespaces"
+    seen["cgroup"] = (f"in the call's cgroup {cgroup_name}" if cgroup_name and cgroup_name in cg
+                      else "MISSING: not in the call's cgroup")
+    if uid == "0" and "identity" in claimed:
+        seen["identity"] = "MISSING: " + seen["identity"]
+    return seen
+
+
+_BACKGROUND: set[asyncio.Task] = set()
+
+
+def _close_later(pending: list, transports: list, grace_s: float) -> None:
+    """Close the call's pipes once its readers and exit are done (after the reply), or after the grace time."""
+    async def finish() -> None:
+        if pending:
+            await asyncio.wait(pending, timeout=grace_s)
+        for t in pending:
+            t.cancel()
+        for tr in transports:
+            tr.close()
+
+    task = asyncio.ensure_future(finish())
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+def _reap_later(cgroup: CallCgroup | None, scratch: str, orphan: int | None) -> None:
+    """After the reply: wait until the call's cgroup is empty, remove it and the scratch dir, and reap the call's
+    pid 1 if its keeper died first (it was reparented to this process, a subreaper)."""
+    def work() -> None:
+        if cgroup is not None:
+            cgroup.kill()
+        for _ in range(100 if orphan is not None else 0):
+            try:
+                if os.waitpid(orphan, os.WNOHANG)[0] != 0:  # type: ignore[arg-type]
+                    break
+            except ChildProcessError:
+                break
+            time.sleep(0.05)
+        if cgroup is not None:
+            cgroup.remove()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    threading.Thread(target=work, daemon=True, name="gradprobe-reap").start()
 
 
 async def run_child(
@@ -161,54 +239,98 @@ async def run_child(
     limits: Limits | None = None,
     progress: ProgressFn | None = None,
     warm=None,
+    allowed_roots: list[str] | None = None,
 ) -> ChildOutcome:
-    """Run one job in a fresh child process (forked from the warm worker when one is given and
-    usable, else a cold interpreter); never raises for anything the child does."""
+    """Run one job in a fresh confined child (forked from the warm worker when one is given and
+    usable, else launch.py + the named interpreter); never raises for anything the child does."""
     limits = limits or Limits()
     device = (job.get("target") or {}).get("device") or "cpu"
-    job = dict(job, limits=limits.for_child(timeout_s, device))
-    scratch = tempfile.mkdtemp(prefix="gradprobe-call-")
+    scratch = tempfile.mkdtemp(prefix="gradprobe-call-", dir="/tmp")
     env = child_env(scratch)
     cgroup = CallCgroup(limits.memory_bytes, limits.pids) if limits.isolate else None
-    job["isolation"] = {
+    project = (job.get("target") or {}).get("project_dir")
+    policy = {
         "enabled": limits.isolate, "require": limits.require_isolation,
         "cgroups": cgroup.procs_files if cgroup is not None and cgroup.ok else [],
         "cgroup_state": cgroup.describe() if cgroup is not None else "off",
-        "cgroup_enforced": cgroup is not None and cgroup.ok,
-        "project_dir": (job.get("target") or {}).get("project_dir") or scratch,
-        "package_root": PACKAGE_ROOT, "scratch": scratch,
+        "project_dir": project, "allowed_roots": [os.path.realpath(r) for r in allowed_roots or []],
+        "package_root": PACKAGE_ROOT, "scratch": scratch, "python": python,
+        "extra_ro": [p for p in sys.path if p and os.path.isdir(p)],
+        "scratch_bytes": limits.scratch_bytes, "shm_bytes": limits.shm_bytes,
+        "devices": _gpu_devices() if device.startswith("cuda") or device == "auto" else [],
+        "limits": limits.for_child(timeout_s, device),
     }
+    if project:  # the child mounts the directory it opens at this path (and refuses one outside the roots)
+        job = dict(job, target=dict(job["target"], project_dir=os.path.realpath(project)))
     pipes = [os.pipe() for _ in range(3)]
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     t0 = time.monotonic()
-    pid: int | None = None
-    transports: list[asyncio.BaseTransport] = []
+    pid = None
+    transports: list[Any] = []
     mode, warm_note = "cold", None
+    confined: dict[str, Any] = {"pid": None, "layers": None, "refused": None, "verified": {}}
+    cgroup_name = cgroup.name if cgroup is not None and cgroup.ok else None
     try:
         if warm is not None and python is None:
             if await warm.ensure():
                 mode = "warm"
             else:
                 warm_note = f"warm worker unavailable ({warm.error}); used a cold child"
-        w_ends = (pipes[0][1], pipes[1][1], pipes[2][1])  # stdout, stderr, result
+        w_ends = tuple(w for _, w in pipes) + (theirs.fileno(),)
         if mode == "warm":
             try:
-                pid, exited = await warm.fork(job, scratch, dict(env), w_ends)
+                pid, exited = await warm.fork(job, scratch, dict(env), w_ends, policy)
             except Exception as exc:
                 mode, warm_note = "cold", f"warm worker failed ({type(exc).__name__}: {exc}); used a cold child"
         if mode == "cold":
-            pid, exited = await _launch_cold(job, python, scratch, env, w_ends)
-        for w in w_ends:
+            become_subreaper()
+            pid, exited = await _launch_cold(job, python, scratch, env, w_ends, policy)
+        for w in w_ends[:3]:
             os.close(w)
+        theirs.close()
         pipes = [(r, -1) for r, _ in pipes]
         (out_r, _), (err_r, _), (res_r, _) = pipes
         out_reader, t1 = await _reader_for(out_r, 1 << 16)
         err_reader, t2 = await _reader_for(err_r, 1 << 16)
         reader, t3 = await _reader_for(res_r)
-        transports = [t1, t2, t3]
+        ctl_reader, ctl_writer = await asyncio.open_unix_connection(sock=ours)
+        transports = [t1, t2, t3, ctl_writer]
         pipes = []
         out, err = CappedStream(), CappedStream()
         state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "tool_error_kind": "caller",
                                  "events": [], "bytes": 0}
+
+        async def control() -> None:
+            """The confining code's messages (before any user code runs), checked from outside, then "go"."""
+            while True:
+                try:
+                    line = await ctl_reader.readline()
+                    msg = json.loads(line) if line else None
+                except (ValueError, ConnectionError, asyncio.LimitOverrunError):
+                    msg = None
+                if not isinstance(msg, dict):
+                    return
+                if isinstance(msg.get("pid"), int):
+                    confined["pid"] = msg["pid"]
+                if isinstance(msg.get("refused"), str):
+                    confined["refused"] = msg["refused"][:2000]
+                    return
+                if isinstance(msg.get("layers"), dict):
+                    confined["layers"] = {str(k): str(v)[:300] for k, v in msg["layers"].items()}
+                    if confined["pid"] is None and pid is not None:  # a warm call: pid 1 of the call is the keeper's child
+                        try:
+                            confined["pid"] = int(open(f"/proc/{pid}/task/{pid}/children").read().split()[0])
+                        except (OSError, ValueError, IndexError):
+                            pass
+                    if limits.isolate and confined["pid"] is not None:
+                        confined["verified"] = verify(confined["pid"], confined["layers"], cgroup_name)
+                    bad = [k for k, v in confined["verified"].items() if v.startswith("MISSING") or k == "error"]
+                    if limits.require_isolation and bad:
+                        confined["refused"] = f"isolation required but not verified: {', '.join(bad)} ({confined['verified']})"
+                        return
+                    ctl_writer.write(b"g")
+                    await ctl_writer.drain()
+                    return
 
         async def read_results() -> None:
             while True:
@@ -245,26 +367,42 @@ async def run_child(
             asyncio.ensure_future(read_results()),
             asyncio.ensure_future(_drain(out_reader, out)),
             asyncio.ensure_future(_drain(err_reader, err)),
+            asyncio.ensure_future(control()),
         ]
-        try:
-            # the call ends when the child exits (or its time is up), not when every inherited pipe closes:
-            # grandchildren the user's code left behind must not hold the call open
-            await asyncio.wait_for(asyncio.shield(exited), timeout=timeout_s)
-        except asyncio.TimeoutError:
-            timed_out = True
-        assert pid is not None  # the child started
+        # the call ends when the child has sent its result or exited (or its time is up), not when every inherited
+        # pipe closes: grandchildren the user's code left behind must not hold the call open; the child's exit and
+        # the teardown of its namespaces happen after the reply
+        deadline = time.monotonic() + timeout_s
+        done, _ = await asyncio.wait([exited, readers[0]], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        got = state["report"] is not None or state["tool_error"] is not None
+        if done and not exited.done() and not got:  # the result pipe closed without a result: wait for the exit
+            done, _ = await asyncio.wait([exited], timeout=max(0.0, deadline - time.monotonic()))
+        timed_out = not done
+        early = bool(done) and not exited.done() and got
+        assert pid is not None
         _kill_group(pid)  # anything the child left behind in its group
         if cgroup is not None and cgroup.ok:
-            cgroup.kill()  # ... and anything that left the group (setsid daemons)
-        await asyncio.wait(readers + [exited], timeout=limits.grace_s)
-        for t in readers:
-            t.cancel()
+            cgroup.kill_now()  # ... and anything that left the group (setsid daemons)
+        if early:
+            for _ in range(3):  # the child flushed stdout/stderr before its result: let the drains take what is there
+                await asyncio.sleep(0)
+        else:
+            await asyncio.wait(readers + [exited], timeout=limits.grace_s)
+            for t in readers:
+                t.cancel()
         code = exited.result() if exited.done() and not exited.cancelled() and exited.exception() is None else None
+        report = state["report"]
+        if report is not None:  # the isolation facts are the server's: whatever the child wrote there is dropped
+            report.setdefault("facts", {}).pop("isolation", None)
+        tool_error = state["tool_error"]
+        if confined["refused"]:
+            tool_error, report = confined["refused"], None
         return ChildOutcome(
-            report=state["report"], tool_error=state["tool_error"], tool_error_kind=state["tool_error_kind"], phase=state["phase"],
+            report=report, tool_error=tool_error, tool_error_kind=state["tool_error_kind"], phase=state["phase"],
             returncode=code, timed_out=timed_out, stdout=out.text(), stderr=err.text(),
             seconds=time.monotonic() - t0, events=state["events"], mode=mode, note=warm_note,
             oom=bool(cgroup is not None and cgroup.oom_killed()),
+            isolation={"applied": confined["layers"] or {}, "verified_by_server": confined["verified"]},
         )
     except asyncio.CancelledError:
         if pid is not None:
@@ -274,10 +412,9 @@ async def run_child(
         if pid is not None:
             _kill_group(pid)
         if cgroup is not None:
-            cgroup.kill()
-            cgroup.remove()
-        for tr in transports:
-            tr.close()
+            cgroup.kill_now()
+        late = [t for t in locals().get("readers", []) + [locals().get("exited")] if t is not None and not t.done()]
+        _close_later(late, transports, limits.grace_s)
         for r, w in pipes:
             for fd in (r, w):
                 if fd >= 0:
@@ -285,7 +422,17 @@ async def run_child(
                         os.close(fd)
                     except OSError:
                         pass
-        shutil.rmtree(scratch, ignore_errors=True)
+        if not transports:
+            ours.close()
+        theirs.close()
+        _reap_later(cgroup, scratch, confined["pid"] if mode == "cold" else None)
+
+
+def _gpu_devices() -> list[str]:
+    try:
+        return [n for n in os.listdir("/dev") if n.startswith("nvidia")]
+    except OSError:
+        return []
 
 
 def describe_exit(rc: int | None) -> str:

@@ -113,6 +113,7 @@ class WarmWorker:
         for fut in list(self._forked.values()) + list(self._exits.values()):
             if not fut.done():
                 fut.set_exception(err)
+                fut.exception()  # retrieved: a call that stopped waiting for it must not log a warning
         self._forked.clear()
         self._exits.clear()
         if self._ready is not None and not self._ready.done():
@@ -120,14 +121,15 @@ class WarmWorker:
         if proc is self.proc:
             self.info = {}
 
-    async def fork(self, job: dict, cwd: str, env: dict, fds: tuple[int, int, int]) -> tuple[int, asyncio.Future]:
-        """Fork a child for `job` with stdout/stderr/result on `fds`; returns (pid, future of its exit code)."""
+    async def fork(self, job: dict, cwd: str, env: dict, fds: tuple[int, ...], policy: dict) -> tuple[int, asyncio.Future]:
+        """Fork a child for `job` with stdout/stderr/result/control on `fds`, confined by `policy` (confine.py);
+        returns (pid, future of its exit code)."""
         rid = next(self._ids)
         loop, sock = self._loop, self.sock
         assert loop is not None and sock is not None, "fork() on a worker that was never started"
         fut = loop.create_future()
         self._forked[rid] = fut
-        data = json.dumps({"id": rid, "job": job, "cwd": cwd, "env": env}).encode()
+        data = json.dumps({"id": rid, "job": job, "cwd": cwd, "env": env, "policy": policy}).encode()
         with self._lock:
             socket.send_fds(sock, [struct.pack("!I", len(data)) + data], list(fds))
         pid = await asyncio.wait_for(fut, 30)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+
 import json
 import os
 import select
@@ -20,6 +21,7 @@ import signal
 import socket
 import struct
 import sys
+import tempfile
 
 PRELOAD = (
     "transformers",
@@ -65,8 +67,12 @@ def preload() -> list[str]:
 
     import torch  # noqa: F401  (import only: no tensor op, no CUDA)
 
-    import gradprobe.checks.diagnosis
-    import gradprobe.sandbox.job  # noqa: F401
+    import gradprobe.checks.diagnosis  # every check module
+    import gradprobe.loading  # what a call imports before its check (job.run_job imports them lazily)
+    import gradprobe.sandbox.child
+    import gradprobe.sandbox.confine
+    import gradprobe.sandbox.job
+    import gradprobe.userframes  # noqa: F401
 
     loaded = []
     for name in PRELOAD:
@@ -79,7 +85,7 @@ def preload() -> list[str]:
 
 
 def child(req: dict, fds: list[int], sock: socket.socket) -> None:
-    """In the forked child: become the sandboxed call."""
+    """In the forked child: confine (confine.py: this process becomes the keeper, its child the call), run the job."""
     try:
         sock.close()
         os.setsid()
@@ -87,7 +93,7 @@ def child(req: dict, fds: list[int], sock: socket.socket) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in _WAKE:
             os.close(fd)
-        out_fd, err_fd, res_fd = fds
+        out_fd, err_fd, res_fd, ctl_fd = fds
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(out_fd, 1)
@@ -97,16 +103,64 @@ def child(req: dict, fds: list[int], sock: socket.socket) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
+        from gradprobe.sandbox import confine
         from gradprobe.sandbox.child import run
 
+        control = socket.socket(fileno=ctl_fd)
+        try:
+            confine.confine(req["policy"], control)
+        except confine.Refused as exc:
+            confine.send(control, {"refused": str(exc)})
+            os._exit(71)
         run(req["job"], res_fd)
     finally:
         os._exit(70)
 
 
+class Spare:
+    """A call forked and half-confined ahead of time (confine.spare), waiting for its job on `sock`."""
+
+    def __init__(self, base: dict, server: socket.socket):
+        from gradprobe.sandbox import confine
+
+        self.base = {k: base.get(k) for k in confine.VIEW_KEYS}
+        self.root = tempfile.mkdtemp(prefix="gradprobe-root-", dir="/tmp")
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                server.close()
+                self.sock.close()
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in _WAKE:
+                    os.close(fd)
+                confine.spare(base, self.root, theirs)
+            finally:
+                os._exit(70)
+        theirs.close()
+
+    def fits(self, policy: dict) -> bool:
+        return all(policy.get(k) == v for k, v in self.base.items())
+
+    def hand(self, req: dict, fds: list[int]) -> None:
+        data = json.dumps(req).encode()
+        socket.send_fds(self.sock, [struct.pack("!I", len(data)) + data], fds)
+
+    def drop(self) -> None:
+        self.sock.close()  # the spare reads EOF and exits
+
+
+def _spares_possible(policy: dict) -> bool:
+    return bool(policy.get("enabled")) and os.geteuid() == 0
+
+
 def serve(sock: socket.socket) -> None:
     buf = b""
     pending: list[int] = []  # fds that arrived with a request not yet complete
+    forked: set[int] = set()
+    roots: dict[int, str] = {}  # a spare's keeper pid -> its (empty) mount point on the host
+    spare: Spare | None = None
     global _WAKE
     wake_r, wake_w = _WAKE = os.pipe()  # SIGCHLD wakes select at once: exits are reported without polling delay
     os.set_blocking(wake_w, False)
@@ -121,27 +175,59 @@ def serve(sock: socket.socket) -> None:
             if pid == 0:
                 break
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            send_msg(sock, {"exit": pid, "code": code})
-        watched: list[Any] = [sock, wake_r]
-        ready, _, _ = select.select(watched, [], [], 1.0)
+            if pid in forked:  # else an orphan of a call, reaped here as its subreaper
+                forked.discard(pid)
+                send_msg(sock, {"exit": pid, "code": code})
+            if pid in roots:
+                try:
+                    os.rmdir(roots.pop(pid))
+                except OSError:
+                    pass
+            if spare is not None and pid == spare.pid:
+                spare.drop()
+                spare = None
+        watch: list[Any] = [sock, wake_r] + ([spare.sock] if spare is not None else [])
+        ready, _, _ = select.select(watch, [], [], 1.0)
         if wake_r in ready:
             os.read(wake_r, 4096)
+        if spare is not None and spare.sock in ready and not spare.sock.recv(4096):
+            spare.drop()  # it died before its job (it said why on stderr, which is /dev/null here)
+            spare = None
         if sock not in ready:
             continue
         msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 24)
         if not msg:
+            if spare is not None:
+                spare.drop()
             return  # the server went away
         buf += msg
         pending += fds
         reqs, buf = split_frames(buf)
         for req in reqs:
-            these, pending = pending[:3], pending[3:]
-            pid = os.fork()
-            if pid == 0:
-                child(req, these, sock)
+            these, pending = pending[:4], pending[4:]
+            policy = req.get("policy") or {}
+            if _spares_possible(policy):
+                if spare is not None and not spare.fits(policy):
+                    spare.drop()
+                    spare = None
+                if spare is None:
+                    spare = Spare(policy, sock)
+                    roots[spare.pid] = spare.root
+                spare.hand(req, these)
+                pid = spare.pid
+                spare.drop()
+                spare = None
+            else:
+                pid = os.fork()
+                if pid == 0:
+                    child(req, these, sock)
+            forked.add(pid)
             for fd in these:
                 os.close(fd)
             send_msg(sock, {"forked": req["id"], "pid": pid})
+            if _spares_possible(policy) and not pending:  # the next call's, made while this one runs (it must
+                spare = Spare(policy, sock)               # not inherit this call's pipes: made after closing them)
+                roots[spare.pid] = spare.root
 
 
 def main() -> None:
@@ -152,6 +238,13 @@ def main() -> None:
     sys.path.insert(0, root)
     sock = socket.socket(fileno=int(sys.argv[1]))
     _nondumpable()
+    from gradprobe.sandbox import isolation
+
+    isolation.become_subreaper()
+    if os.geteuid() == 0:
+        from gradprobe.sandbox import confine
+
+        confine.IDMAP_FD = confine.make_idmap_userns()  # made once; every forked call inherits it
     loaded = preload()
     import gc
 

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from gradprobe import __version__
 from gradprobe.findings import catalogue
+from gradprobe.server.options import ServeOptions
 from gradprobe.server.runtime import Runtime
 from gradprobe.server.tools import register_all
 from gradprobe.target import explain_validation_error
@@ -44,14 +45,12 @@ def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None)
     @contextlib.asynccontextmanager
     async def lifespan(_server):
         # warm the worker in the background: tools/list answers at once, the first call is fast
-        task = asyncio.ensure_future(runtime.warm.ensure()) if runtime.warm is not None else None
+        task = asyncio.ensure_future(runtime.executor.start())
         try:
             yield {"runtime": runtime}
         finally:
-            if task is not None:
-                task.cancel()
-            if runtime.warm is not None:
-                runtime.warm.stop()
+            task.cancel()
+            runtime.executor.stop()
 
     server = GradprobeServer(
         "gradprobe",
@@ -69,9 +68,8 @@ def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None)
     async def health(_request):
         from starlette.responses import JSONResponse
 
-        warm = runtime.warm
         return JSONResponse({"status": "ok", "version": __version__, "running": runtime.running,
-                             "queued": runtime.queued, "warm_worker": bool(warm and warm.alive)})
+                             "queued": runtime.queued, "warm_worker": runtime.executor.warm_alive})
 
     @server.resource("gradprobe://findings", mime_type="application/json", title="Findings catalogue")
     def findings_catalogue() -> str:
@@ -113,10 +111,7 @@ def make_nondumpable() -> None:
         pass
 
 
-def serve_stdio(max_concurrent: int | None = None, warm: bool = True, allowed_roots=None, allowed_pythons=None, limits=None,
-                executor=None) -> None:
+def serve_stdio(options: ServeOptions) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     make_nondumpable()
-    runtime = Runtime(max_concurrent=max_concurrent, warm=warm, allowed_roots=allowed_roots, allowed_pythons=allowed_pythons,
-                      limits=limits, executor=executor)
-    build_server(runtime).run("stdio")
+    build_server(Runtime(options)).run("stdio")

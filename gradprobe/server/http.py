@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
+import re
 import sys
+import time
 
 from pydantic import AnyHttpUrl
 
 from gradprobe.server.app import build_server, make_nondumpable
 from gradprobe.server.auth import StaticTokenVerifier, load_tokens
 from gradprobe.server.events import RETRY_MS, BoundedEventStore
+from gradprobe.server.options import HttpOptions, ServeOptions
 from gradprobe.server.runtime import Runtime
 
 log = logging.getLogger("gradprobe.http")
@@ -39,38 +41,122 @@ def transport_security(host: str, port: int, allowed_hosts: list[str], allowed_o
     return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
 
 
-def serve_http(args) -> int:
+def serve_http(options: ServeOptions) -> int:
+    http = options.http or HttpOptions()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     try:
-        tokens = load_tokens(args.token_file)
+        tokens = load_tokens(http.token_file)
     except (OSError, ValueError) as exc:
         print(f"gradprobe: cannot read tokens: {exc}", file=sys.stderr)
         return 2
-    if not tokens and not is_loopback(args.host) and not args.insecure_no_auth:
-        print(f"gradprobe: refusing to serve {args.host} without authentication: give --token-file or GRADPROBE_TOKENS "
+    if not tokens and not is_loopback(http.host) and not http.insecure_no_auth:
+        print(f"gradprobe: refusing to serve {http.host} without authentication: give --token-file or GRADPROBE_TOKENS "
               "(or --insecure-no-auth if something in front of it authenticates)", file=sys.stderr)
         return 2
     make_nondumpable()
-    roots = args.allow_root or [os.getcwd()]
-    from gradprobe.cli import _executor, _limits
-
-    runtime = Runtime(max_concurrent=args.max_concurrent, warm=not args.cold, allowed_roots=roots,
-                      per_caller=args.per_caller, allowed_pythons=args.allow_python, limits=_limits(args),
-                      executor=_executor(args))
+    runtime = Runtime(options)
     verifier = auth = None
     if tokens:
         from mcp.server.auth.settings import AuthSettings
 
         verifier = StaticTokenVerifier(tokens)
-        public = args.public_url or f"http://{args.host}:{args.port}"
-        auth = AuthSettings(issuer_url=AnyHttpUrl(args.issuer_url or public), resource_server_url=AnyHttpUrl(f"{public}/mcp"))
+        public = http.public_url or f"http://{http.host}:{http.port}"
+        auth = AuthSettings(issuer_url=AnyHttpUrl(http.issuer_url or public), resource_server_url=AnyHttpUrl(f"{public}/mcp"))
     server = build_server(runtime, token_verifier=verifier, auth=auth)
-    log.info("serving http://%s:%s/mcp roots=%s auth=%s users=%d max_concurrent=%d per_caller=%d", args.host, args.port,
+    log.info("serving http://%s:%s/mcp roots=%s auth=%s users=%d max_concurrent=%d per_caller=%d", http.host, http.port,
              ",".join(runtime.allowed_roots), "bearer" if tokens else "none", len(set(tokens.values())),
              runtime.max_concurrent, runtime.per_caller)
-    server.run(
-        "streamable-http", host=args.host, port=args.port, streamable_http_path="/mcp",
-        max_request_body_size=args.max_body, transport_security=transport_security(args.host, args.port, args.allowed_host, args.allowed_origin),
+    app = server.streamable_http_app(
+        streamable_http_path="/mcp", max_request_body_size=http.max_body, host=http.host,
+        transport_security=transport_security(http.host, http.port, list(http.allowed_hosts), list(http.allowed_origins)),
         event_store=BoundedEventStore(), retry_interval=RETRY_MS,  # SSE: a priming event, `retry`, resumable streams
     )
+    import uvicorn
+
+    logging.getLogger("uvicorn.access").addFilter(RedactingFilter())
+    logging.getLogger("uvicorn.access").addFilter(RateLimitFilter())
+    logging.getLogger("uvicorn.error").addFilter(RateLimitFilter())
+    config = uvicorn.Config(
+        app, host=http.host, port=http.port, log_level="info",
+        limit_concurrency=http.max_connections,  # beyond it: 503 at once, not a stalled server
+        timeout_keep_alive=int(http.header_timeout_s),  # idle connections are closed
+        h11_max_incomplete_event_size=64 * 1024,  # a request head larger than this is refused
+        http=head_timeout_protocol(http.header_timeout_s),
+    )
+    uvicorn.Server(config).run()
     return 0
+
+
+def head_timeout_protocol(seconds: float):
+    """uvicorn's h11 protocol, closing a connection whose request head has not arrived `seconds` after it opened
+    (or after its previous response): half-finished requests cannot pile up."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimeoutProtocol(H11Protocol):
+        _head_timer = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _expire(self) -> None:
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()  # a request is in: the app's own timeouts apply from here
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeadTimeoutProtocol
+
+
+class RedactingFilter(logging.Filter):
+    """Access-log lines without query strings (a token sent as ?access_token=... is refused, and not logged)."""
+
+    _QUERY = re.compile(r"\?[^ \"]*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and len(record.args) >= 3:
+            args = list(record.args)
+            args[2] = self._QUERY.sub("?[redacted]", str(args[2]))
+            record.args = tuple(args)
+        record.msg = self._QUERY.sub("?[redacted]", str(record.msg)) if not record.args else record.msg
+        return True
+
+
+class RateLimitFilter(logging.Filter):
+    """At most `per_second` log records a second from the HTTP layer; the rest are counted and reported."""
+
+    def __init__(self, per_second: int = 20):
+        super().__init__()
+        self.per_second, self.window, self.count, self.dropped = per_second, 0, 0, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = int(time.monotonic())
+        if now != self.window:
+            if self.dropped:
+                record.msg = f"[{self.dropped} log lines dropped] " + str(record.msg)
+            self.window, self.count, self.dropped = now, 0, 0
+        self.count += 1
+        if self.count > self.per_second:
+            self.dropped += 1
+            return False
+        return True

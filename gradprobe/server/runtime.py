@@ -9,15 +9,17 @@ are ahead of it.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 import os
-import tempfile
+import sys
 from dataclasses import dataclass, field
 
 import anyio
 
 from gradprobe.sandbox.cgroups import clean_stale
-from gradprobe.sandbox.runner import Limits, ToolInputError, child_env
-from gradprobe.sandbox.warm import WarmWorker
+from gradprobe.sandbox.executor import Executor
+from gradprobe.sandbox.runner import ToolInputError
+from gradprobe.server.options import ServeOptions
 
 PHASES = ("queued", "starting", "importing", "building", "checking")
 
@@ -29,18 +31,23 @@ class _Waiter:
 
 
 class Runtime:
-    def __init__(self, max_concurrent: int | None = None, limits: Limits | None = None, warm: bool = True,
-                 allowed_roots: list[str] | None = None, per_caller: int | None = None, allowed_pythons: list[str] | None = None,
-                 executor=None):
-        self.max_concurrent = max_concurrent or os.cpu_count() or 2
-        self.per_caller = per_caller or self.max_concurrent  # stdio has one caller: no per-caller cap
-        self.limits = limits or Limits()
-        self.executor = executor  # None: children on this machine; else e.g. RayExecutor
-        self.warm = WarmWorker(child_env(tempfile.gettempdir())) if warm and executor is None else None
-        self.allowed_roots = [os.path.realpath(r) for r in (allowed_roots or [])]
-        self.allowed_pythons = [os.path.realpath(p) for p in (allowed_pythons or [])]
+    def __init__(self, options: ServeOptions | None = None, executor: Executor | None = None, **overrides: Any):
+        """`options` as the command line built them (ServeOptions fields may also be given as keywords)."""
+        options = options or ServeOptions()
+        if overrides:
+            import dataclasses
+
+            fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()}
+            options = dataclasses.replace(options, **fields)
+        self.options = options
+        self.max_concurrent = options.pool
+        self.per_caller = options.caller_cap
+        self.limits = options.limits
+        self.allowed_roots = options.roots
+        self.allowed_pythons = [os.path.realpath(p) for p in options.allowed_pythons]
+        self.executor: Executor = executor or options.make_executor()
         self.phase_total = float(len(PHASES))
-        clean_stale()  # empty per-call cgroups a killed server left behind
+        clean_stale()  # cgroup subtrees of gradprobe servers that are gone
         self._running: dict[str, int] = {}
         self._waiting: list[_Waiter] = []
 
@@ -55,19 +62,25 @@ class Runtime:
     def phase_index(self, phase: str) -> float:
         return float(PHASES.index(phase) + 1) if phase in PHASES else self.phase_total
 
+    def _inside(self, path: str) -> bool:
+        real = os.path.realpath(path)
+        return any(real == root or real.startswith(root + os.sep) for root in self.allowed_roots)
+
     def check_target(self, target) -> None:
-        """Refuse, before any child starts, a project outside every allowed root (symlinks and .. resolved)."""
+        """Refuse, before any child starts and before anything about the path is looked at, a project or a model
+        file outside every allowed root (symlinks and .. resolved): one answer whether it exists or not. The child
+        checks the project again on the directory it opens (confine.py)."""
         if not self.allowed_roots:
             return
-        real = os.path.realpath(target.project_dir)
-        if not any(real == root or real.startswith(root + os.sep) for root in self.allowed_roots):
-            raise ToolInputError(f"project_dir {target.project_dir!r} (resolved: {real}) is outside the roots this server "
-                                 f"may read: {', '.join(self.allowed_roots)}")
-        if target.python is not None:
+        refs = [getattr(target, f) for f in ("model", "inputs", "loss", "optimizer", "train_step")]
+        files = [os.path.join(target.project_dir, r.partition(":")[0]) for r in refs if r and r.partition(":")[0].endswith(".py")]
+        for path in [target.project_dir, *files]:
+            if not os.path.isabs(target.project_dir) or not self._inside(path):
+                raise ToolInputError(f"{path!r} is outside the roots this server may read: {', '.join(self.allowed_roots)}")
+        if target.python is not None:  # only interpreters the operator listed (--allow-python), wherever they are
             py = os.path.realpath(target.python)
-            inside = any(py.startswith(root + os.sep) for root in self.allowed_roots)
-            if not inside and py not in self.allowed_pythons:
-                raise ToolInputError(f"python {target.python!r} is neither inside an allowed root nor an interpreter the operator allowed")
+            if py not in self.allowed_pythons and py != os.path.realpath(sys.executable):
+                raise ToolInputError(f"python {target.python!r} is not an interpreter this server allows (--allow-python)")
 
     def _can_run(self, caller: str) -> bool:
         return self.running < self.max_concurrent and self._running.get(caller, 0) < self.per_caller

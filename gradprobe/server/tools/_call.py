@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -10,6 +11,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
+from gradprobe.flowchart import flow_mermaid
 from gradprobe.render import render_text
 from gradprobe.sandbox.execute import execute
 from gradprobe.sandbox.runner import ToolInputError
@@ -59,8 +61,7 @@ async def call_tool(runtime, tool: str, target: Target, options: dict[str, Any],
     try:
         runtime.check_target(target)
         async with runtime.slot(ctx, caller):
-            report = await execute(tool, target, options, progress=progress, limits=runtime.limits, warm=runtime.warm,
-                                     executor=runtime.executor)
+            report = await execute(tool, target, options, progress=progress, executor=runtime.executor)
         if post is not None:
             extra_content = post(report)
         outcome = "ok" if report.get("ok") else "findings"
@@ -68,8 +69,12 @@ async def call_tool(runtime, tool: str, target: Target, options: dict[str, Any],
         outcome = "tool-error"
         raise ToolError(str(exc)) from None
     finally:
-        log.info("call caller=%s tool=%s project=%s model=%s outcome=%s seconds=%.2f", caller, tool, target.project_dir,
-                 target.model, outcome, time.monotonic() - t0)
+        # one JSON record per line: a newline or quote in a caller's field cannot forge another record
+        log.info("call %s", json.dumps({"caller": caller, "tool": tool, "project": target.project_dir, "model": target.model,
+                                        "outcome": outcome, "seconds": round(time.monotonic() - t0, 2)}))
+    facts: dict[str, Any] = report["facts"] if isinstance(report.get("facts"), dict) else {}
+    if "mermaid" in facts:  # the child's text is untrusted: rebuilt here from the type-checked graph
+        facts["mermaid"] = flow_mermaid(facts["flow"]) if facts.get("flow") else ""
     validated = Report.model_validate(report)  # the child's JSON is untrusted: schema-check it
     data = validated.model_dump(mode="json")
     content = [TextContent(type="text", text=render_text(data))] + list(extra_content or [])

@@ -8,7 +8,7 @@ from typing import Annotated
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult, ImageContent
 
-from gradprobe.flowchart import flow_svg
+from gradprobe.flowchart import flow_mermaid, flow_svg
 from gradprobe.server.models import Report
 from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
@@ -25,9 +25,12 @@ Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}}}"
 
 
 def _picture(report: dict) -> list:
-    graph = (report.get("facts") or {}).get("flow")
+    facts = report.get("facts") or {}
+    graph = facts.get("flow")
     if not graph:
+        facts.pop("mermaid", None)
         return []
+    facts["mermaid"] = flow_mermaid(graph)  # made here from the checked graph, never the child's own text
     svg = flow_svg(graph).encode()
     return [ImageContent(type="image", data=base64.b64encode(svg).decode(), mime_type="image/svg+xml")]
 

@@ -1,0 +1,482 @@
+"""Confine a freshly forked process, before any user code or user-named program runs in it.
+
+Used by the cold launcher (`launch.py`, the server's own interpreter, which then
+`exec`s the interpreter the target names) and by the warm worker's forked
+children. Everything applied here is inherited across `exec`, so whatever runs
+next (a Python, a shell script, a binary) is inside every layer:
+
+1. cgroups: the process joins the per-call cgroups the server made;
+2. namespaces: mount, pid, network, IPC and UTS; the process forks once: its
+   child is pid 1 of the new pid namespace (when it exits, the kernel kills every
+   process of the call) and this process stays outside as the *keeper*, which
+   only waits and passes the exit status on;
+3. a minimal file-system view (pivot_root into a tmpfs): read-only, nosuid binds
+   of the system directories, the Python installation(s), gradprobe and the
+   project, only the `/etc` files Python and torch read, a few `/dev` nodes, a
+   fresh `/proc` of the call's own pid namespace, and private size-limited tmpfs
+   for `/tmp` (which holds the scratch dir) and `/dev/shm`. No socket, device or
+   file outside these exists in the child's world;
+4. identity: uid/gid 65534 (nobody), no supplementary groups, no capabilities;
+   the read-only binds are id-mapped so files owned by root read as the child's
+   own: a Python installation or project inside a private (0700) home stays
+   readable, while chmod/utime/write fail with EROFS;
+5. Landlock (read-only everywhere, read-write /tmp and /dev/shm; TCP denied,
+   signals and abstract Unix sockets scoped to the call), then seccomp
+   (`isolation.seccomp_filter`), then rlimits.
+
+The project directory is opened here, its real path checked against the
+server's allowed roots, and that very directory (by file descriptor) is what
+gets bound: replacing it by a symlink while the call waits changes nothing.
+
+Each step's outcome is sent to the server on the control socket before the
+user's code runs; the server then checks the process itself (/proc status,
+namespaces) and answers "go" (see runner.py). The keeper and the confined child
+share nothing with the user's code after that: the control socket is closed
+before `exec` / before the job starts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+from gradprobe.sandbox import isolation
+
+_libc = ctypes.CDLL(None, use_errno=True)
+NOBODY = 65534
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
+SYS_PIVOT_ROOT, SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 155, 428, 429, 442
+OPEN_TREE_CLONE, AT_RECURSIVE, AT_EMPTY_PATH, AT_FDCWD = 1, 0x8000, 0x1000, -100
+MOVE_MOUNT_F_EMPTY_PATH = 4
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_IDMAP = 1, 2, 4, 0x100000
+
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "passwd", "group", "hosts", "host.conf",
+             "localtime", "timezone", "os-release", "alternatives", "protocols", "services", "mime.types", "gai.conf")
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+
+IDMAP_FD: int | None = None  # a user namespace mapping uid/gid 0 -> 65534, made once per process that confines
+
+
+class Refused(Exception):
+    """The call must not start (a path outside the roots, a layer required but missing)."""
+
+
+def _check(rc: int, what: str) -> int:
+    if rc < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return rc
+
+
+def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(_libc.mount(src.encode() if src else None, target.encode(), fstype.encode() if fstype else None,
+                       ctypes.c_ulong(flags), data.encode() if data else None), f"mount {target}")
+
+
+def make_idmap_userns() -> int | None:
+    """An fd of a user namespace whose uid/gid 0 is 65534 outside, for id-mapped mounts (None if impossible)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            ok = _libc.unshare(CLONE_NEWUSER) == 0
+            os.write(w, b"1" if ok else b"0")
+            os.close(w)
+            signal.pause()
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        if os.read(r, 1) != b"1":
+            return None
+        for name, text in (("uid_map", f"0 {NOBODY} 1"), ("setgroups", "deny"), ("gid_map", f"0 {NOBODY} 1")):
+            with open(f"/proc/{pid}/{name}", "w") as f:
+                f.write(text)
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    finally:
+        os.close(r)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def _clone_tree(fd: int) -> int:
+    """A detached copy of the mount tree at the opened directory `fd` (made before unshare: a mount of another
+    namespace cannot be cloned afterwards)."""
+    return _check(_libc.syscall(SYS_OPEN_TREE, fd, b"", ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | AT_EMPTY_PATH | os.O_CLOEXEC)), "open_tree")
+
+
+def _bind(source: str | int, target: str, idmap: int | None, writable: bool = False, devices: bool = False) -> bool:
+    """Bind `source` (a path, or a detached tree from _clone_tree) at `target`, read-only and nosuid, id-mapped
+    when the file system allows; returns whether the id mapping took."""
+    if isinstance(source, int):
+        tree = source
+    else:
+        tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)), f"open_tree {source}")
+    try:
+        base = (0 if writable else MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | (0 if devices else MOUNT_ATTR_NODEV)
+        mapped = False
+        for attrs, fd in (((base | MOUNT_ATTR_IDMAP), idmap), (base, None)):
+            if attrs & MOUNT_ATTR_IDMAP and fd is None:
+                continue
+            buf = ctypes.create_string_buffer(struct.pack("QQQQ", attrs, 0, 0, fd or 0))
+            if _libc.syscall(SYS_MOUNT_SETATTR, tree, b"", ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), buf, ctypes.c_size_t(32)) == 0:
+                mapped = bool(attrs & MOUNT_ATTR_IDMAP)
+                break
+        else:
+            _check(-1, f"mount_setattr {target}")
+        _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount {target}")
+        return mapped
+    finally:
+        os.close(tree)
+
+
+def _place(root: str, path: str, is_dir: bool) -> str:
+    """Create `path` under `root` (parents 0755), following the symlinks of the real system."""
+    target = root + path
+    parent = os.path.dirname(path)
+    if parent != path and not os.path.lexists(root + parent):
+        _place(root, parent, True)
+    if os.path.lexists(target):
+        return target
+    if os.path.islink(path) and path != "/":
+        os.symlink(os.readlink(path), target)
+        return target
+    if is_dir:
+        os.mkdir(target, 0o755)
+    else:
+        open(target, "w").close()
+    return target
+
+
+def python_trees(python: str | None) -> list[str]:
+    """Directories an interpreter needs: its installation prefix (a dir holding lib/python3* or pyvenv.cfg),
+    for both the named path and its target; a non-Python program gets only its own file."""
+    out = [sys.prefix, sys.base_prefix, sys.exec_prefix]
+    if python:
+        for p in (os.path.abspath(python), os.path.realpath(python)):
+            prefix = os.path.dirname(os.path.dirname(p))
+            looks = prefix not in ("/", "") and (os.path.exists(os.path.join(prefix, "pyvenv.cfg")) or any(
+                n.startswith("python3") for n in _listdir(os.path.join(prefix, "lib"))))
+            out.append(prefix if looks else p)
+    return out
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def open_project(policy: dict) -> tuple[int, str]:
+    """Open the project directory and check *that* directory against the allowed roots."""
+    want = policy["project_dir"]
+    try:
+        fd = os.open(want, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Refused(f"project_dir {want!r} cannot be opened: {exc.strerror}") from None
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        roots = policy.get("allowed_roots") or []
+        if roots and not _inside(real, roots):
+            raise Refused(f"project_dir {want!r} is outside the roots this server may read")
+        if os.geteuid() != 0:
+            return -1, real
+        return _clone_tree(fd), real
+    finally:
+        os.close(fd)
+
+
+def prepare_view(policy: dict, newroot: str) -> tuple[list[str], list[bool]]:
+    """In a new mount namespace, the part of the view every call shares: a tmpfs root at `newroot` (an empty dir,
+    shadowed in this namespace only) with private /tmp, /dev, /dev/shm, /proc, /sys and the read-only binds.
+    Returns the read-only paths (for Landlock) and which binds took the id mapping."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("tmpfs", newroot, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
+    # /tmp first: binds below it (a project in /tmp) go on top of the private tmpfs, not under it
+    _place(newroot, "/tmp", True)
+    _mount("tmpfs", newroot + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy['scratch_bytes']},mode=1777")
+    ro: list[str] = []
+    mapped: list[bool] = []
+    trees = list(SYSTEM_DIRS) + python_trees(policy.get("python")) + [policy["package_root"]] + list(policy.get("extra_ro") or [])
+    seen: list[str] = []
+    for path in sorted({os.path.abspath(p) for p in trees if p}, key=len):
+        if not os.path.lexists(path) or path == "/":
+            continue
+        if os.path.islink(path) and os.path.dirname(path) == "/":
+            _place(newroot, path, True)  # /bin -> usr/bin on merged-/usr systems
+            continue
+        real = os.path.realpath(path)
+        if _inside(real, seen):
+            continue
+        seen.append(real)
+        _place(newroot, real, os.path.isdir(real))
+        mapped.append(_bind(real, newroot + real, IDMAP_FD))
+        ro.append(real)
+    _place(newroot, "/etc", True)
+    for name in ETC_FILES:
+        src = os.path.join("/etc", name)
+        if os.path.exists(src):
+            _bind(src, _place(newroot, src, os.path.isdir(src)), IDMAP_FD)
+    ro.append("/etc")
+    _place(newroot, "/dev", True)
+    _mount("tmpfs", newroot + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+    for name in DEV_NODES + tuple(policy.get("devices") or ()):
+        src = os.path.join("/dev", name)
+        if os.path.exists(src):
+            _bind(src, _place(newroot, src, os.path.isdir(src)), None, writable=True, devices=True)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, newroot + "/dev/" + name)
+    _place(newroot, "/dev/shm", True)
+    _mount("tmpfs", newroot + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy['shm_bytes']},mode=1777")
+    _place(newroot, "/proc", True)
+    _mount("proc", newroot + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _place(newroot, "/sys", True)
+    _bind("/sys", newroot + "/sys", None)
+    ro += ["/proc", "/sys"]
+    return ro, mapped
+
+
+def finish_view(policy: dict, newroot: str, project_tree: int | None, ro: list[str], mapped: list[bool], report: dict) -> None:
+    """The call's own part: the project (the tree opened and checked), the scratch dir, then pivot_root."""
+    scratch = policy["scratch"]
+    if project_tree is not None:
+        proj = policy["project_dir_real"]
+        if not _inside(proj, ro):
+            mapped.append(_bind(project_tree, _place(newroot, proj, True), IDMAP_FD))  # closes project_tree
+            ro.append(proj)
+        else:
+            os.close(project_tree)
+    if not scratch.startswith("/tmp/"):
+        raise Refused("the scratch dir must live under /tmp")
+    os.makedirs(newroot + scratch, 0o700)
+    os.chown(newroot + scratch, NOBODY, NOBODY)
+    os.mkdir(newroot + "/.old")
+    os.chdir(newroot)
+    _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
+    _check(_libc.umount2(b"/.old", MNT_DETACH), "umount old root")
+    os.rmdir("/.old")
+    _mount(None, "/", None, MS_BIND | 32 | MS_RDONLY | MS_NOSUID | MS_NODEV)  # MS_REMOUNT: the view's own root read-only
+    os.chdir(scratch)
+    report["view"] = (f"pivot_root into a minimal tree: {len(ro)} read-only binds ({sum(mapped)} id-mapped), fresh /proc, "
+                      f"private tmpfs /tmp ({policy['scratch_bytes'] >> 20} MiB, holds scratch) and /dev/shm ({policy['shm_bytes'] >> 20} MiB)")
+
+
+def drop_identity() -> str:
+    for cap in range(64):
+        _libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)
+    _check(_libc.prctl(38, 1, 0, 0, 0), "no_new_privs")
+    return f"uid/gid {NOBODY}, no groups, no capabilities (bounding set empty), no_new_privs"
+
+
+def apply_rlimits(limits: dict) -> None:
+    import resource
+
+    def cap(which, value):
+        if value is None:
+            return
+        try:
+            _soft, hard = resource.getrlimit(which)
+            value = int(value)
+            if hard != resource.RLIM_INFINITY:
+                value = min(value, hard)
+            resource.setrlimit(which, (value, hard))
+        except (ValueError, OSError):
+            pass
+
+    cap(resource.RLIMIT_CORE, 0)
+    cap(resource.RLIMIT_AS, limits.get("memory_bytes"))
+    cap(resource.RLIMIT_CPU, limits.get("cpu_seconds"))
+    cap(resource.RLIMIT_FSIZE, limits.get("file_bytes"))
+    cap(resource.RLIMIT_NOFILE, limits.get("open_files"))
+
+
+def _keeper(child: int) -> None:
+    """Outside the call's pid namespace: pass the child's fate on as our own, and nothing else."""
+    os.closerange(3, 1 << 16)  # nothing of the call's (control socket, result pipe) stays open here
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except ChildProcessError:
+            os._exit(70)
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        os._exit(128 + signum)
+    os._exit(os.WEXITSTATUS(status))
+
+
+def send(control: socket.socket, obj: dict) -> None:
+    control.sendall((json.dumps(obj) + "\n").encode())
+
+
+NS_FLAGS = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+NS_REPORT = "mount, pid (own /proc; the call's processes die with it), network (no interface up), IPC, UTS"
+NET_REPORT = "own network namespace: no interface but a down loopback"
+
+
+def enter_namespaces(tell) -> bool:
+    """unshare every namespace and fork: returns True in the child (pid 1 of the new pid namespace); this process
+    becomes the keeper (never returns). `tell(child_pid)` lets the server know the child's pid. False if unshare
+    failed (nothing changed)."""
+    if _libc.unshare(NS_FLAGS) != 0:
+        return False
+    child = os.fork()
+    if child != 0:
+        tell(child)
+        _keeper(child)
+    isolation.die_with_parent()
+    os.setsid()
+    return True
+
+
+def lock_down(policy: dict, ro: list[str], report: dict, control: socket.socket) -> None:
+    """After the view: Landlock, seccomp, rlimits; then tell the server and wait for its "go"."""
+    ok, how = isolation.landlock(ro, ["/tmp", "/dev/shm", policy["scratch"]], ["/dev/" + n for n in DEV_NODES])
+    report["filesystem"] = how if ok else f"MISSING: {how}"
+    ok, how = isolation.seccomp_filter()
+    report["syscalls"] = how if ok else f"MISSING: {how}"
+    apply_rlimits(policy.get("limits") or {})
+    missing = [k for k, v in report.items() if v.startswith("MISSING")]
+    if policy.get("require") and missing:
+        send(control, {"refused": f"isolation required but missing here: {', '.join(missing)} ({report})"})
+        os._exit(72)
+    send(control, {"layers": report})
+    control.settimeout(60)
+    if control.recv(1) != b"g":  # the server checked this process from outside before any user code runs
+        os._exit(73)
+    control.close()
+
+
+def confine(policy: dict, control: socket.socket) -> None:
+    """Apply every layer in one go (the cold path); returns in the confined process (pid 1 of the call's pid
+    namespace). Raises Refused before any namespace; exits the child after telling the server otherwise."""
+    isolation.die_with_parent()
+    report: dict[str, str] = {}
+    if not policy.get("enabled"):
+        apply_rlimits(policy.get("limits") or {})
+        send(control, {"pid": os.getpid(), "layers": {"isolation": "off (--no-isolation)"}})
+        control.close()
+        return
+    project_tree = None
+    if policy.get("project_dir"):
+        project_tree, policy["project_dir_real"] = open_project(policy)
+    err = isolation.join_cgroups(policy.get("cgroups") or [])
+    report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
+    if os.geteuid() == 0 and enter_namespaces(lambda pid: send(control, {"pid": pid})):
+        report["namespaces"], report["network"] = NS_REPORT, NET_REPORT
+        try:
+            ro, mapped = prepare_view(policy, policy["scratch"])
+            finish_view(policy, policy["scratch"], project_tree, ro, mapped, report)
+            report["identity"] = drop_identity()
+            isolation.die_with_parent()  # a uid change clears the parent-death signal: set it again
+        except (OSError, Refused) as exc:
+            send(control, {"refused": f"could not build the sandbox: {exc}"})
+            os._exit(71)
+    else:
+        send(control, {"pid": os.getpid()})
+        report["namespaces"] = "MISSING: no pid or mount namespace (the server is not root, or unshare failed)"
+        report["view"] = "MISSING: no private file-system view"
+        ok, how = isolation.new_network_namespace()
+        report["network"] = how if ok else f"MISSING: {how}"
+        ok, how = isolation.drop_privileges()
+        report["identity"] = f"MISSING: same uid as the server ({os.getuid()}); {how}"
+        ro = isolation.readable_roots(policy.get("project_dir_real") or policy["scratch"], policy["package_root"],
+                                      python_trees(policy.get("python")))
+        os.chdir(policy["scratch"])
+    lock_down(policy, ro, report, control)
+
+
+def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
+    """A warm call made ahead of time (forked from the warm worker before any job): namespaces entered and the
+    shared part of the view built; it waits for one job, then opens and checks the project, joins the cgroup,
+    finishes the view, drops identity, locks down and runs it. Never returns."""
+    try:
+        isolation.die_with_parent()
+        _libc.prctl(15, b"gp-spare", 0, 0, 0)  # PR_SET_NAME: /proc/<pid>/comm tells an idle spare from a call
+        if not enter_namespaces(lambda pid: None):
+            send(zygote, {"nspid": None, "error": os.strerror(ctypes.get_errno())})
+            os._exit(74)
+        ro, mapped = prepare_view(base, newroot)
+        try:
+            send(zygote, {"ready": True})
+        except OSError:
+            pass
+        req, fds = _recv_job(zygote)
+        _libc.prctl(15, b"gp-call", 0, 0, 0)
+        zygote.close()
+        out_fd, err_fd, res_fd, ctl_fd = fds
+        control = socket.socket(fileno=ctl_fd)
+        policy = req["policy"]
+        report: dict[str, str] = {}
+        try:
+            if any(policy.get(k) != base.get(k) for k in VIEW_KEYS):
+                raise Refused("internal: the spare's view was built for other settings")
+            project_tree = None
+            if policy.get("project_dir"):
+                project_tree, policy["project_dir_real"] = open_project(policy)
+            err = isolation.join_cgroups(policy.get("cgroups") or [])
+            report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
+            report["namespaces"], report["network"] = NS_REPORT, NET_REPORT
+            finish_view(policy, newroot, project_tree, ro, mapped, report)
+            report["identity"] = drop_identity()
+            isolation.die_with_parent()
+        except (OSError, Refused) as exc:
+            send(control, {"refused": f"could not build the sandbox: {exc}" if isinstance(exc, OSError) else str(exc)})
+            os._exit(71)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        for fd in (devnull, out_fd, err_fd):
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        lock_down(policy, ro, report, control)
+        from gradprobe.sandbox.child import run
+
+        run(req["job"], res_fd)
+    finally:
+        os._exit(70)
+
+
+VIEW_KEYS = ("enabled", "python", "package_root", "extra_ro", "scratch_bytes", "shm_bytes", "devices")
+
+
+def _recv_job(sock: socket.socket) -> tuple[dict, list[int]]:
+    buf, fds = b"", []
+    while len(buf) < 4 or len(buf) < 4 + struct.unpack("!I", buf[:4])[0]:
+        msg, got, _flags, _addr = socket.recv_fds(sock, 1 << 20, 8)
+        if not msg:
+            os._exit(0)  # the warm worker went away before a job came
+        buf += msg
+        fds += got
+    (n,) = struct.unpack("!I", buf[:4])
+    return json.loads(buf[4:4 + n]), fds

@@ -1,0 +1,43 @@
+"""The cold child's first stage, run by the server's own interpreter: confine, then exec the target's interpreter.
+
+    python -I launch.py CONTROL_FD POLICY_JSON PYTHON CHILD
+
+Every layer (`confine.py`) is in place before `exec`, so the program the target
+names, whatever it is (a Python, a shell script, a binary), starts inside them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+
+def main() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        sys.path.pop(0)
+    sys.path.insert(0, root)
+    from gradprobe.sandbox import confine
+
+    control = socket.socket(fileno=int(sys.argv[1]))
+    policy = json.loads(sys.argv[2])
+    python, child = sys.argv[3], sys.argv[4]
+    if policy.get("enabled") and os.geteuid() == 0:
+        confine.IDMAP_FD = confine.make_idmap_userns()
+    try:
+        confine.confine(policy, control)
+    except confine.Refused as exc:
+        confine.send(control, {"refused": str(exc)})
+        os._exit(71)
+    try:
+        os.execve(python, [python, "-I", child], dict(os.environ))
+    except OSError as exc:
+        os.write(2, f"gradprobe: cannot start {python}: {exc.strerror}\n".encode())
+        os._exit(127)
+
+
+if __name__ == "__main__":
+    main()
