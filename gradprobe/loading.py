@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from gradprobe.checks.torchcompat import requires_grad_descriptor
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 
 CONVENTIONAL = {
@@ -53,6 +54,10 @@ class BuildRecord:
     seq: int = 0
     setattr_sites: dict = field(default_factory=dict)  # (id(module), name) -> (seq, location)
     optimizer_sites: dict = field(default_factory=dict)  # id(optimizer) -> (seq, location)
+    setattr_stacks: dict = field(default_factory=dict)  # (id(module), name) -> user frames, innermost first
+    frozen_sites: dict = field(default_factory=dict)  # id(tensor) -> (seq, location) of requires_grad -> False
+    hook_sites: dict = field(default_factory=dict)  # id(tensor) -> (seq, location) of register_hook
+    grad_off_sites: list = field(default_factory=list)  # (seq, location) where grad mode was switched off
     keep: list = field(default_factory=list)  # keeps recorded objects alive so ids stay unique
 
     def site_of(self, module: nn.Module, name: str) -> dict | None:
@@ -72,10 +77,11 @@ class BuildRecorder:
         self._opt_init = orig_init = torch.optim.Optimizer.__init__
 
         def recording_setattr(module, name, value):
-            loc = user.innermost(skip=1)
-            if loc is not None:
+            stack = user.user_stack(skip=2)
+            if stack:
                 rec.seq += 1
-                rec.setattr_sites[(id(module), name)] = (rec.seq, loc)
+                rec.setattr_sites[(id(module), name)] = (rec.seq, stack[0])
+                rec.setattr_stacks[(id(module), name)] = stack
                 rec.keep.append(module)
             return orig_setattr(module, name, value)
 
@@ -99,12 +105,81 @@ class BuildRecorder:
         nn.Module.__setattr__ = recording_setattr
         nn.Module.register_buffer = recording_buffer
         torch.optim.Optimizer.__init__ = recording_init
+        self._state = _StateRecorder(user, rec).__enter__()
         return self
 
     def __exit__(self, *exc):
         nn.Module.__setattr__ = self._setattr
         nn.Module.register_buffer = self._register_buffer
         torch.optim.Optimizer.__init__ = self._opt_init
+        self._state.__exit__(*exc)
+        return False
+
+
+class _StateRecorder:
+    """Records the user lines that freeze tensors (`requires_grad_(False)`, `p.requires_grad = False`),
+    register gradient hooks, and switch gradient recording off (`torch.set_grad_enabled(False)`)."""
+
+    def __init__(self, user: UserCode, record: BuildRecord):
+        self.user, self.record = user, record
+
+    def _note(self, table: dict, t: Any) -> None:
+        loc = self.user.innermost(skip=3)
+        if loc is not None:
+            self.record.seq += 1
+            table[id(t)] = (self.record.seq, loc)
+            self.record.keep.append(t)
+
+    def __enter__(self):
+        rec, note = self.record, self._note
+        orig_rg_, orig_hook = torch.Tensor.requires_grad_, torch.Tensor.register_hook
+        orig_gm = torch.autograd.grad_mode.set_grad_enabled.__init__
+        base_rg = requires_grad_descriptor()
+
+        def requires_grad_(t, requires_grad=True):
+            if not requires_grad:
+                note(rec.frozen_sites, t)
+            return orig_rg_(t, requires_grad)
+
+        def set_requires_grad(t, value):
+            if not value:
+                note(rec.frozen_sites, t)
+            base_rg.__set__(t, value)
+
+        def register_hook(t, hook):
+            note(rec.hook_sites, t)
+            return orig_hook(t, hook)
+
+        def set_grad_enabled_init(self_, mode):
+            caller = sys._getframe(1)
+            if not mode and self.user.is_user_file(caller.f_code.co_filename):  # the user's own call, not torch's no_grad
+                loc = self.user.location_of(caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name)
+                if loc is not None:
+                    rec.seq += 1
+                    rec.grad_off_sites.append((rec.seq, loc))
+            return orig_gm(self_, mode)
+
+        self._saved = (orig_hook, orig_gm)
+        self._own = {k: v for k, v in ((k, torch.Tensor.__dict__.get(k)) for k in ("requires_grad_",)) if v is not None}
+        self._own_param = nn.Parameter.__dict__.get("requires_grad")
+        torch.Tensor.requires_grad_ = requires_grad_  # type: ignore[method-assign]
+        torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]
+        nn.Parameter.requires_grad = property(base_rg.__get__, set_requires_grad)  # type: ignore[assignment]
+        torch.autograd.grad_mode.set_grad_enabled.__init__ = set_grad_enabled_init  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc):
+        orig_hook, orig_gm = self._saved
+        if "requires_grad_" in self._own:
+            torch.Tensor.requires_grad_ = self._own["requires_grad_"]  # type: ignore[method-assign]
+        else:
+            del torch.Tensor.requires_grad_  # the C method of TensorBase shows through again
+        if self._own_param is not None:
+            nn.Parameter.requires_grad = self._own_param  # type: ignore[assignment]
+        else:
+            del nn.Parameter.requires_grad
+        torch.Tensor.register_hook = orig_hook  # type: ignore[method-assign]
+        torch.autograd.grad_mode.set_grad_enabled.__init__ = orig_gm  # type: ignore[method-assign]
         return False
 
 
@@ -261,14 +336,15 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
                 found[what] = namespace[name]
 
     model_ref = target.get("model")
-    for what in CONVENTIONAL:
-        ref = target.get(what)
-        if ref:
-            found[what] = resolver.resolve(ref, what)
-        elif model_ref and ":" not in model_ref and what != "model" and what not in found:
-            conv = resolver.conventional(model_ref, what)
-            if conv is not None:
-                found[what] = conv
+    with _StateRecorder(user, record):
+        for what in CONVENTIONAL:
+            ref = target.get(what)
+            if ref:
+                found[what] = resolver.resolve(ref, what)
+            elif model_ref and ":" not in model_ref and what != "model" and what not in found:
+                conv = resolver.conventional(model_ref, what)
+                if conv is not None:
+                    found[what] = conv
 
     progress("building")
     model = found.get("model")

@@ -61,6 +61,17 @@ class UserCode:
             f = f.f_back
         return None
 
+    def user_stack(self, frame: FrameType | None = None, skip: int = 1, limit: int = 8) -> list[dict]:
+        """User frames from the innermost outward (where a call made from the user's function ran)."""
+        out: list[dict] = []
+        f: FrameType | None = frame if frame is not None else sys._getframe(skip)
+        while f is not None and len(out) < limit:
+            code = f.f_code
+            if self.is_user_file(code.co_filename):
+                out.append(self.location_of(code.co_filename, f.f_lineno, code.co_name))
+            f = f.f_back
+        return out
+
     def trimmed_traceback(self, exc: BaseException) -> str:
         """The exception's traceback keeping only the user's frames (and the message)."""
         tb: TracebackType | None = exc.__traceback__

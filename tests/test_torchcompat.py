@@ -222,6 +222,32 @@ def test_tensor_hooks_are_visible():
     assert len(tc.tensor_hooks(p)) == 1
 
 
+def test_inplace_detail_names_shape_and_version():
+    def run():
+        w = torch.ones(2, 3, requires_grad=True)
+        y = (w * 2).exp()
+        y.mul_(2)  # exp saved its output: version 0 -> 1
+        y.sum().backward()
+    assert tc.inplace_detail(_error_of(run)) == ([2, 3], 1)
+
+
+def test_non_scalar_loss_message():
+    text = _error_of(lambda: (torch.ones(3, requires_grad=True) * 2).backward())
+    assert tc.LOSS_NOT_SCALAR.search(text)
+
+
+def test_requires_grad_descriptor_and_version_counter():
+    p = nn.Parameter(torch.ones(2))
+    desc = tc.requires_grad_descriptor()
+    assert desc.__get__(p) is True
+    desc.__set__(p, False)
+    assert p.requires_grad is False
+    t = torch.ones(2)
+    v = tc.tensor_version(t)
+    t.add_(1)
+    assert tc.tensor_version(t) == v + 1
+
+
 def test_custom_function_entry_sees_aliased_apply():
     """Function.apply resolves super().apply through the entry class at call time, so an alias bound before the patch is seen."""
     owner, name, c_apply = tc.custom_function_entry()

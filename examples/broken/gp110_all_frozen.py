@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-EXPECT = {"tool": "inspect_parameters", "codes": ["GP110"], "culprits": ["0.weight"]}
+EXPECT = {"tool": "inspect_parameters", "codes": ["GP110"], "culprits": ["0.weight"], "line": 10}
 
 
 def build_model():

@@ -4,7 +4,7 @@ import torch.nn as nn
 
 torch.set_grad_enabled(False)  # left over from an inference script
 
-EXPECT = {"tool": "inspect_parameters", "codes": ["GP111"], "culprits": ["0.weight"]}
+EXPECT = {"tool": "inspect_parameters", "codes": ["GP111"], "culprits": ["0.weight"], "line": 5}
 
 
 def build_model():

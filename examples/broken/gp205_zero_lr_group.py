@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-EXPECT = {"tool": "check_optimizer_coverage", "codes": ["GP205", "GP207"], "culprits": ["0.weight"]}
+EXPECT = {"tool": "check_optimizer_coverage", "codes": ["GP205", "GP207"], "culprits": ["0.weight"], "line": 17}
 
 
 def build_model():

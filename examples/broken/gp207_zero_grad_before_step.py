@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-EXPECT = {"tool": "check_optimizer_coverage", "codes": ["GP207"], "culprits": ["0.weight", "2.weight"]}
+EXPECT = {"tool": "check_optimizer_coverage", "codes": ["GP207"], "culprits": ["0.weight", "2.weight"], "line": 24}
 
 
 def build_model():

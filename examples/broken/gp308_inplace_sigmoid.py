@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-EXPECT = {"tool": "trace_grad_path", "codes": ["GP308"], "culprits": [], "line": 14}
+EXPECT = {"tool": "trace_grad_path", "codes": ["GP308"], "culprits": [], "line": 15}
 
 
 class Gate(nn.Module):

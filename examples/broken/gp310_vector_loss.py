@@ -3,7 +3,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-EXPECT = {"tool": "trace_grad_path", "codes": ["GP310"], "culprits": []}
+EXPECT = {"tool": "trace_grad_path", "codes": ["GP310"], "culprits": [], "line": 27}
 
 
 class Classifier(nn.Module):

@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-EXPECT = {"tool": "trace_grad_path", "codes": ["GP313"], "culprits": ["0.weight"], "severity": "warning"}
+EXPECT = {"tool": "trace_grad_path", "codes": ["GP313"], "culprits": ["0.weight"], "severity": "warning", "line": 10}
 
 
 def build_model():

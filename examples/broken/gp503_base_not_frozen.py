@@ -9,7 +9,7 @@ def tiny_lm():
                       num_key_value_heads=2, vocab_size=96, max_position_embeddings=64)
     return LlamaForCausalLM(cfg)
 
-EXPECT = {"tool": "verify_prompt_tuning", "codes": ["GP503"], "culprits": ["lm.model.layers.0.mlp.up_proj.weight"], "severity": "warning"}
+EXPECT = {"tool": "verify_prompt_tuning", "codes": ["GP503"], "culprits": ["lm.model.layers.0.mlp.up_proj.weight"], "severity": "warning", "line": 43}
 
 
 class SoftPrompt(nn.Module):

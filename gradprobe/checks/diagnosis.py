@@ -136,14 +136,14 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     with contextlib.ExitStack() as stack:
         # where the step itself sets module attributes: lazily created state, parameters replaced on the first call
         stack.enter_context(BuildRecorder(loaded.user, loaded.record))
-        step_obs = stack.enter_context(optimizer.StepObserver(model, opt)) if opt is not None else None
+        step_obs = stack.enter_context(optimizer.StepObserver(model, opt, loaded.user)) if opt is not None else None
         stack.enter_context(capture)
         stack.enter_context(direct)
         if base_obs is not None:
             stack.enter_context(base_obs)
         step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
     findings = _forward_caches(findings, model, nonleaf_before)
-    tfindings, tfacts = trace.analyze(tracer, grads, model, step)
+    tfindings, tfacts = trace.analyze(tracer, grads, model, step, record=loaded.record)
     if coverage and not step.failed and tracer.backward_calls and tracer.backward_error is None:
         settled = optimizer.settle_coverage(coverage, model, set(grads.got))
         findings = [f for f in findings if not any(f is c for c in coverage)] + settled
@@ -155,7 +155,8 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     facts.update(tfacts)
     facts["checks"].append("trace")
     if step_obs is not None and before is not None and step.error is None and tracer.backward_error is None:
-        findings += optimizer.analyze_step(model, opt, before, step_obs, coverage)
+        findings += optimizer.analyze_step(model, opt, before, step_obs, coverage,
+                                           optimizer._opt_site(loaded.record, opt)[1])
         facts["step_events"] = step_obs.events[:50]
     if capture.calls or direct.hits:
         gfindings, gfacts = gradcheck.gradcheck_findings(loaded, capture, direct)

@@ -100,8 +100,11 @@ def _opt_site(loaded_record, optimizer):
     return hit if hit else (None, None)
 
 
-def _replacement_site(record, model: nn.Module, name: str, after_seq: int | None):
-    """The user line that assigned a module on `name`'s path after the optimizer was built."""
+def _replacement_site(record, model: nn.Module, name: str, after_seq: int | None, opt_site: dict | None = None):
+    """The user line that assigned a module on `name`'s path after the optimizer was built.
+
+    When that assignment ran inside a call made from the function that built the optimizer (a
+    `model.crop_block_size(...)` after `AdamW(...)`), the line in that function is the one to move."""
     if record is None:
         return None
     parts = name.split(".")
@@ -115,7 +118,22 @@ def _replacement_site(record, model: nn.Module, name: str, after_seq: int | None
         hit = record.setattr_sites.get((id(owner), attr))
         if hit and (after_seq is None or hit[0] > after_seq):
             best = hit[1]
+            stack = getattr(record, "setattr_stacks", {}).get((id(owner), attr)) or []
+            if opt_site is not None:
+                best = next((f for f in stack if f["file"] == opt_site.get("file")
+                             and f["function"] == opt_site.get("function")), best)
     return best
+
+
+def _frozen_site(record, tensors: list) -> dict | None:
+    """The user line that froze most of `tensors`, if the build recorded it."""
+    table = getattr(record, "frozen_sites", None) or {}
+    hits = [table[id(t)][1] for t in tensors if id(t) in table]
+    if not hits:
+        return None
+    lines = [(h["file"], h["line"]) for h in hits]
+    top = max(set(lines), key=lines.count)
+    return hits[lines.index(top)]
 
 
 def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Finding], list[dict]]:
@@ -176,12 +194,17 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
                 pool.remove(match)
             guesses.append({"shape": list(t.shape), "likely_was": match[0] if match else None})
         replaced = [g["likely_was"] for g in guesses if g["likely_was"]]
-        loc = next((loc for loc in (_replacement_site(record, model, n, seq) for n in replaced) if loc), None)
+        # a parameter set on its module after the optimizer was built replaced one too, whatever its shape
+        # (a crop or resize that makes a new, smaller Parameter)
+        if seq is not None:
+            replaced += [n for n, _ in pool if n not in replaced and _replacement_site(record, model, n, seq) is not None]
+        loc = next((loc for loc in (_replacement_site(record, model, n, seq, site) for n in replaced) if loc), None)
         findings.append(make_finding(
             "GP202",
             f"{type(optimizer).__name__} holds {len(stale)} tensor(s) that are not the model's current parameters; "
-            + (f"by shape and order they were {', '.join(replaced[:6])}{'...' if len(replaced) > 6 else ''}, "
-               "which the model has since replaced (rebuilt, deep-copied or reloaded)." if replaced else "the model was rebuilt or a parameter replaced."),
+            + (f"they were {', '.join(replaced[:6])}{'...' if len(replaced) > 6 else ''} (by shape and order, or by "
+               "the line that replaced them), which the model has since replaced (rebuilt, deep-copied, reloaded or "
+               "resized)." if replaced else "the model was rebuilt or a parameter replaced."),
             parameters=replaced, location=loc or site,
             evidence={"stale_tensors": guesses, "optimizer_created_at": site},
             fix=_gp202_fix(sorted({module_of(n) for n in replaced})),
@@ -214,9 +237,12 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
             evidence={"duplicates": [{"name": d[0], "groups": [d[1], d[2]]} for d in dupes]},
         ))
     if frozen:
+        # where they were frozen says more than where the optimizer was built (that line is in the evidence)
+        frozen_at = _frozen_site(record, [t for g in optimizer.param_groups for t in g["params"] if not t.requires_grad])
         findings.append(make_finding(
-            "GP203", f"The optimizer holds {len(frozen)} frozen parameter(s) (requires_grad=False).",
-            parameters=frozen, location=site, evidence={"frozen": len(frozen)},
+            "GP203", f"The optimizer holds {len(frozen)} frozen parameter(s) (requires_grad=False)"
+            + (f", frozen at line {frozen_at['line']} of {frozen_at['file'].rsplit('/', 1)[-1]}." if frozen_at else "."),
+            parameters=frozen, location=frozen_at or site, evidence={"frozen": len(frozen), "optimizer_created_at": site},
         ))
     if nonleaf:
         findings.append(make_finding(
@@ -285,21 +311,26 @@ def _grad_max(p) -> float:
 class StepObserver:
     """Records zero_grad/step calls and each parameter's gradient at step() time."""
 
-    def __init__(self, model: nn.Module, optimizer):
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, model: nn.Module, optimizer, user=None):
+        self.model, self.optimizer, self.user = model, optimizer, user
         self.events: list[str] = []
+        self.sites: dict[int, dict | None] = {}  # event index -> the user line of a zero_grad call
         self.grad_at_step: dict[int, float] = {}
         self.grad_after_backward: dict[int, float] = {}
 
     def __enter__(self):
         orig_zero, orig_mzero = torch.optim.Optimizer.zero_grad, nn.Module.zero_grad
-        events = self.events
+        events, sites, user = self.events, self.sites, self.user
 
         def opt_zero(opt, *a, **k):
+            if user is not None:
+                sites[len(events)] = user.innermost(skip=2)
             events.append("optimizer.zero_grad")
             return orig_zero(opt, *a, **k)
 
         def mod_zero(mod, *a, **k):
+            if user is not None:
+                sites[len(events)] = user.innermost(skip=2)
             events.append("model.zero_grad")
             return orig_mzero(mod, *a, **k)
 
@@ -332,7 +363,18 @@ def snapshot(model: nn.Module) -> dict[int, torch.Tensor]:
     return {id(p): p.detach().clone() for p in model.parameters() if p.requires_grad}
 
 
-def analyze_step(model: nn.Module, optimizer, before: dict, obs: StepObserver, coverage: list[Finding]) -> list[Finding]:
+def _zeroed_between_at(obs: StepObserver) -> dict | None:
+    """The user line of the zero_grad() that ran after the last backward() and before step()."""
+    ev = obs.events
+    if "optimizer.step" not in ev:
+        return None
+    stop = ev.index("optimizer.step")
+    start = max((i for i in range(stop) if ev[i] == "backward"), default=-1)
+    return next((obs.sites.get(i) for i in range(stop - 1, start, -1) if ev[i].endswith("zero_grad")), None)
+
+
+def analyze_step(model: nn.Module, optimizer, before: dict, obs: StepObserver, coverage: list[Finding],
+                 opt_site: dict | None = None) -> list[Finding]:
     """GP207: parameters with a nonzero gradient after backward that one real step left unchanged, and why."""
     names = param_names(model)
     in_opt = {id(t) for g in optimizer.param_groups for t in g["params"]}
@@ -360,10 +402,17 @@ def analyze_step(model: nn.Module, optimizer, before: dict, obs: StepObserver, c
         else:
             reason = "step() ran with a nonzero gradient but the value did not change"
         stuck.setdefault(reason, []).append(name)
-    return [make_finding(
-        "GP207", f"{len(params)} parameter(s) had a nonzero gradient after backward() but did not change in one real step: {reason}.",
-        parameters=params, evidence={"reason": reason, "call_order": obs.events[:30]},
-    ) for reason, params in stuck.items()]
+    where = {"not in the optimizer": opt_site, "its param group has lr=0": opt_site,
+             "its gradient was zeroed between backward() and step()": _zeroed_between_at(obs)}
+    out = []
+    for reason, params in stuck.items():
+        at = where.get(reason)
+        out.append(make_finding(
+            "GP207", f"{len(params)} parameter(s) had a nonzero gradient after backward() but did not change in one real step: {reason}"
+            + (f" (line {at['line']} of {at['file'].rsplit('/', 1)[-1]})." if at else "."),
+            parameters=params, location=at, evidence={"reason": reason, "call_order": obs.events[:30]},
+        ))
+    return out
 
 
 def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
@@ -371,7 +420,7 @@ def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
     from gradprobe.loading import BuildRecorder
 
     before = snapshot(loaded.model)
-    with StepObserver(loaded.model, loaded.optimizer) as obs, BuildRecorder(loaded.user, loaded.record):
+    with StepObserver(loaded.model, loaded.optimizer, loaded.user) as obs, BuildRecorder(loaded.user, loaded.record):
         result = run_step(loaded, optimizer_step=True)
     coverage += replaced_during_step(loaded.model, loaded.optimizer, loaded.record,
                                      {(f["code"], tuple(f["parameters"])) for f in coverage})
@@ -381,7 +430,8 @@ def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
     if result.failed:
         return [], facts
     coverage[:] = settle_coverage(coverage, loaded.model, set(obs.grad_after_backward))
-    return analyze_step(loaded.model, loaded.optimizer, before, obs, coverage), facts
+    return analyze_step(loaded.model, loaded.optimizer, before, obs, coverage,
+                        _opt_site(loaded.record, loaded.optimizer)[1]), facts
 
 
 def check_optimizer_coverage(model: nn.Module, optimizer, batch=None, loss_fn=None, train_step=None, step: bool = True,

@@ -503,19 +503,24 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
     facts["trainable"] = {"prompt_numel": sum(p.numel() for p in prompt_params.values()),
                           "base_trainable_numel": sum(base_trainable.values()), "base_trainable_by_module": base_trainable}
     if base_trainable and (prompt_params or attrs):
+        trainable_base = [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) not in ids_prompt
+                          and (in_base is None or id(p) in in_base)]
+        took = _trainable_site(loaded, [p for _, p in trainable_base], base_module or model)
         findings.append(make_finding(
-            "GP503", f"{sum(base_trainable.values()):,} base-model values in {len(base_trainable)} module(s) are trainable beside the prompt.",
-            parameters=[n for n, p in model.named_parameters() if p.requires_grad and id(p) not in ids_prompt
-                        and (in_base is None or id(p) in in_base)][:50],
+            "GP503", f"{sum(base_trainable.values()):,} base-model values in {len(base_trainable)} module(s) are trainable beside the prompt"
+            + (f" ({took[1].format(where=_where(took[0]))})." if took else "."),
+            parameters=[n for n, _ in trainable_base][:50], location=took[0] if took else None,
             evidence={"by_module": base_trainable}))
     base = find_base(model)
     head: Any = base.get_output_embeddings() if base is not None and hasattr(base, "get_output_embeddings") else None  # type: ignore[operator]
     head_weight = getattr(head, "weight", None)
     if isinstance(emb_weight, torch.Tensor) and emb_weight.requires_grad and head_weight is emb_weight:
         ename = next((n for n, p in model.named_parameters() if p is emb_weight), "input embedding")
+        took = _trainable_site(loaded, [emb_weight], base if base is not None else model)
         findings.append(make_finding(
-            "GP508", f"The input embedding `{ename}` is trainable and tied to the output head: training it moves the output layer too.",
-            parameters=[ename], evidence={"tied": True}))
+            "GP508", f"The input embedding `{ename}` is trainable and tied to the output head: training it moves the output layer too"
+            + (f" ({took[1].format(where=_where(took[0]))})." if took else "."),
+            parameters=[ename], location=took[0] if took else None, evidence={"tied": True}))
     if no_grad and not explained:
         f0 = breaks[0] if breaks else None
         findings.append(make_finding(
@@ -523,6 +528,29 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
             parameters=no_grad, location=f0["location"] if f0 else None,
             evidence={"break": f0["evidence"] if f0 else None, "related": [f["code"] for f in breaks]}))
     return findings, facts
+
+
+def _trainable_site(loaded, tensors: list, base: nn.Module) -> tuple[dict, str] | None:
+    """Where trainable base tensors became part of training: the optimizer line that took them, else the
+    freezing code that froze the rest of the base but left them trainable."""
+    record = getattr(loaded, "record", None)
+    if record is None:
+        return None
+    opt = loaded.optimizer
+    if isinstance(opt, torch.optim.Optimizer):
+        in_opt = {id(t) for g in opt.param_groups for t in g["params"]}
+        site = record.optimizer_sites.get(id(opt), (None, None))[1]
+        if site is not None and any(id(t) in in_opt for t in tensors):
+            return site, "the optimizer built at {where} takes them"
+    frozen = getattr(record, "frozen_sites", None) or {}
+    hits = [frozen[id(p)][1] for p in base.parameters() if id(p) in frozen and not p.requires_grad]
+    if hits:
+        return hits[-1], "the freezing code at {where} leaves them trainable"
+    return None
+
+
+def _where(loc: dict) -> str:
+    return f"line {loc['line']} of {loc['file'].rsplit('/', 1)[-1]}"
 
 
 def checkpoint_findings(tracer, trace_facts: dict, names: list[str] | None = None) -> list[Finding]:

@@ -9,6 +9,7 @@ buffers, and grad mode switched off; and lists tied and frozen parameters.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import torch
 import torch.nn as nn
@@ -252,27 +253,32 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
             ))
 
     if info.get("grad_enabled_after_build") is False:
+        off = list(getattr(build_record, "grad_off_sites", None) or [])
         findings.append(make_finding(
             "GP111",
             "Gradient recording is globally off after importing and building the target "
-            "(torch.set_grad_enabled(False) or a no_grad context left open).",
+            + (f"(torch.set_grad_enabled(False) at line {off[-1][1]['line']} of {off[-1][1]['file'].rsplit('/', 1)[-1]})."
+               if off else "(torch.set_grad_enabled(False) or a no_grad context left open)."),
             parameters=[n for n, p in model.named_parameters() if p.requires_grad],
+            location=off[-1][1] if off else None,
             evidence={"torch.is_grad_enabled()": False},
         ))
 
     params = list(model.named_parameters())
     frozen = [n for n, p in params if not p.requires_grad]
+    freeze_at = _freeze_site(build_record, [p for _, p in params if not p.requires_grad])
     if params and len(frozen) == len(params):
         findings.append(make_finding(
             "GP110",
-            f"None of the model's {len(params)} parameters requires grad: nothing can learn.",
-            parameters=frozen[:50], evidence={"parameters": len(params), "frozen": len(frozen)},
+            f"None of the model's {len(params)} parameters requires grad: nothing can learn"
+            + (f" (frozen at line {freeze_at['line']} of {freeze_at['file'].rsplit('/', 1)[-1]})." if freeze_at else "."),
+            parameters=frozen[:50], location=freeze_at, evidence={"parameters": len(params), "frozen": len(frozen)},
         ))
     elif frozen:
         findings.append(make_finding(
             "GP105",
             f"{len(frozen)} of {len(params)} parameters are frozen (requires_grad=False).",
-            parameters=frozen,
+            parameters=frozen, location=freeze_at,
             evidence={"frozen": len(frozen), "total": len(params),
                       "frozen_numel": sum(p.numel() for n, p in params if not p.requires_grad)},
         ))
@@ -291,7 +297,47 @@ def check_registration(model: nn.Module, build_record=None, info: dict | None = 
             ))
     if not params and not any(f["code"] in ("GP101", "GP102", "GP103", "GP109") for f in findings):
         findings.append(make_finding("GP110", "The model has no parameters at all.", evidence={"parameters": 0}))
-    return findings
+    return _one_per_line(findings)
+
+
+_PER_ATTRIBUTE = ("GP101", "GP102", "GP103", "GP104", "GP109")
+
+
+def _one_per_line(findings: list[Finding]) -> list[Finding]:
+    """One finding per cause: a class whose __init__ line registers wrongly is instantiated many times
+    (every block's norm), and each instance would repeat the same finding; merge them, naming every instance."""
+    out: list[Finding] = []
+    by_line: dict[tuple, Finding] = {}
+    for f in findings:
+        loc = dict(f.get("location") or {})
+        key = (f["code"], f["severity"], loc.get("file"), loc.get("line"))
+        if f["code"] not in _PER_ATTRIBUTE or loc.get("line") is None:
+            out.append(f)
+            continue
+        first = by_line.get(key)
+        if first is None:
+            by_line[key] = f
+            out.append(f)
+            continue
+        first["parameters"] = list(first["parameters"]) + [p for p in f["parameters"] if p not in first["parameters"]]
+        first["evidence"].setdefault("instances", 1)
+        first["evidence"]["instances"] += 1
+    for f in by_line.values():
+        n = f["evidence"].get("instances")
+        if n:
+            f["message"] += f" The same line made {n} such attributes: {', '.join(f['parameters'][:6])}{'...' if len(f['parameters']) > 6 else ''}."
+    return out
+
+
+def _freeze_site(build_record, tensors: list) -> dict | None:
+    """The user line that froze most of `tensors` (requires_grad_(False) / requires_grad = False), if recorded."""
+    table = getattr(build_record, "frozen_sites", None) or {}
+    hits = [table[id(t)][1] for t in tensors if id(t) in table]
+    if not hits:
+        return None
+    counts = Counter((h["file"], h["line"]) for h in hits)
+    top = counts.most_common(1)[0][0]
+    return next(h for h in hits if (h["file"], h["line"]) == top)
 
 
 # ops in which a tensor acts as a layer's weight: the other operand is the input path

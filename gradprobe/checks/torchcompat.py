@@ -43,6 +43,16 @@ def tensor_hooks(t: torch.Tensor) -> dict[Any, Any]:
     return getattr(t, "_backward_hooks", None) or {}
 
 
+def requires_grad_descriptor() -> Any:
+    """The `requires_grad` attribute descriptor of tensors (on the C base class), to wrap on nn.Parameter."""
+    return torch._C.TensorBase.requires_grad
+
+
+def tensor_version(t: torch.Tensor) -> int:
+    """The version counter that in-place ops bump (autograd compares it with the saved one)."""
+    return int(t._version)
+
+
 def custom_function_entry() -> tuple[type, str, Any]:
     """(class, attribute, C apply) where every custom Function call arrives, aliases included.
 
@@ -91,6 +101,23 @@ BACKWARD_EXPLAIN: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"returned an invalid gradient"),
      "a custom autograd.Function's backward returned a gradient of the wrong shape or type"),
 ]
+
+
+# "... modified by an inplace operation: [torch.FloatTensor [2, 8, 32]], which is output 0 of AddBackward0,
+#  is at version 2; expected version 1 instead. Hint: ..."
+INPLACE_DETAIL = re.compile(r"\[torch\.\w+ \[([\d, ]*)\]\], which is output \d+ of (\w+), is at version (\d+); "
+                            r"expected version (\d+)")
+# backward() on a non-scalar tensor without a gradient argument
+LOSS_NOT_SCALAR = re.compile(r"grad can be implicitly created only for scalar outputs")
+
+
+def inplace_detail(text: str) -> tuple[list[int], int] | None:
+    """(shape, version now) of the saved tensor an in-place op modified, from torch's backward error."""
+    m = INPLACE_DETAIL.search(text)
+    if m is None:
+        return None
+    shape = [int(x) for x in m.group(1).split(",") if x.strip()]
+    return shape, int(m.group(3))
 
 
 def explain_backward_error(text: str) -> str:

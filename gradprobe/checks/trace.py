@@ -26,7 +26,9 @@ from gradprobe.checks.torchcompat import (
     ANOMALY_FRAME,
     LOSS_DOES_NOT_REQUIRE_GRAD,
     LOSS_NOT_DIFFERENTIABLE,
+    LOSS_NOT_SCALAR,
     explain_backward_error,
+    inplace_detail,
     tensor_hooks,
     is_anomaly_forward_trace,
 )
@@ -174,7 +176,8 @@ def _location_for(cand: Candidate) -> dict | None:
     return cand.location
 
 
-def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: StepResult, only: list[str] | None = None) -> tuple[list[Finding], dict]:
+def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: StepResult, only: list[str] | None = None,
+            record=None) -> tuple[list[Finding], dict]:
     # parameters swapped in during the step (a data-dependent init replacing nn.Parameter objects on the first
     # call) have names only now, and no gradient hook: their .grad says what they got
     names = {**tracer.names, **param_names(model)}
@@ -352,7 +355,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
             parameters=unused_names, evidence={"unused": len(unused_names)},
         ))
     findings += _loss_and_backward_findings(tracer, step, error_explained=bool(worker) and step.error is not None)
-    findings += _health_findings(tracer, grads, model, names, wanted)
+    findings += _health_findings(tracer, grads, model, names, wanted, record)
     return findings, {"per_parameter": table, "candidates_seen": len(tracer.candidates), "zero_by_init": init_names,
                       "backward_calls": [{k: v for k, v in b.items() if k != "tags"} for b in tracer.backward_calls],
                       "crossings": tracer.crossings[:20]}
@@ -506,16 +509,41 @@ def _loss_and_backward_findings(tracer: GradTracer, step: StepResult, error_expl
                           "cuts_found": len({c.index for c in tracer.candidates})},
                 fix="See the other findings for where the path is cut; the loss must be computed from the model output with torch ops.",
             ))
+        elif LOSS_NOT_SCALAR.search(text):
+            call = tracer.backward_calls[-1] if tracer.backward_calls else {}
+            made_at = call.get("made_at")
+            out.append(make_finding(
+                "GP310", f"backward() was called on a loss of shape {call.get('shape')}, not a scalar"
+                + (f" (computed at line {made_at['line']} of {made_at['file'].rsplit('/', 1)[-1]})" if made_at else "")
+                + ": reduce it (.mean() or .sum(), or the loss function's default reduction).",
+                location=made_at or call.get("location"),
+                evidence={"loss": {k: call.get(k) for k in ("shape", "requires_grad", "grad_fn")},
+                          "backward_called_at": call.get("location"), "error": text.splitlines()[0]},
+                fix="Reduce the loss to a scalar before backward(): loss = loss.mean() (or drop reduction='none').",
+            ))
         else:
             explain = explain_backward_error(text)
+            first = text.splitlines()[0].split(" Hint:")[0]
+            inplace = _inplace_op_behind(tracer, text)
+            where = inplace or step.anomaly_location or (tracer.backward_calls[0]["location"] if tracer.backward_calls else None)
+            msg = f"backward() raised: {explain}."
+            if inplace:
+                msg += (f" The in-place op at line {inplace['line']} of {inplace['file'].rsplit('/', 1)[-1]}"
+                        f" (`{inplace.get('code', '')}`) modified a tensor that an earlier op had saved for backward"
+                        + (f" (saved at line {step.anomaly_location['line']})." if step.anomaly_location else "."))
+            msg += f" PyTorch: {first}"
             out.append(make_finding(
-                "GP308", f"backward() raised: {explain}. ({text.splitlines()[0][:300]})",
-                location=step.anomaly_location or (tracer.backward_calls[0]["location"] if tracer.backward_calls else None),
-                evidence={"error": text[:2000], "forward_trace": step.anomaly_trace,
+                "GP308", msg, location=where,
+                evidence={"error": text[:2000], "forward_trace": _user_trace(step.anomaly_trace, tracer.user),
+                          "saved_at": step.anomaly_location, "modified_in_place_at": inplace,
                           "backward_called_at": tracer.backward_calls[0]["location"] if tracer.backward_calls else None},
+                fix="Use the out-of-place form on that line (x = x + y instead of x += y, relu(x) instead of relu_(x)), "
+                    "or clone the tensor before modifying it." if inplace else None,
             ))
     elif step.loss_problem:
-        out.append(make_finding("GP310", step.loss_problem, evidence=step.loss_evidence))
+        gf = step.loss.grad_fn if isinstance(step.loss, torch.Tensor) else None
+        made_at = tracer.grad_fn_loc.get(id(gf)) if gf is not None else None  # the user line that computed the loss
+        out.append(make_finding("GP310", step.loss_problem, location=made_at, evidence=step.loss_evidence))
     elif step.error is not None and not tracer.backward_calls and not error_explained:
         err = step.error
         text = f"{step.not_run}: {err}" if step.not_run else f"The step raised before backward(): {type(err).__name__}: {err}"
@@ -533,7 +561,29 @@ def _loss_and_backward_findings(tracer: GradTracer, step: StepResult, error_expl
     return out
 
 
-def _health_findings(tracer, grads, model, names, wanted) -> list[Finding]:
+def _inplace_op_behind(tracer: GradTracer, text: str) -> dict | None:
+    """The user line of the in-place op that bumped the saved tensor to the version torch reports."""
+    detail = inplace_detail(text)
+    if detail is None:
+        return None
+    shape, version = detail
+    hits = [loc for s, v, loc in tracer.inplace_ops if s == shape and v == version and loc is not None]
+    return hits[-1] if hits else None
+
+
+def _user_trace(text: str | None, user) -> list[str] | None:
+    """An anomaly-mode forward traceback reduced to the user's frames ("file:line in function: code")."""
+    if not text:
+        return None
+    out = []
+    for f, line, fn in ANOMALY_FRAME.findall(text):
+        if user.is_user_file(f):
+            loc = user.location_of(f, int(line), fn)
+            out.append(f"{f}:{line} in {fn}: {loc.get('code', '')}")
+    return out
+
+
+def _health_findings(tracer, grads, model, names, wanted, record=None) -> list[Finding]:
     out: list[Finding] = []
     # GP312: spread of per-module gradient norms
     per_module: dict[str, float] = {}
@@ -560,9 +610,12 @@ def _health_findings(tracer, grads, model, names, wanted) -> list[Finding]:
             if g is None or g["zero"]:
                 n = names[id(p)][0]
                 if wanted(n):
+                    hook_at = (getattr(record, "hook_sites", None) or {}).get(id(p))
                     out.append(make_finding(
-                        "GP313", f"`{n}` has {len(hooks)} gradient hook(s) and its gradient is {'None' if g is None else 'zero'}: a hook likely replaced it.",
-                        parameters=[n], evidence={"hooks": [getattr(h, '__qualname__', repr(h)) for h in hooks.values()]},
+                        "GP313", f"`{n}` has {len(hooks)} gradient hook(s) and its gradient is {'None' if g is None else 'zero'}: a hook likely replaced it"
+                        + (f" (registered at line {hook_at[1]['line']} of {hook_at[1]['file'].rsplit('/', 1)[-1]})." if hook_at else "."),
+                        parameters=[n], location=hook_at[1] if hook_at else None,
+                        evidence={"hooks": [getattr(h, '__qualname__', repr(h)) for h in hooks.values()]},
                     ))
     if tracer.nonleaf_grad_reads:
         loc = tracer.nonleaf_grad_reads[0]
@@ -625,7 +678,7 @@ def trace_findings(loaded, parameters=None, optimizer_step: bool = False, proven
     tracer = GradTracer(loaded.model, loaded.user, provenance=provenance)
     grads = GradRecorder(loaded.model)
     step = observed_step(loaded, tracer, grads, optimizer_step=optimizer_step)
-    findings, facts = analyze(tracer, grads, loaded.model, step, parameters)
+    findings, facts = analyze(tracer, grads, loaded.model, step, parameters, record=loaded.record)
     return TraceRun(findings, facts, tracer, grads, step)
 
 

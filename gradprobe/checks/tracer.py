@@ -29,6 +29,7 @@ from gradprobe.checks.torchcompat import (
     NONLEAF_GRAD_WARNING,
     decorated_function,
     is_grad_mode_decorator_frame,
+    tensor_version,
     untraced,
 )
 from gradprobe.checks.watches import (
@@ -43,6 +44,16 @@ from gradprobe.checks.watches import (
 LEFT_OPS = {"item", "tolist", "numpy", "__array__", "__float__", "__int__", "__index__", "__complex__"}
 REWRAP_OPS = {"tensor", "as_tensor", "asarray", "from_numpy", "frombuffer"}
 DETACH_OPS = {"detach", "detach_"}
+INPLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__ipow__", "__setitem__",
+                   "__iand__", "__ior__", "__ixor__"}
+MAX_INPLACE_EVENTS = 20000
+
+
+def _is_inplace(name: str, kwargs: dict) -> bool:
+    """`x.add_(y)`, `x += y`, `x[i] = v`, `F.relu(x, inplace=True)`."""
+    return (name.endswith("_") and not name.startswith("_")) or name in INPLACE_DUNDERS or kwargs.get("inplace") is True
+
+
 # new tensors that take only the shape, dtype and device of their input, never its values: not a cut
 SHAPE_ONLY_OPS = {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like",
                   "new_zeros", "new_ones", "new_empty", "new_full", "size", "dim", "numel", "__len__"}
@@ -126,6 +137,8 @@ class GradTracer(TorchFunctionMode):
         self.backward_calls: list[dict] = []
         self.backward_error: BaseException | None = None
         self.grad_fn_loc: dict[int, dict] = {}
+        # in-place ops on tensors that take part in autograd: (shape, version after the op, user line)
+        self.inplace_ops: list[tuple[list[int], int, dict | None]] = []
         self.disable_site: dict | None = None
         self.disable_by_library = False
         self.library_no_grad: set[int] = set()  # candidate indices cut by a no_grad the library entered itself
@@ -184,6 +197,10 @@ class GradTracer(TorchFunctionMode):
         out = func(*args, **kwargs)
         if plain_hits is not None:
             self._plain_read(name, plain_hits, req, out, args, kwargs)
+        if req and _is_inplace(name, kwargs) and args and isinstance(args[0], torch.Tensor) \
+                and len(self.inplace_ops) < MAX_INPLACE_EVENTS:
+            target = args[0]
+            self.inplace_ops.append((list(target.shape), tensor_version(target), self.user.innermost(skip=2)))
         if name in REWRAP_OPS and self.left_events and not req:
             self._came_back(out)
             return out
@@ -339,6 +356,8 @@ class GradTracer(TorchFunctionMode):
         if root is not None:
             rec.update(shape=list(root.shape), requires_grad=root.requires_grad,
                        grad_fn=type(root.grad_fn).__name__ if root.grad_fn is not None else None)
+            if root.grad_fn is not None:
+                rec["made_at"] = self.grad_fn_loc.get(id(root.grad_fn))  # the user line that computed the loss
         self.backward_calls.append(rec)
         try:
             return func(*args, **kwargs)

@@ -1,0 +1,3 @@
+from benchmarks.mutants.bench import main
+
+main()

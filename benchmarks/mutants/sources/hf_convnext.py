@@ -1,0 +1,44 @@
+"""Driver: a tiny ConvNeXt image classifier, built from the project-local copy of transformers' modeling_convnext.py (the bench mutates that copy)."""
+
+import copy  # noqa: F401 (used by the bench's module_replaced mutants)
+import torch
+import torch.nn.functional as F
+from transformers import ConvNextConfig
+
+import modeling_convnext
+
+
+def build_model():
+    torch.manual_seed(0)
+    config = ConvNextConfig(num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3, image_size=32)
+    model = modeling_convnext.ConvNextForImageClassification(config)
+    return model
+
+
+def make_inputs():
+    return {"pixel_values": torch.randn(2, 3, 32, 32), "labels": torch.tensor([0, 2])}
+
+
+def loss_fn(out, batch):
+    loss = F.cross_entropy(out.logits, batch["labels"])
+    return loss
+
+
+def make_optimizer(model):
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([
+        {"params": decay, "weight_decay": 0.01},
+        {"params": no_decay, "weight_decay": 0.0},
+    ], lr=1e-3)
+    return optimizer
+
+
+def train_step(model, batch, optimizer):
+    model.train()
+    optimizer.zero_grad()
+    out = model(**batch)
+    loss = loss_fn(out, batch)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
