@@ -106,9 +106,13 @@ class BuildRecorder:
         nn.Module.register_buffer = recording_buffer
         torch.optim.Optimizer.__init__ = recording_init
         self._state = _StateRecorder(user, rec).__enter__()
+        self._active = True
         return self
 
     def __exit__(self, *exc):
+        if not getattr(self, "_active", False):  # already exited (script mode pauses recording before its checks)
+            return False
+        self._active = False
         nn.Module.__setattr__ = self._setattr
         nn.Module.register_buffer = self._register_buffer
         torch.optim.Optimizer.__init__ = self._opt_init

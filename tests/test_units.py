@@ -218,3 +218,18 @@ def test_the_tool_table_is_what_every_layer_reads():
     with pytest.raises(SystemExit) as info:
         main(["--help"])
     assert info.value.code == 0
+
+
+def test_build_recorder_exits_once_and_restores_torch():
+    """Script mode pauses recording (an explicit __exit__) and its `with` exits again: the second exit is a no-op."""
+    from gradprobe.loading import BuildRecord, BuildRecorder
+    from gradprobe.userframes import UserCode
+
+    before = (torch.Tensor.__dict__.get("requires_grad_"), nn.Module.__setattr__, nn.Parameter.__dict__.get("requires_grad"))
+    rec = BuildRecorder(UserCode(str(ROOT)), BuildRecord())
+    with rec:
+        assert torch.Tensor.__dict__.get("requires_grad_") is not None
+        rec.__exit__(None, None, None)
+    after = (torch.Tensor.__dict__.get("requires_grad_"), nn.Module.__setattr__, nn.Parameter.__dict__.get("requires_grad"))
+    assert after == before
+    torch.zeros(2).requires_grad_(True)  # the C method shows through again
