@@ -297,7 +297,8 @@ async def test_fork_bomb_and_daemons_are_contained_and_reaped(client, tmp_path):
         raise ValueError(f'forked {n}')
     """
     tmp = project(tmp_path, body)
-    result, seconds = await call(client, tmp, timeout_s=30)
+    # 512 forks of a torch-sized process take seconds on a busy 2-core machine: the limit is for a hang, not speed
+    result, seconds = await call(client, tmp, timeout_s=120)
     f = result.structured_content["findings"][0]
     assert f["code"] == "GP100" and "forked" in f["message"], f["message"]
     assert int(f["message"].rsplit("forked ", 1)[1].split()[0]) < 1000
