@@ -178,7 +178,8 @@ def _after_step(loaded, opt, before: list[Finding]) -> list[Finding]:
     seen = {(f["code"], tuple(f["parameters"])) for f in before}
     new: list[Finding] = []
     for f in registration.check_registration(loaded.model, loaded.record, loaded.info, user=loaded.user):
-        if (f["code"], tuple(f["parameters"])) not in seen and f["code"] in ("GP101", "GP102", "GP103", "GP104", "GP109"):
+        # a non-leaf attribute the forward stored (GP109's shape) is an activation cache, not a lost parameter
+        if (f["code"], tuple(f["parameters"])) not in seen and f["code"] in ("GP101", "GP102", "GP103", "GP104"):
             f["evidence"]["created_during_step"] = True
             f["message"] += " (set during the step: created by the forward, not in __init__)"
             new.append(f)

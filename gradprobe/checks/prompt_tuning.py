@@ -175,8 +175,7 @@ def find_prompt(model: nn.Module, prompt: str | None = None) -> FoundPrompt:
     total = sum(p.numel() for p in params.values())
     trainable = [n for n, p in params.items() if p.requires_grad]
     base = find_base(model)
-    get_emb = getattr(base, "get_input_embeddings", None)
-    emb = get_emb() if callable(get_emb) else None
+    emb = _input_embedding(base)
     if trainable and isinstance(emb, nn.Module) and len(trainable) < len(params):
         in_emb = {id(p) for p in emb.parameters()}
         if all(id(params[n]) in in_emb for n in trainable):
@@ -185,6 +184,18 @@ def find_prompt(model: nn.Module, prompt: str | None = None) -> FoundPrompt:
     if trainable and total and sum(params[n].numel() for n in trainable) < 0.5 * total:
         return FoundPrompt(trainable, [], "mostly_frozen", "the only trainable parameters of a mostly frozen model (under half of its values)")
     return FoundPrompt([], [], "none", "nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft token/prefix/learned embedding, and a mostly frozen model")
+
+
+def _input_embedding(base: nn.Module | None) -> nn.Module | None:
+    """The base's input embedding module, where its model class can say (vision models raise NotImplementedError)."""
+    get = getattr(base, "get_input_embeddings", None)
+    if not callable(get):
+        return None
+    try:
+        emb = get()
+    except (NotImplementedError, AttributeError, TypeError):
+        return None
+    return emb if isinstance(emb, nn.Module) else None
 
 
 class _EmbeddingOps(TorchFunctionMode):

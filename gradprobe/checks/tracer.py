@@ -320,7 +320,9 @@ class GradTracer(TorchFunctionMode):
         no_grad()` in a library function, or a no_grad-decorated library function that library code called
         (transformers' index computations). A decorated library function the user calls (generate()) is the user's."""
         f = frame
-        while f is not None and f.f_code.co_filename.endswith(_GRAD_MODE_FILES) and not is_grad_mode_decorator_frame(f.f_code):
+        # torch's grad-mode frames, and gradprobe's own wrappers around them (the build recorder's set_grad_enabled)
+        while f is not None and (f.f_code.co_filename.endswith(_GRAD_MODE_FILES) or _GRADPROBE_DIR in f.f_code.co_filename) \
+                and not is_grad_mode_decorator_frame(f.f_code):
             f = f.f_back
         if f is not None and is_grad_mode_decorator_frame(f.f_code):
             fcode = getattr(decorated_function(f), "__code__", None)
