@@ -375,8 +375,11 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
     pnames = set(prompt_params)
     breaks = [f for f in trace_list if f["severity"] == "error" and pnames & set(f["parameters"])]
     by_init = trace_facts.get("zero_by_init") or {}  # a zero gradient a zero-initialised gate explains is by design
+    # an embedding table trained as the tuning mechanism gets gradient only in the rows of the ids this batch holds
+    # (PEFT trainable tokens): an all-zero gradient there says which ids the batch lacks, not a cut path
+    by_design = ("zero",) if found.how == "embedding" else ()
     no_grad = [r["name"] for r in prompt_rows if r["grad"] in ("none", "zero") and prompt_params[r["name"]].requires_grad
-               and r["name"] not in by_init]
+               and r["name"] not in by_init and r["grad"] not in by_design]
     zero_grad = [r["name"] for r in prompt_rows if r["grad"] == "zero" and r["name"] not in by_init]
     explained = False
     emb_weight = base_obs.input_embedding() if base_obs else None
