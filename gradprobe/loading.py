@@ -70,6 +70,7 @@ class BuildRecorder:
 
     def __init__(self, user: UserCode, record: BuildRecord):
         self.user, self.record = user, record
+        self._active = False
 
     def __enter__(self):
         user, rec = self.user, self.record
@@ -110,7 +111,7 @@ class BuildRecorder:
         return self
 
     def __exit__(self, *exc):
-        if not getattr(self, "_active", False):  # already exited (script mode pauses recording before its checks)
+        if not self._active:  # already exited (script mode pauses recording before its checks)
             return False
         self._active = False
         nn.Module.__setattr__ = self._setattr
