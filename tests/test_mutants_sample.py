@@ -1,7 +1,7 @@
 """A fixed sample of the mutation bench (benchmarks/mutants): one mutant per (source, operator) on two
 real sources (a nanoGPT-style model and soft-prompt tuning of a transformers GPT-2), validated in plain
-PyTorch, then diagnosed through the real server over MCP. The floors are today's figures less a margin:
-raise them as the misses the bench's --triage lists get fixed.
+PyTorch, then diagnosed through the real server over MCP. The floors are today's figures (27 kept: recall 100%,
+right line 96%) less a margin: raise them as the misses the bench's --triage lists get fixed.
 
 The bench runs in its own process: it forks its oracle runs and starts its own event loop."""
 
@@ -36,5 +36,5 @@ def test_mutants_sample(tmp_path: Path) -> None:
     assert len(buggy) >= 20, len(buggy)
     assert len({r["op"] for r in buggy}) >= 14, sorted({r["op"] for r in buggy})
     assert len(controls) == 2 and all(r["ok"] for r in controls), [r for r in controls if not r["ok"]]
-    assert hits / len(buggy) >= 0.6, [(r["id"], r.get("codes_seen")) for r in buggy if not r.get("ok")]
-    assert lines / len(buggy) >= 0.55, [(r["id"], r.get("line_ok")) for r in buggy if not r.get("line_ok")]
+    assert hits / len(buggy) >= 0.9, [(r["id"], r.get("codes_seen")) for r in buggy if not r.get("ok")]
+    assert lines / len(buggy) >= 0.85, [(r["id"], r.get("line_ok")) for r in buggy if not r.get("line_ok")]

@@ -52,9 +52,13 @@ def _watched_apply_fn(cls, *args, **kwargs):
         w.record(cls, args)
     _state.depth = getattr(_state, "depth", 0) + 1
     try:
-        return apply(*args, **kwargs)
+        out = apply(*args, **kwargs)
     finally:
         _state.depth -= 1
+    for w in _watchers:
+        if w.on_return is not None:
+            w.on_return(cls, args, out)
+    return out
 
 
 _watched_apply = classmethod(_watched_apply_fn)
@@ -63,8 +67,9 @@ _watched_apply = classmethod(_watched_apply_fn)
 class ApplyWatch:
     """Context manager: records (Function class, input snapshot, parameter ids per position)."""
 
-    def __init__(self, user=None, param_ids: dict | None = None, capture: bool = True):
+    def __init__(self, user=None, param_ids: dict | None = None, capture: bool = True, on_return=None):
         self.user = user
+        self.on_return = on_return  # called with (Function class, inputs, output) after each apply
         self.param_ids = param_ids or {}
         self.capture = capture
         self.max_calls = MAX_CALLS_PER_FN

@@ -130,6 +130,8 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     tracer = trace.GradTracer(model, loaded.user, provenance=prompt_on)
     grads = trace.GradRecorder(model)
     tracer.watch_plain(registration.plain_tensor_attributes(model))
+    buffers = registration.float_buffers(model)
+    tracer.watch_plain({n: b for n, (b, _) in buffers.items()})
     capture = gradcheck.ApplyWatch(loaded.user, {i: n[0] for i, n in param_names(model).items()}, capture=True)
     direct = gradcheck.DirectForwardWatch(loaded.user)
     base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
@@ -149,6 +151,9 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         findings = [f for f in findings if not any(f is c for c in coverage)] + settled
         coverage = settled
     findings += registration.plain_tensor_findings(model, tracer.plain_uses, loaded.record)
+    buffer_uses = registration.buffer_use_findings(model, buffers, tracer.plain_uses, loaded.record)
+    named = {p for f in findings if f["code"] == "GP104" for p in f["parameters"]}
+    findings += [f for f in buffer_uses if not set(f["parameters"]) <= named]
     findings += _after_step(loaded, opt, findings)
     registration.settle_buffers(findings, model, set(grads.got))
     findings += tfindings

@@ -386,7 +386,8 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
     n_virt = _n_virtual(model, prompt_params, attrs, emb_weight)
     facts["virtual_tokens"] = n_virt
     for f in breaks:
-        if f["code"] == "GP305" and re.search(r"long|int|to|type|embedding", str(f["evidence"].get("op", ""))):
+        # measured, not read off the op's name: the prompt's cut produced integers that then selected rows (an id lookup)
+        if f["code"] == "GP305" and (f["evidence"].get("used_as_index") or {}).get("op"):
             findings.append(make_finding(
                 "GP502", f"The prompt is turned into token ids (`{f['evidence'].get('op')}` on the prompt"
                 + (f", then the base model receives input_ids {call['input_ids']['shape']}" if call and "input_ids" in call else "")

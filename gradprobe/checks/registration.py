@@ -372,6 +372,49 @@ def plain_tensor_attributes(model: nn.Module) -> dict[str, torch.Tensor]:
     return found
 
 
+def float_buffers(model: nn.Module) -> dict[str, tuple[torch.Tensor, int]]:
+    """Float buffers that do not require grad, with their version counter before the step."""
+    return {n: (b, b._version) for n, b in model.named_buffers()
+            if b.is_floating_point() and not b.requires_grad and b.device.type != "meta"}
+
+
+def buffer_use_findings(model: nn.Module, watched: dict[str, tuple[torch.Tensor, int]], uses: dict[str, list[dict]],
+                        build_record=None) -> list[Finding]:
+    """GP104 for a buffer the user's line made by a random initialiser and that the step used the way a learned
+    tensor is used: as the weight operand of a layer op, or applied to the input path (scaled, shifted,
+    concatenated, handed to a custom Function). Deterministic tables are constants by design; buffers the step
+    updated in place (running statistics, EMA codebooks) or replaced are state."""
+    out: list[Finding] = []
+    current = dict(model.named_buffers())
+    for path, (buf, version) in watched.items():
+        seen = uses.get(path)
+        if not seen or current.get(path) is not buf or buf._version != version:
+            continue
+        owner_path, _, attr = path.rpartition(".")
+        try:
+            owner = model.get_submodule(owner_path) if owner_path else model
+        except AttributeError:
+            continue
+        site = build_record.site_of(owner, attr) if build_record is not None else None
+        ops = [u["op"] for u in seen]
+        as_weight = any(_as_weight(u) for u in seen)
+        random_made = bool(site and _RANDOM_INIT.search(site.get("code", "")))
+        applied = any(op in _SCALE_OPS or op in _WEIGHT_OPS or op == "cat" or op.endswith(".apply") for op in ops)
+        if not (random_made and (as_weight or applied)):
+            continue  # a deterministic table (sinusoids, rotary frequencies, masks) is a constant by design
+        why = (f"used as a weight (`{next(u['op'] for u in seen if _as_weight(u))}` with the input path)" if as_weight
+               else f"made by a random initialiser and applied to the input path (`{ops[0]}`)")
+        out.append(make_finding(
+            "GP104",
+            f"buffer `{path}` of {type(owner).__name__} is {why}: buffers are never optimized, so it keeps its initial value.",
+            parameters=[path], location=site or seen[0].get("location"),
+            evidence={"buffer": path, "requires_grad": False, "shape": list(buf.shape), "read_by": seen,
+                      "used_as_weight": as_weight, "random_initialiser": random_made},
+            fix=f"self.{attr} = nn.Parameter({_rhs(site, attr) or '<the same initial value>'})  # if it should learn",
+        ))
+    return _one_per_line(out)
+
+
 def plain_tensor_findings(model: nn.Module, uses: dict[str, list[dict]], build_record=None) -> list[Finding]:
     """GP101 for plain float attributes that the step read together with the gradient path.
 
@@ -396,7 +439,7 @@ def plain_tensor_findings(model: nn.Module, uses: dict[str, list[dict]], build_r
         rhs = _rhs(site, attr)
         evidence = {"attribute": path, "shape": list(value.shape), "dtype": str(value.dtype), "requires_grad": False,
                     "read_by": seen, "used_as_weight": as_weight, "random_initialiser": random_made}
-        if as_weight or (random_made and any(op in _SCALE_OPS or op in _WEIGHT_OPS for op in ops)):
+        if as_weight or (random_made and any(op in _SCALE_OPS or op in _WEIGHT_OPS or op.endswith(".apply") for op in ops)):
             why = f"used as a weight (`{next(u['op'] for u in seen if _as_weight(u))}` with the input path)" if as_weight \
                 else "made by a random initialiser and applied to the input path"
             out.append(make_finding(
@@ -418,7 +461,7 @@ def plain_tensor_findings(model: nn.Module, uses: dict[str, list[dict]], build_r
             )
             f["severity"] = "warning"
             out.append(f)
-    return out
+    return _one_per_line(out)
 
 
 def settle_buffers(findings: list[Finding], model: nn.Module, got_grad: set[int]) -> None:

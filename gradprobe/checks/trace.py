@@ -15,6 +15,7 @@ import math
 import sys
 import warnings
 from dataclasses import dataclass
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -209,7 +210,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
     def wanted(n: str) -> bool:
         return not only or any(n == o or n.startswith(o.rstrip(".") + ".") for o in only)
 
-    by_init = zero_by_initialisation(zero, grads, model, names)
+    by_init = zero_by_initialisation(zero, grads, model, names, tracer.as_bias)
     zero = [p for p in zero if id(p) not in by_init]
     zero_ids = {id(p) for p in zero}  # identity, never `p in zero` (tensor == compares values)
     findings: list[Finding] = []
@@ -218,19 +219,43 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
     by_cand: dict[int, list] = {}
     # a step that raised before any backward() explains every missing gradient by itself: no cut is blamed,
     # but a value measured crossing into another process before the failure stays a crossing
-    stopped_early = step.error is not None and not tracer.backward_calls
+    # backward() raised on a loss that is part of the graph (not a scalar, say) before any gradient arrived: that
+    # failure, not a cut, is why gradients are missing
+    stopped_early = step.error is not None and (not tracer.backward_calls or (
+        _backward_broke(tracer) and any(b.get("requires_grad") for b in tracer.backward_calls) and not grads.got))
+
+    def order(c: Candidate) -> tuple:
+        # cuts that fed the loss first; a selection by design (argmin -> codebook[idx]: the gradient reaches the
+        # codebook through the indexing) after every other cut; then cuts in the user's own code; then the earliest
+        return (c.index not in loss_tags, c.selects_for_grad, not c.direct, c.index)
+
     if targets and tracer.candidates:
         reached = reach(tracer.candidates, targets)
+        n_bw = len(tracer.backward_calls)
         for p in broken + zero:
-            n_bw = len(tracer.backward_calls)
             hits = [c for c in tracer.candidates if id(p) in reached[c.index] and c.can_explain(n_bw)]
             # a zero-derivative op explains a zero gradient, never a missing one
             hits = [c for c in hits if (c.kind == "zero_derivative") == (id(p) in zero_ids)
                     and (c.kind == "process" or not stopped_early)]
             if not hits:
                 continue
-            hits.sort(key=lambda c: (c.index not in loss_tags, not c.direct, c.index))
+            hits.sort(key=order)
             by_cand.setdefault(hits[0].index, []).append(p)
+        # a zero gradient behind a cut: part of the parameter's path is cut and what is left carries zeros (a
+        # cast that truncated every value), or the parameter consumed the cut's output. Explained by a cut that
+        # is already blamed for missing gradients, or by one in the user's code that fed the loss nothing but zeros
+        blamed = set(by_cand)
+        first_pass = {id(q) for ps in by_cand.values() for q in ps}
+        for p in zero:
+            if id(p) in first_pass or stopped_early:
+                continue
+            met = tracer.param_tags.get(id(p), frozenset())
+            hits = [c for c in tracer.candidates
+                    if (id(p) in reached[c.index] or c.index in met) and c.can_explain(n_bw)
+                    and (c.index in blamed or (c.all_zero and c.direct and c.index in loss_tags and not c.selects_for_grad))]
+            if hits:
+                hits.sort(key=order)
+                by_cand.setdefault(hits[0].index, []).append(p)
     attributed = {id(p) for ps in by_cand.values() for p in ps}
     merged: dict[tuple, tuple[Candidate, list]] = {}  # one finding per cause: same code at the same user line
     for idx, ps in sorted(by_cand.items()):
@@ -258,6 +283,8 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
                                     "chain": chain(cand, id(ps[0]), tracer)}
         if cand.kind == "no_grad" and where and where.get("decorated"):
             text += f" (the function `{where['function']}` is decorated with no_grad)"
+        if cand.indexes:
+            evidence["used_as_index"] = cand.indexes  # its integer output selected from a tensor (an id lookup)
         if cand.left_at:
             evidence["left_at"] = cand.left_at
         if cand.came_back_at:
@@ -266,6 +293,11 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
             evidence["pickled_at"] = cand.process_at
         by_library = idx in tracer.library_no_grad
         tail = (f" at line {where['line']} of {where['file'].rsplit('/', 1)[-1]}." if where else ".")
+        zeroed = [names[id(p)][0] for p in ps if id(p) in zero_ids and cand.kind != "zero_derivative"]
+        if zeroed:
+            evidence["zero_gradient"] = zeroed
+            tail += (f" {len(zeroed)} of them got an exactly-zero gradient rather than none: what still reaches them "
+                     + ("carries the all-zero output of this op." if cand.all_zero else "combines with this op's output."))
         if by_library:
             evidence["no_grad_entered_by"] = "library code"
             tail += (" The library turned gradients off there itself (by design, e.g. an index or routing computation), "
@@ -361,19 +393,21 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
                       "crossings": tracer.crossings[:20]}
 
 
-def zero_by_initialisation(zero: list, grads: GradRecorder, model: nn.Module, names: dict) -> dict[int, str]:
+def zero_by_initialisation(zero: list, grads: GradRecorder, model: nn.Module, names: dict,
+                           as_bias: Collection[int] = ()) -> dict[int, str]:
     """Zero gradients that initialisation explains: parameter id -> the zero-initialised partner's name.
 
     A partner was exactly zero before the step and got a nonzero gradient (LoRA B, a closed gate). It
     explains a zero gradient when it sits in the nearest enclosing module that holds other trainable
     parameters, and multiplies rather than adds there: it lives in another submodule (lora_B beside
-    lora_A), is a matrix, or is a scalar gate; a zero bias beside its weight explains nothing.
+    lora_A), is a matrix, or is a scalar gate; a zero bias beside its weight, or any parameter an op read as
+    its additive bias operand (`as_bias`: a LayerNorm's or a Linear's bias), explains nothing.
     """
     if not zero or not grads.zero_at_start:
         return {}
     trainable = [(names[id(q)][0], q) for q in model.parameters() if q.requires_grad]
     partners = [(n, q) for n, q in trainable if id(q) in grads.zero_at_start
-                and (g := grads.got.get(id(q))) is not None and not g["zero"] and g["finite"]]
+                and id(q) not in as_bias and (g := grads.got.get(id(q))) is not None and not g["zero"] and g["finite"]]
     if not partners:
         return {}
     out: dict[int, str] = {}

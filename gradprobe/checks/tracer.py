@@ -61,18 +61,30 @@ SHAPE_ONLY_OPS = {"zeros_like", "ones_like", "empty_like", "full_like", "rand_li
 _GRAD_MODE_FILES = ("grad_mode.py", "_contextlib.py")
 _MODULE_CALL_FILES = ("nn/modules/module.py",)
 _GRADPROBE_DIR = "/gradprobe/"
+# torch's Python functions that hand an op to the mode (handle_torch_function): the caller above them called the op
+_DISPATCH_WRAPPERS = ("torch/overrides.py", "torch/nn/functional.py", "torch/functional.py", "torch/_tensor.py",
+                      "torch/_jit_internal.py")
 ZERO_DERIVATIVE_OPS = {"round", "floor", "ceil", "trunc", "sign", "frac_", "round_", "floor_", "ceil_", "sign_", "heaviside"}
 
 
 class Candidate:
     __slots__ = ("index", "kind", "op", "location", "grad_enabled", "inputs", "direct", "disable_site",
-                 "left_at", "came_back_at", "process_at", "backwards_before")
+                 "left_at", "came_back_at", "process_at", "backwards_before", "indexes", "all_zero")
 
     def __init__(self, index, kind, op, location, grad_enabled, inputs, direct, disable_site):
         self.index, self.kind, self.op, self.location = index, kind, op, location
         self.grad_enabled, self.inputs, self.direct, self.disable_site = grad_enabled, inputs, direct, disable_site
         self.left_at = self.came_back_at = self.process_at = None
         self.backwards_before = 0
+        # its integer/bool output (or a value carrying it) selected from a float tensor: {"op", "location",
+        # "into_grad": whether what it selected from requires grad} (argmin -> codebook[idx], ids -> embedding)
+        self.indexes: dict | None = None
+        self.all_zero = False  # every value it output is zero (a cast that truncated everything)
+
+    @property
+    def selects_for_grad(self) -> bool:
+        """A selection by design: the gradient reaches what it selects from through the indexing op itself."""
+        return bool(self.indexes and self.indexes["into_grad"])
 
     def can_explain(self, n_backward: int) -> bool:
         """A cut explains a missing gradient only if a backward ran after it, and a value that left
@@ -112,6 +124,20 @@ def _cut(o: torch.Tensor, inputs: list) -> bool:
     return o.grad_fn is None and o.is_leaf and not any(o is i for i in inputs)
 
 
+# where ops take an additive bias: positional index, and the keyword
+_BIAS_AT = {"linear": 2, "conv1d": 2, "conv2d": 2, "conv3d": 2, "conv_transpose1d": 2, "conv_transpose2d": 2,
+            "conv_transpose3d": 2, "layer_norm": 3, "group_norm": 3, "batch_norm": 4, "instance_norm": 4,
+            "addmm": 0, "addmv": 0, "addbmm": 0, "baddbmm": 0}
+
+
+def _bias_operand(name: str, t: torch.Tensor, args, kwargs) -> bool:
+    """Whether t is the op's additive bias (a zero bias gates nothing: it cannot explain a zero gradient)."""
+    at = _BIAS_AT.get(name)
+    if at is None:
+        return False
+    return (len(args) > at and args[at] is t) or kwargs.get("bias") is t or (at == 0 and kwargs.get("input") is t)
+
+
 def _storage_ptr(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage().data_ptr()
@@ -129,6 +155,9 @@ class GradTracer(TorchFunctionMode):
         self.names = param_names(model)
         self.params = {id(p): p for p in model.parameters()}
         self.read: set[int] = set()
+        # id(parameter) -> the candidates whose (tagged) values an op combined with the parameter
+        self.param_tags: dict[int, frozenset] = {}
+        self.as_bias: set[int] = set()  # parameters that an op read as its additive bias operand
         self.candidates: list[Candidate] = []
         self.tags: dict[int, frozenset] = {}
         self._tag_keep: list = []
@@ -147,7 +176,8 @@ class GradTracer(TorchFunctionMode):
         self.nonleaf_grad_reads: list[dict] = []
         self.thread = threading.get_ident()
         self.checkpoint_warnings: list[dict | None] = []
-        self.apply_watch = ApplyWatch(user, {i: n[0] for i, n in self.names.items()}, capture=False)
+        self.apply_watch = ApplyWatch(user, {i: n[0] for i, n in self.names.items()}, capture=False,
+                                      on_return=self._after_apply)
         # plain float tensor attributes of modules (neither Parameter nor buffer): id -> (attribute path, tensor, use).
         # Values made from them follow under the same path: `use` is None while they come from the attribute alone
         # (views, slices, .t()), else the op that first combined the attribute with other data, pending until a
@@ -182,10 +212,14 @@ class GradTracer(TorchFunctionMode):
         req, tags = [], None
         params = self.params
         plain_hits = None
+        read_here = None
         for t in _tensors_in(args, kwargs):
             tid = id(t)
             if tid in params:
+                if tid not in self.read and _bias_operand(name, t, args, kwargs):
+                    self.as_bias.add(tid)
                 self.read.add(tid)
+                read_here = [tid] if read_here is None else read_here + [tid]
             if self.plain and tid in self.plain and self.plain[tid][1] is t:
                 plain_hits = [t] if plain_hits is None else plain_hits + [t]
             if t.requires_grad:
@@ -195,6 +229,12 @@ class GradTracer(TorchFunctionMode):
                 if tg is not None:
                     tags = tg if tags is None else tags | tg
         out = func(*args, **kwargs)
+        if tags is not None:
+            if read_here is not None:
+                for tid in read_here:
+                    self.param_tags[tid] = self.param_tags.get(tid, frozenset()) | tags
+            if name not in SHAPE_ONLY_OPS:
+                self._index_use(name, args, kwargs)
         if plain_hits is not None:
             self._plain_read(name, plain_hits, req, out, args, kwargs)
         if req and _is_inplace(name, kwargs) and args and isinstance(args[0], torch.Tensor) \
@@ -235,6 +275,24 @@ class GradTracer(TorchFunctionMode):
                 self.provenance[id(o)] = (o, self.user.innermost(skip=2), by_user)
         return out
 
+    def _index_use(self, name: str, args, kwargs) -> None:
+        """A tagged integer/bool value meets a float tensor in one op (an index, a gather, an embedding lookup, a
+        mask): the candidates behind it selected values rather than fed a number onward."""
+        ints, floats = [], []
+        for t in _tensors_in(args, kwargs):
+            if t.is_floating_point() or t.is_complex():
+                floats.append(t)
+            elif id(t) in self.tags:
+                ints.append(t)
+        if not ints or not floats:
+            return
+        into_grad = any(f.requires_grad for f in floats)
+        for t in ints:
+            for ci in self.tags[id(t)]:
+                c = self.candidates[ci]
+                if c.indexes is None or (into_grad and not c.indexes["into_grad"]):
+                    c.indexes = {"op": name, "location": self.user.innermost(skip=3), "into_grad": into_grad}
+
     def _plain_read(self, name: str, hits: list, req: list, out, args, kwargs) -> None:
         outs = _outputs(out)
         others = [t for t in _tensors_in(args, kwargs) if not any(t is h for h in hits)]
@@ -262,7 +320,26 @@ class GradTracer(TorchFunctionMode):
         hit = (self.provenance or {}).get(id(t))
         return hit is not None and hit[0] is t and not hit[2]
 
-    def _candidate(self, name, req, outs, out) -> Candidate | None:
+    def _after_apply(self, cls, args, out) -> None:
+        """A custom Function called under no_grad: its output has no history (the mode does not see apply itself)."""
+        if inside_custom_function():
+            return
+        req = [t for t in _tensors_in(args, None) if t.requires_grad]
+        outs = _outputs(out)
+        if self.plain:  # a module's plain tensor handed to a custom Function (the mode does not see apply)
+            hits = [t for t in _tensors_in(args, None) if id(t) in self.plain and self.plain[id(t)][1] is t]
+            if hits:
+                self._plain_read(f"{cls.__name__}.apply", hits, req, out, args, {})
+        if torch.is_grad_enabled():
+            return
+        if req and outs and all(_cut(o, req) for o in outs):
+            cand = self._candidate(f"{cls.__name__}.apply", req, outs, out, frame=sys._getframe(3))
+            if cand is not None:
+                for o in outs:
+                    self.tags[id(o)] = frozenset({cand.index})
+                    self._tag_keep.append(o)
+
+    def _candidate(self, name, req, outs, out, frame=None) -> Candidate | None:
         grad_on = torch.is_grad_enabled()
         if name in DETACH_OPS or name == ".data":
             kind = "detach"
@@ -278,12 +355,18 @@ class GradTracer(TorchFunctionMode):
             kind = "nondiff"
         else:
             kind = "other"
-        frame = sys._getframe(2)
+        frame = frame or sys._getframe(2)
         loc = self.user.innermost(frame)
-        direct = frame is not None and self.user.is_user_file(frame.f_code.co_filename)
+        caller = frame
+        while caller is not None and caller.f_code.co_filename.endswith(_DISPATCH_WRAPPERS):
+            caller = caller.f_back  # F.mse_loss(...) reaches the mode through torch's Python wrapper
+        direct = caller is not None and self.user.is_user_file(caller.f_code.co_filename)
         cand = Candidate(len(self.candidates), kind, name, loc, grad_on, list(req[:4]), direct,
                          self.disable_site if not grad_on else None)
         cand.backwards_before = len(self.backward_calls)
+        if outs and outs[0].numel() and outs[0].device.type != "meta" and outs[0].layout is torch.strided:
+            with untraced():
+                cand.all_zero = not bool(outs[0].detach().any())
         if kind == "no_grad" and self.disable_by_library:
             self.library_no_grad.add(cand.index)
         self.candidates.append(cand)
