@@ -7,6 +7,7 @@ directory (and not in an installed package) or is inline `setup` source.
 
 from __future__ import annotations
 
+import ast
 import linecache
 import os
 import sys
@@ -19,8 +20,43 @@ _DEMO_DIR = os.path.join(_PACKAGE_DIR, "demo") + os.sep  # the bundled broken mo
 
 
 def location(filename: str, line: int, function: str) -> dict:
-    """A finding's location: file, line, function and the source text of that line."""
-    return {"file": filename, "line": int(line), "function": function, "code": linecache.getline(filename, line).strip()}
+    """A finding's location: file, line, function and the source text of that line. A line inside a statement
+    spread over several lines names the statement's first line (`x = f(\n ...\n).detach()` is one statement)."""
+    line = statement_start(filename, int(line))
+    return {"file": filename, "line": line, "function": function, "code": linecache.getline(filename, line).strip()}
+
+
+_STARTS: dict[str, dict[int, int]] = {}
+
+
+def statement_start(filename: str, line: int) -> int:
+    """The first line of the simple statement (or compound statement's header) that spans `line`."""
+    table = _STARTS.get(filename)
+    if table is None:
+        table = _STARTS[filename] = _statement_starts(filename) if len(_STARTS) < 2000 else {}
+    return table.get(line, line)
+
+
+def _statement_starts(filename: str) -> dict[int, int]:
+    lines = linecache.getlines(filename)
+    if not lines:
+        return {}
+    try:
+        tree = ast.parse("".join(lines))
+    except (SyntaxError, ValueError):
+        return {}
+    out: dict[int, int] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt) or node.end_lineno is None or node.end_lineno == node.lineno:
+            continue
+        body = getattr(node, "body", None)
+        # a compound statement owns only its header lines; its body's statements own theirs
+        end = body[0].lineno - 1 if isinstance(body, list) and body and isinstance(body[0], ast.stmt) else node.end_lineno
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.decorator_list:
+            continue  # decorators and def lines: leave as they are
+        for ln in range(node.lineno + 1, end + 1):
+            out[ln] = node.lineno
+    return out
 
 
 class UserCode:

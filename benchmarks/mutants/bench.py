@@ -55,6 +55,7 @@ class Gen:
 
 
 _UNCONNECTED = re.compile(r"does not require grad|does not have a grad_fn")
+_NOT_TORCH = re.compile(r"(AttributeError|NameError|TypeError|SyntaxError|ImportError|KeyError|IndexError):")
 
 
 def _good(base: dict) -> set[str]:
@@ -76,6 +77,9 @@ def decide(m: ops.Mutant, base: dict, res: dict) -> tuple[bool, list[str], str]:
     gc_failed = bool(m.function and gc_base.get(m.function) and gc.get(m.function) is False)
     if phase in ("timeout", "oracle"):
         return False, [], f"oracle {phase}"
+    if raised and _NOT_TORCH.match(str(err)):
+        # the mutation broke the Python itself (an int has no add_): a load/step failure, not the bug class seeded
+        return False, [], f"invalid mutant ({str(err).split(':')[0]})"
     if err is not None and phase not in ("step",):
         return False, [], f"fails in {phase}"
     if m.oracle == "raises":

@@ -164,7 +164,8 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
                                            optimizer._opt_site(loaded.record, opt)[1])
         facts["step_events"] = step_obs.events[:50]
     if capture.calls or direct.hits:
-        gfindings, gfacts = gradcheck.gradcheck_findings(loaded, capture, direct)
+        starved = frozenset(r["name"] for r in tfacts.get("per_parameter", []) if r["grad"] == "none")
+        gfindings, gfacts = gradcheck.gradcheck_findings(loaded, capture, direct, starved=starved)
         findings += gfindings
         facts["gradcheck"] = gfacts
         facts["checks"].append("gradcheck")

@@ -218,8 +218,10 @@ def _parse_structure_error(text: str) -> tuple[str, dict] | None:
 
 
 def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float = 1e-5, rtol: float = 1e-3,
-                   check_second_order: bool = False, fast_mode: bool | None = None) -> tuple[list[Finding], dict]:
-    """All GP40x findings for one Function on one set of inputs."""
+                   check_second_order: bool = False, fast_mode: bool | None = None,
+                   starved: frozenset[str] = frozenset()) -> tuple[list[Finding], dict]:
+    """All GP40x findings for one Function on one set of inputs. `starved`: the parameters that got no gradient
+    in the observed step (diagnose), so that a None for a piecewise-constant input is judged by its effect."""
     name = cls.__name__
     def_loc, ret_loc = _backward_lines(cls)
     findings: list[Finding] = []
@@ -326,6 +328,20 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
             jacobians[j] = (ana, numerical)
         num_nonzero = bool((numerical.abs() > atol).any())
         ps = params_at.get(j, [])
+        if ana is None and not num_nonzero and ps and set(ps) <= starved:
+            # exact for a piecewise-constant forward (round, sign), yet the step measured that nothing else
+            # trains what feeds this input: a straight-through surrogate was meant, or the input should not need grad
+            findings.append(make_finding(
+                "GP404", f"{name}.backward returns None for {label(j)}, which requires grad: the forward is piecewise "
+                f"constant there (numerical gradient zero), and in the step {', '.join(ps[:4])} got no gradient from "
+                "anywhere else, so they never learn.",
+                parameters=[name] + ps, location=ret_loc or def_loc,
+                evidence={"function": name, "input_index": j, "returned": "None", "numerical_max_abs": 0.0,
+                          "no_gradient_in_step": ps},
+                fix="Return a surrogate gradient for this input (straight-through: return grad_out), or detach what feeds "
+                    "it if those parameters are not meant to learn through it.",
+            ))
+            continue
         if ana is None or (not bool((ana != 0).any()) and num_nonzero):
             if num_nonzero:
                 what = "None" if ana is None else "an all-zero gradient"
@@ -491,7 +507,7 @@ def discover(loaded) -> tuple[ApplyWatch, DirectForwardWatch, str | None]:
 
 
 def gradcheck_findings(loaded, watch: ApplyWatch, direct: DirectForwardWatch, function=None, check_second_order=False,
-                       fast_mode=None, atol=None, rtol=None) -> tuple[list[Finding], dict]:
+                       fast_mode=None, atol=None, rtol=None, starved: frozenset[str] = frozenset()) -> tuple[list[Finding], dict]:
     atol, rtol = atol or 1e-5, rtol or 1e-3
     findings: list[Finding] = []
     checked = []
@@ -505,7 +521,8 @@ def gradcheck_findings(loaded, watch: ApplyWatch, direct: DirectForwardWatch, fu
             continue
         if not function and not _is_user_class(cls, loaded.user):
             continue  # a library's own Functions (transformers, peft, ...) are not the user's to fix
-        more, facts = check_function(cls, entry["inputs"], entry["params_at"], loaded.user, atol, rtol, check_second_order, fast_mode)
+        more, facts = check_function(cls, entry["inputs"], entry["params_at"], loaded.user, atol, rtol, check_second_order,
+                                     fast_mode, starved)
         facts["calls"] = entry["count"]
         facts["called_at"] = entry["location"]
         findings += more
