@@ -43,7 +43,7 @@ RULES = {
     },
     "GP104": {
         "name": "learnable-buffer", "severity": "warning", "rank": 99,
-        "summary": "A buffer requires grad, or a weight-like tensor was registered as a buffer (an error when diagnose measures that it got a gradient: it is on the loss's path and never optimized).",
+        "summary": "A buffer requires grad, or a weight-like tensor was registered as a buffer: named like a weight, or made by a random initialiser in the user's code and used by the step as a layer's weight or applied to the input path (an error when diagnose measures that it got a gradient: it is on the loss's path and never optimized).",
         "why": "Buffers are state, not parameters: no optimizer built from parameters() updates them.",
         "example": "self.register_buffer('scale', torch.ones(d, requires_grad=True))",
         "fix": "Make it a parameter: self.scale = nn.Parameter(torch.ones(d))",
