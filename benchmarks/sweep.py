@@ -7,7 +7,8 @@ Every model is built from a tiny config (no weights are downloaded) and checked 
   * gradprobe, through the machinery the server uses (`gradprobe.sandbox.execute.execute`: one
     sandboxed child per model, forked from the warm worker, with a timeout), target = inline `setup`.
 On a model that trains, every error-severity finding is a false error, and a GP000/GP100 is an
-internal crash (the model loads and trains without gradprobe).
+internal crash (the model loads and trains without gradprobe). A GP113 (the check stopped at the
+sandbox's memory limit) is its own bucket, "resource limit": neither clean nor a crash nor a false error.
 
     nice -n 10 python benchmarks/sweep.py                        # everything
     python benchmarks/sweep.py --only peft --limit 20 --jobs 2
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 EXAMPLES = ROOT / "examples" / "broken"
 FAMILIES = ("transformers", "midtrain", "peft", "diffusers", "examples", "timm", "torchvision")
+COLUMNS = ("built", "clean", "crash", "false_error", "resource_limit", "skipped")
 GT_TIMEOUT_S = 90.0
 DIAGNOSE_TIMEOUT_S = 120.0
 
@@ -349,8 +351,9 @@ def internal_frame(tb: str) -> str:
 
 
 def classify(report: dict) -> dict:
-    """crash / errors / warnings / infos of one diagnose report (the model trains: errors are false)."""
-    crashes, errors = [], []
+    """crash / errors / resource limits / warnings / infos of one diagnose report (the model trains: errors are false;
+    GP113 says a memory limit stopped the check, which is no verdict on the model either way)."""
+    crashes, errors, limits = [], [], []
     warnings: Counter = Counter()
     infos: Counter = Counter()
     for f in report.get("findings", []):
@@ -361,6 +364,9 @@ def classify(report: dict) -> dict:
             entry["frame"] = internal_frame(tb) if tb else "(no traceback: " + str((f.get("evidence") or {}).get("phase")) + ")"
             entry["stderr_tail"] = str((f.get("evidence") or {}).get("stderr_tail") or "")[-600:]
             crashes.append(entry)
+        elif f["code"] == "GP113":
+            entry["phase"] = (f.get("evidence") or {}).get("phase")
+            limits.append(entry)
         elif f["severity"] == "error":
             entry["frame"] = ", ".join(raise_sites(f["code"])[:4])
             errors.append(entry)
@@ -373,7 +379,16 @@ def classify(report: dict) -> dict:
                 errors.append({"code": rel.get("code"), "message": str(rel.get("message"))[:400], "folded": True})
     seen: set = set()
     errors = [e for e in errors if (e["code"], e["message"]) not in seen and not seen.add((e["code"], e["message"]))]
-    return {"crashes": crashes, "errors": errors, "warnings": dict(warnings), "infos": dict(infos)}
+    return {"crashes": crashes, "errors": errors, "resource_limits": limits, "warnings": dict(warnings), "infos": dict(infos)}
+
+
+def status_of(res: dict) -> str:
+    """One bucket per model: a crash or a false error outranks a resource limit, which is not clean."""
+    if res["crashes"]:
+        return "crash"
+    if res["errors"]:
+        return "false_error"
+    return "resource_limit" if res["resource_limits"] else "clean"
 
 
 async def run_one(spec: dict, gt: GroundTruth, executor) -> dict:
@@ -402,7 +417,7 @@ async def run_one(spec: dict, gt: GroundTruth, executor) -> dict:
     res["ratio"] = res["seconds"] / max(truth["step_s"], 1e-6)
     res["ratio_build_step"] = res["seconds"] / max(truth["step_s"] + truth["build_s"], 1e-6)
     res.update(classify(report))
-    res["status"] = "crash" if res["crashes"] else "false_error" if res["errors"] else "clean"
+    res["status"] = status_of(res)
     return res
 
 
@@ -424,7 +439,7 @@ async def sweep(specs: list[dict], jobs: int, log) -> list[dict]:
                 res = await run_one(spec, gt, executor)
                 results.append(res)
                 extra = res.get("skip", "") if res["status"] == "skipped" else \
-                    " ".join(f"{e['code']}" for e in res.get("crashes", []) + res.get("errors", []))
+                    " ".join(f"{e['code']}" for e in res.get("crashes", []) + res.get("errors", []) + res.get("resource_limits", []))
                 secs = f"{res['seconds']:.1f}s" if "seconds" in res else ""
                 log(f"[{len(results)}/{total}] {res['family']:<12} {res['name']:<45} {res['status']:<11} {secs} {extra[:160]}")
         finally:
@@ -442,7 +457,7 @@ async def sweep(specs: list[dict], jobs: int, log) -> list[dict]:
 def summarize(results: list[dict], skipped: list[dict]) -> dict:
     fams: dict = {}
     for r in results + [{"family": s["family"], "name": s["name"], "status": "skipped", "skip": s["skip"]} for s in skipped]:
-        f = fams.setdefault(r["family"], {"built": 0, "clean": 0, "crash": 0, "false_error": 0, "skipped": 0,
+        f = fams.setdefault(r["family"], {"built": 0, "clean": 0, "crash": 0, "false_error": 0, "resource_limit": 0, "skipped": 0,
                                            "warnings": Counter(), "infos": Counter(), "seconds": [], "ratios": [],
                                            "skip_reasons": Counter()})
         if r["status"] == "skipped":
@@ -457,7 +472,7 @@ def summarize(results: list[dict], skipped: list[dict]) -> dict:
         f["ratios"].append(r["ratio"])
     out = {}
     for name, f in fams.items():
-        out[name] = {k: f[k] for k in ("built", "clean", "crash", "false_error", "skipped")}
+        out[name] = {k: f[k] for k in COLUMNS}
         out[name]["warnings"] = dict(sorted(f["warnings"].items()))
         out[name]["infos"] = dict(sorted(f["infos"].items()))
         out[name]["median_s"] = round(statistics.median(f["seconds"]), 2) if f["seconds"] else None
@@ -467,18 +482,19 @@ def summarize(results: list[dict], skipped: list[dict]) -> dict:
 
 
 def print_table(summary: dict, results: list[dict], wall_s: float) -> None:
-    head = f"{'family':<13}{'built':>6}{'clean':>6}{'crash':>6}{'false err':>10}{'skipped':>8}{'median s':>9}{'x plain step':>13}  warnings by code"
+    head = (f"{'family':<13}{'built':>6}{'clean':>6}{'crash':>6}{'false err':>10}{'res limit':>10}{'skipped':>8}{'median s':>9}"
+            f"{'x plain step':>13}  warnings by code")
     print(head)
     print("-" * len(head))
     tot = Counter()
     warn_tot: Counter = Counter()
     for name, s in summary.items():
         w = " ".join(f"{k}:{v}" for k, v in s["warnings"].items()) or "-"
-        print(f"{name:<13}{s['built']:>6}{s['clean']:>6}{s['crash']:>6}{s['false_error']:>10}{s['skipped']:>8}"
+        print(f"{name:<13}{s['built']:>6}{s['clean']:>6}{s['crash']:>6}{s['false_error']:>10}{s['resource_limit']:>10}{s['skipped']:>8}"
               f"{s['median_s'] if s['median_s'] is not None else '-':>9}{s['median_ratio_to_plain_step'] or '-':>13}  {w}")
-        tot.update({k: s[k] for k in ("built", "clean", "crash", "false_error", "skipped")})
+        tot.update({k: s[k] for k in COLUMNS})
         warn_tot.update(s["warnings"])
-    print(f"{'total':<13}{tot['built']:>6}{tot['clean']:>6}{tot['crash']:>6}{tot['false_error']:>10}{tot['skipped']:>8}"
+    print(f"{'total':<13}{tot['built']:>6}{tot['clean']:>6}{tot['crash']:>6}{tot['false_error']:>10}{tot['resource_limit']:>10}{tot['skipped']:>8}"
           f"{'':>22}  {' '.join(f'{k}:{v}' for k, v in sorted(warn_tot.items())) or '-'}")
     bad = [r for r in results if r["status"] in ("crash", "false_error")]
     if bad:
@@ -488,10 +504,17 @@ def print_table(summary: dict, results: list[dict], wall_s: float) -> None:
             loc = e.get("location") or {}
             where = f"{loc.get('file')}:{loc.get('line')}" if loc else "-"
             print(f"  {r['family']}/{r['name']}: {e['code']} {e['message'][:220]!r}\n      at {where}; raised by {e.get('frame', '?')}")
+    limited = [r for r in results if r["status"] == "resource_limit"]
+    if limited:
+        print("\nstopped at a resource limit (GP113: not a verdict on the model):")
+    for r in limited:
+        for e in r.get("resource_limits", []):
+            print(f"  {r['family']}/{r['name']}: {e['code']} in phase {e.get('phase')!r}: {e['message'][:220]!r}")
     for name, s in summary.items():
         if s["skip_reasons"]:
             print(f"\nskipped in {name}: " + "; ".join(f"{v}x {k}" for k, v in s["skip_reasons"].items()))
-    print(f"\nsweep: {tot['built']} built, {tot['crash']} internal crashes, {tot['false_error']} with false errors, "
+    print(f"\nsweep: {tot['built']} built, {tot['clean']} clean, {tot['crash']} internal crashes, {tot['false_error']} with false errors, "
+          f"{tot['resource_limit']} stopped at a resource limit, "
           f"{tot['skipped']} skipped, in {wall_s / 60:.1f} min")
 
 

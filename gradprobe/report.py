@@ -20,5 +20,8 @@ def make_report(tool: str, findings: list[Finding], summary: list[str] | None = 
             lines.insert(1, f"{len(errors) - 1} more error(s): " + ", ".join(f["code"] for f in errors[1:]))
     else:
         warn = [f for f in findings if f["severity"] == "warning"]
-        lines.insert(0, "No error found." + (f" {len(warn)} warning(s): " + ", ".join(f["code"] for f in warn) if warn else ""))
+        # GP113 (resource-limit): the check stopped at a memory limit, so "no error" covers only what ran
+        head = ("No error found in what ran; the check did not finish (GP113: a memory limit stopped it)."
+                if any(f["code"] == "GP113" for f in findings) else "No error found.")
+        lines.insert(0, head + (f" {len(warn)} warning(s): " + ", ".join(f["code"] for f in warn) if warn else ""))
     return {"tool": tool, "ok": not errors, "findings": findings, "summary": "\n".join(lines), "facts": facts}

@@ -276,3 +276,68 @@ def test_custom_function_entry_sees_aliased_apply():
         delattr(owner, name)
     assert seen == [Double]
     assert tc.function_class_of_node(y.grad_fn) is Double
+
+
+_ALLOCATION_UNDER_RLIMIT = r"""
+import json, resource, sys, torch
+from gradprobe.checks import torchcompat as tc
+
+# what the sandbox does on CPU: cap the address space (here 1 GiB above what the interpreter holds now)
+vm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + 2**30, resource.RLIM_INFINITY))
+out = []
+for make in (lambda: torch.empty(2**30, dtype=torch.float32),       # 4 GiB in one tensor
+             lambda: torch.ones(2**15, 2**15) @ torch.ones(2**15, 2**15),  # an op's output
+             lambda: bytearray(2**32)):                             # Python's own MemoryError
+    try:
+        make()
+        out.append({"raised": None})
+    except Exception as exc:
+        out.append({"raised": type(exc).__name__, "text": str(exc), "facts": tc.allocation_failure(exc)})
+json.dump(out, sys.stdout)
+"""
+
+
+def test_allocation_failure_under_a_lowered_address_space_limit():
+    """The CPU allocator's message under RLIMIT_AS (what the sandbox applies on CPU), and Python's MemoryError."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _ALLOCATION_UNDER_RLIMIT], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    tensor, matmul, plain = json.loads(done.stdout)
+    assert tensor["raised"] == "RuntimeError" and tc.ALLOCATION_FAILURE.search(tensor["text"]), tensor
+    assert tensor["facts"]["device"] == "cpu" and tensor["facts"]["requested_bytes"] == 2**32, tensor
+    assert matmul["raised"] == "RuntimeError" and matmul["facts"]["requested_bytes"] == 2**32, matmul
+    assert plain["raised"] == "MemoryError" and plain["facts"]["device"] == "python", plain
+
+
+def test_allocation_failure_is_recognised_through_a_reraise_and_nothing_else_is():
+    def reraised():
+        try:
+            torch.empty(2**62)  # an overflowing size is a user's error, not an allocation failure
+        except RuntimeError as exc:
+            assert tc.allocation_failure(exc) is None
+        try:
+            raise MemoryError()
+        except MemoryError as exc:
+            raise ValueError("the library wrapped it") from exc
+
+    with pytest.raises(ValueError) as info:
+        reraised()
+    assert tc.allocation_failure(info.value)["exception"] == "MemoryError"
+    assert tc.allocation_failure(RuntimeError("element 0 of tensors does not require grad")) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine (the CUDA allocator's message)")
+def test_cuda_out_of_memory_message():
+    with pytest.raises(Exception) as info:
+        torch.empty(2**42, device="cuda")  # 16 TiB
+    facts = tc.allocation_failure(info.value)
+    assert facts is not None and facts["device"] == "cuda" and tc.ALLOCATION_FAILURE.search(str(info.value)), str(info.value)
+    assert facts.get("requested"), str(info.value)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 
+from gradprobe.checks.torchcompat import allocation_failure
 from gradprobe.flowchart import module_of
 
 __all__ = ["StepResult", "attempt_step", "call_model", "compute_loss", "default_loss", "floating_outputs", "module_of",
@@ -113,6 +114,9 @@ class StepResult:
     nonfinite_anomaly: str | None = None
     # why the step was not run at all (its error is then not the user's step's)
     not_run: str | None = None
+    # the step stopped because a memory limit refused an allocation (torchcompat.allocation_failure's facts): a resource
+    # limit, not an error of the user's code, and what the step did not finish says nothing about the gradients
+    resource_limit: dict[str, Any] | None = None
 
     @property
     def failed(self) -> bool:
@@ -159,6 +163,7 @@ def run_step(loaded: Any, *, optimizer_step: bool, observers: Sequence[AbstractC
         result.error_location = loaded.user.innermost_of_traceback(cause) if failed.cause is not None else None
         result.error_traceback = loaded.user.trimmed_traceback(cause) if failed.cause is not None else str(failed)
         result.not_run = "make_optimizer failed, so train_step was not run"
+        result.resource_limit = allocation_failure(failed.cause)
         return result
     with ExitStack() as stack:
         for obs in observers:
@@ -169,6 +174,7 @@ def run_step(loaded: Any, *, optimizer_step: bool, observers: Sequence[AbstractC
             result.error = exc
             result.error_location = loaded.user.innermost_of_traceback(exc)
             result.error_traceback = loaded.user.trimmed_traceback(exc)
+            result.resource_limit = allocation_failure(exc)
     return result
 
 

@@ -163,7 +163,10 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         findings += optimizer.analyze_step(model, opt, before, step_obs, coverage,
                                            optimizer._opt_site(loaded.record, opt)[1])
         facts["step_events"] = step_obs.events[:50]
-    if capture.calls or direct.hits:
+    if step.resource_limit is not None and (capture.calls or direct.hits):
+        # the step ran out of memory: gradcheck would run the same Functions again (in float64), so it is left out
+        facts["gradcheck"] = {"skipped": "the step was stopped by a memory limit (GP113)"}
+    elif capture.calls or direct.hits:
         starved = frozenset(r["name"] for r in tfacts.get("per_parameter", []) if r["grad"] == "none")
         gfindings, gfacts = gradcheck.gradcheck_findings(loaded, capture, direct, starved=starved)
         findings += gfindings

@@ -23,10 +23,17 @@ from torch.autograd.function import Function
 from gradprobe.checks import backward_lines, rewrites
 from gradprobe.checks._apply import ApplyWatch, inside_custom_function
 from gradprobe.checks._step import call_model, param_names
-from gradprobe.checks.torchcompat import INVALID_GRADIENT, WRONG_GRADIENT_COUNT, WRONG_GRADIENT_SHAPE, GradcheckError
+from gradprobe.checks.torchcompat import (
+    INVALID_GRADIENT,
+    WRONG_GRADIENT_COUNT,
+    WRONG_GRADIENT_SHAPE,
+    GradcheckError,
+    allocation_failure,
+)
 from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
+from gradprobe.sandbox.failures import resource_limit_finding
 from gradprobe.userframes import location
 
 RULES = {
@@ -277,6 +284,11 @@ def check_function(cls, inputs: tuple, params_at: dict, user=None, atol: float =
             ps = sorted({p for ns in params_at.values() for p in ns}) if code == "GP402" else params_at.get(ev.get("input_index", -1), [])
             findings.append(make_finding(code, msg, parameters=[name] + ps, location=ret_loc or def_loc,
                                          evidence={"function": name, **ev, "error": text[:500]}, fix=fix))
+        elif (limit := allocation_failure(exc)) is not None:  # a memory limit, not the custom backward's error
+            findings.append(resource_limit_finding(
+                f"running {name}.backward on float64 copies of its captured inputs (gradcheck)", limit,
+                location=(user.innermost_of_traceback(exc) if user else None) or def_loc,
+                evidence={"function": name, "traceback": user.trimmed_traceback(exc) if user else text}))
         else:
             tb = user.trimmed_traceback(exc) if user else text
             findings.append(make_finding(
@@ -489,12 +501,14 @@ class DirectForwardWatch:
         return False
 
 
-def discover(loaded) -> tuple[ApplyWatch, DirectForwardWatch, str | None]:
-    """One forward (the user's train_step when there is one) with custom Functions watched."""
+def discover(loaded) -> tuple[ApplyWatch, DirectForwardWatch, str | None, Finding | None]:
+    """One forward (the user's train_step when there is one) with custom Functions watched; the last item is
+    GP113 when a memory limit stopped it (the Functions it did not reach are not checked)."""
     names = {i: n[0] for i, n in param_names(loaded.model).items()}
     watch = ApplyWatch(loaded.user, names, capture=True)
     direct = DirectForwardWatch(loaded.user)
     error = None
+    limited = None
     with watch, direct, torch.enable_grad():
         try:
             if loaded.train_step is not None:
@@ -503,7 +517,12 @@ def discover(loaded) -> tuple[ApplyWatch, DirectForwardWatch, str | None]:
                 call_model(loaded.model, loaded.batch)
         except Exception as exc:  # the step may fail because of the very Function we check
             error = f"{type(exc).__name__}: {exc}"
-    return watch, direct, error
+            limit = allocation_failure(exc)
+            if limit is not None:
+                limited = resource_limit_finding(
+                    "running train_step" if loaded.train_step is not None else "running the forward", limit,
+                    location=loaded.user.innermost_of_traceback(exc), evidence={"traceback": loaded.user.trimmed_traceback(exc)})
+    return watch, direct, error, limited
 
 
 def gradcheck_findings(loaded, watch: ApplyWatch, direct: DirectForwardWatch, function=None, check_second_order=False,
@@ -531,10 +550,12 @@ def gradcheck_findings(loaded, watch: ApplyWatch, direct: DirectForwardWatch, fu
 
 
 def gradcheck_report(loaded, function=None, check_second_order=False, fast_mode=None, atol=None, rtol=None) -> dict:
-    watch, direct, error = discover(loaded)
+    watch, direct, error, limited = discover(loaded)
     if function and not any(cls.__name__ == function.rpartition(":")[2] for cls in watch.calls):
         watch = _explicit(loaded, function, watch)
     findings, facts = gradcheck_findings(loaded, watch, direct, function, check_second_order, fast_mode, atol, rtol)
+    if limited is not None and not any(f["code"] == "GP113" for f in findings):
+        findings.insert(0, limited)
     if error:
         facts["forward_error"] = error
     n = len(facts["functions"])

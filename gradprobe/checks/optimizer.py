@@ -13,10 +13,17 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import module_of, param_names, run_step
-from gradprobe.checks.torchcompat import OPTIMIZER_EMPTY, OPTIMIZER_NON_LEAF, OPTIMIZER_PARAM_IN_SEVERAL_GROUPS, untraced
+from gradprobe.checks.torchcompat import (
+    OPTIMIZER_EMPTY,
+    OPTIMIZER_NON_LEAF,
+    OPTIMIZER_PARAM_IN_SEVERAL_GROUPS,
+    allocation_failure,
+    untraced,
+)
 from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
+from gradprobe.sandbox.failures import resource_limit_finding
 
 RULES = {
     "GP201": {
@@ -427,6 +434,9 @@ def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
     err = result.error
     facts = {"events": obs.events[:50],
              "step_error": f"{type(err).__name__}: {err}" if err is not None else result.loss_problem}
+    if result.resource_limit is not None:  # a memory limit stopped the step: nothing about updates is measured
+        return [resource_limit_finding("running one real step (forward, backward, optimizer.step)", result.resource_limit,
+                                       location=result.error_location, evidence={"traceback": result.error_traceback})], facts
     if result.failed:
         return [], facts
     coverage[:] = settle_coverage(coverage, loaded.model, set(obs.grad_after_backward))
@@ -456,6 +466,10 @@ def optimizer_findings(loaded, step: bool = True) -> tuple[list[Finding], dict]:
                                  evidence={"error": text})], {}
         if OPTIMIZER_NON_LEAF in text:
             return [make_finding("GP206", f"make_optimizer failed: {text}", location=loc, evidence={"error": text})], {}
+        limit = allocation_failure(exc.cause)
+        if limit is not None:
+            return [resource_limit_finding("making the optimizer", limit, location=loc,
+                                           evidence={"traceback": loaded.user.trimmed_traceback(exc.cause)})], {}
         return [make_finding("GP100", f"make_optimizer failed: {text}", location=loc,
                              evidence={"traceback": loaded.user.trimmed_traceback(exc.cause) if exc.cause else text})], {}
     if loaded.optimizer is None:

@@ -378,8 +378,9 @@ def prompt_findings(loaded, trace: TraceRun, base_obs: BaseObserver | None, foun
     # an embedding table trained as the tuning mechanism gets gradient only in the rows of the ids this batch holds
     # (PEFT trainable tokens): an all-zero gradient there says which ids the batch lacks, not a cut path
     by_design = ("zero",) if found.how == "embedding" else ()
+    # a step a memory limit stopped (GP113) left the gradients incomplete: a prompt without one is not a finding then
     no_grad = [r["name"] for r in prompt_rows if r["grad"] in ("none", "zero") and prompt_params[r["name"]].requires_grad
-               and r["name"] not in by_init and r["grad"] not in by_design]
+               and r["name"] not in by_init and r["grad"] not in by_design] if trace.step.resource_limit is None else []
     zero_grad = [r["name"] for r in prompt_rows if r["grad"] == "zero" and r["name"] not in by_init]
     explained = False
     emb_weight = base_obs.input_embedding() if base_obs else None

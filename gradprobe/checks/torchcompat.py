@@ -154,3 +154,49 @@ OPTIMIZER_NON_LEAF = "non-leaf"
 # ---- module construction -------------------------------------------------------------------
 
 MISSING_SUPER_INIT = re.compile(r"before Module.__init__\(\) call|has no attribute '_(parameters|modules|buffers)'")
+
+# ---- resource limits -----------------------------------------------------------------------
+
+# an allocation the memory limit refused. CPU: "[enforce fail at alloc_cpu.cpp:N] ... DefaultCPUAllocator: can't
+# allocate memory: you tried to allocate N bytes. Error code 12 (Cannot allocate memory)" (the sandbox's RLIMIT_AS,
+# or the machine); CUDA: torch.OutOfMemoryError "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has ..." (and
+# the driver's own "CUDA error: out of memory", cuBLAS's workspace); MPS: "MPS backend out of memory"
+ALLOCATION_FAILURE = re.compile(r"DefaultCPUAllocator: can't allocate memory|CUDA out of memory|CUDA error: out of memory"
+                                r"|CUBLAS_STATUS_ALLOC_FAILED|MPS backend out of memory")
+ALLOCATION_REQUEST_BYTES = re.compile(r"you tried to allocate (\d+) bytes")
+ALLOCATION_REQUEST_TEXT = re.compile(r"[Tt]ried to allocate ([\d.]+ ?[KMGTP]?i?B)\b")
+OUT_OF_MEMORY_ERROR: type[BaseException] | None = getattr(torch, "OutOfMemoryError", None)  # torch >= 2.1; CUDA's
+
+
+def allocation_failure(exc: BaseException | None) -> dict[str, Any] | None:
+    """What an exception says about an allocation that a memory limit refused, or None when it is not one.
+
+    By type (MemoryError, torch.OutOfMemoryError) or by torch's allocator message; an exception raised
+    `from` one (a library re-raising it) counts too. The dict holds what was measured: `device` ("cpu",
+    "cuda", "mps", or "python" for a MemoryError), `exception`, `error` (the message's first line) and,
+    when the message has it, `requested_bytes` or `requested` (the allocator's own wording)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc)
+        by_type = isinstance(exc, MemoryError) or (OUT_OF_MEMORY_ERROR is not None and isinstance(exc, OUT_OF_MEMORY_ERROR))
+        if by_type or ALLOCATION_FAILURE.search(text):
+            out: dict[str, Any] = {"exception": type(exc).__name__, "error": (text.splitlines() or [""])[0][:500]}
+            if "DefaultCPUAllocator" in text:
+                out["device"] = "cpu"
+            elif "CUDA" in text or "CUBLAS" in text or (OUT_OF_MEMORY_ERROR is not None and isinstance(exc, OUT_OF_MEMORY_ERROR)):
+                out["device"] = "cuda"
+            elif "MPS" in text:
+                out["device"] = "mps"
+            else:
+                out["device"] = "python"
+            m = ALLOCATION_REQUEST_BYTES.search(text)
+            if m:
+                out["requested_bytes"] = int(m.group(1))
+            else:
+                m2 = ALLOCATION_REQUEST_TEXT.search(text)
+                if m2:
+                    out["requested"] = m2.group(1)
+            return out
+        exc = exc.__cause__
+    return None

@@ -28,6 +28,7 @@ from gradprobe.checks.torchcompat import (
     LOSS_DOES_NOT_REQUIRE_GRAD,
     LOSS_NOT_DIFFERENTIABLE,
     LOSS_NOT_SCALAR,
+    allocation_failure,
     explain_backward_error,
     inplace_detail,
     tensor_hooks,
@@ -37,6 +38,7 @@ from gradprobe.checks.tracer import Candidate, GradRecorder, GradTracer
 from gradprobe.findings import Finding, make_finding
 from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.report import make_report
+from gradprobe.sandbox.failures import resource_limit_finding
 
 RULES = {
     "GP301": {
@@ -218,11 +220,13 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
     targets = {id(p) for p in broken + zero}
     by_cand: dict[int, list] = {}
     # a step that raised before any backward() explains every missing gradient by itself: no cut is blamed,
-    # but a value measured crossing into another process before the failure stays a crossing
+    # but a value measured crossing into another process before the failure stays a crossing; so does a step a
+    # memory limit stopped (GP113), wherever it stopped: its gradients are incomplete, not cut.
     # backward() raised on a loss that is part of the graph (not a scalar, say) before any gradient arrived: that
     # failure, not a cut, is why gradients are missing
-    stopped_early = step.error is not None and (not tracer.backward_calls or (
-        _backward_broke(tracer) and any(b.get("requires_grad") for b in tracer.backward_calls) and not grads.got))
+    limited = step.resource_limit is not None
+    stopped_early = limited or (step.error is not None and (not tracer.backward_calls or (
+        _backward_broke(tracer) and any(b.get("requires_grad") for b in tracer.backward_calls) and not grads.got)))
 
     def order(c: Candidate) -> tuple:
         # cuts that fed the loss first; a selection by design (argmin -> codebook[idx]: the gradient reaches the
@@ -331,7 +335,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
     attributed |= {id(p) for p in broken if names[id(p)][0] in crossed}
     backward_broke = _backward_broke(tracer)
     rest = [p for p in broken if id(p) not in attributed and wanted(names[id(p)][0])]
-    if rest and not backward_broke and tracer.backward_calls:
+    if rest and not backward_broke and tracer.backward_calls and not limited:
         custom = {}
         for cls, entry in tracer.apply_watch.calls.items():
             for pos, ns in entry["params_at"].items():
@@ -354,14 +358,14 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
             fix=None if via else "Use their output in the loss, or drop them (or freeze them) if they are not needed for this objective.",
         ))
     zero_rest = [names[id(p)][0] for p in zero if id(p) not in attributed and wanted(names[id(p)][0])]
-    if zero_rest:
+    if zero_rest and not limited:
         findings.append(make_finding(
             "GP306", f"{len(zero_rest)} parameter(s) got an exactly-zero gradient: {', '.join(zero_rest[:6])}"
             f"{'...' if len(zero_rest) > 6 else ''} (masked out, a dead ReLU, ignored labels, or a mask hiding them).",
             parameters=zero_rest, evidence={"zero": len(zero_rest)},
         ))
     init_names = {names[i][0]: partner for i, partner in by_init.items() if wanted(names[i][0])}
-    if init_names:
+    if init_names and not limited:
         partners = sorted(set(init_names.values()))
         findings.append(make_finding(
             "GP306", f"{len(init_names)} parameter(s) got an exactly-zero gradient at this step because a zero-initialised "
@@ -387,7 +391,7 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
             parameters=unused_names, evidence={"unused": len(unused_names)},
         ))
     findings += _loss_and_backward_findings(tracer, step, error_explained=bool(worker) and step.error is not None)
-    findings += _health_findings(tracer, grads, model, names, wanted, record)
+    findings += _health_findings(tracer, grads, model, names, wanted, record, gradients_complete=not limited)
     return findings, {"per_parameter": table, "candidates_seen": len(tracer.candidates), "zero_by_init": init_names,
                       "backward_calls": [{k: v for k, v in b.items() if k != "tags"} for b in tracer.backward_calls],
                       "crossings": tracer.crossings[:20]}
@@ -529,10 +533,32 @@ def _worker_findings(tracer: GradTracer, model: nn.Module, names: dict, step: St
     return out
 
 
+def _resource_limit(tracer: GradTracer, step: StepResult) -> Finding:
+    """GP113 for a step a memory limit stopped: where it stopped, measured (backward, after it, or before it)."""
+    limit = step.resource_limit or {}
+    in_backward = allocation_failure(tracer.backward_error) is not None
+    if step.not_run:
+        phase = "making the optimizer (train_step was not run)"
+    elif in_backward:
+        phase = "running backward()"
+    elif tracer.backward_calls:
+        phase = "finishing the step after backward() (the optimizer step" + (" or the rest of train_step)" if step.kind == "train_step" else ")")
+    else:
+        phase = ("running train_step, before backward()" if step.kind == "train_step"
+                 else "running the forward and the loss, before backward()")
+    called_at = tracer.backward_calls[0]["location"] if tracer.backward_calls else None
+    return resource_limit_finding(
+        phase, limit, location=step.error_location or (called_at if in_backward else None),
+        evidence={"traceback": step.error_traceback, "backward_called_at": called_at,
+                  "backward_calls": len(tracer.backward_calls)})
+
+
 def _loss_and_backward_findings(tracer: GradTracer, step: StepResult, error_explained: bool = False) -> list[Finding]:
     out: list[Finding] = []
     exc = tracer.backward_error
-    if exc is not None:
+    if step.resource_limit is not None:  # a memory limit, not the code: no GP308/GP310/GP100 about the step
+        out.append(_resource_limit(tracer, step))
+    elif exc is not None:
         text = str(exc)
         if LOSS_NOT_DIFFERENTIABLE.search(text):
             call = tracer.backward_calls[0] if tracer.backward_calls else {}
@@ -617,11 +643,11 @@ def _user_trace(text: str | None, user) -> list[str] | None:
     return out
 
 
-def _health_findings(tracer, grads, model, names, wanted, record=None) -> list[Finding]:
+def _health_findings(tracer, grads, model, names, wanted, record=None, gradients_complete: bool = True) -> list[Finding]:
     out: list[Finding] = []
-    # GP312: spread of per-module gradient norms
+    # GP312: spread of per-module gradient norms (GP312 and GP313 judge a complete backward only)
     per_module: dict[str, float] = {}
-    for p in model.parameters():
+    for p in (model.parameters() if gradients_complete else ()):
         g = grads.got.get(id(p))
         if g and g["finite"] and g["norm"] > 0:
             m = module_of(names[id(p)][0])
@@ -637,7 +663,7 @@ def _health_findings(tracer, grads, model, names, wanted, record=None) -> list[F
                 evidence={"ratio": ratio, "norms": dict(sorted(per_module.items(), key=lambda kv: kv[1])[:5] + sorted(per_module.items(), key=lambda kv: kv[1])[-5:])},
             ))
     # GP313: hooks on parameters whose gradient ended zero or None
-    for p in model.parameters():
+    for p in (model.parameters() if gradients_complete else ()):
         hooks = tensor_hooks(p)
         if hooks and p.requires_grad:
             g = grads.got.get(id(p))
@@ -686,9 +712,11 @@ def observed_step(loaded, tracer: GradTracer, grads: GradRecorder, optimizer_ste
     """The one step runner with the tracer and gradient recorder active; a failing backward or a
     non-finite gradient is re-run under anomaly mode to find the forward line behind it."""
     step = run_step(loaded, optimizer_step=optimizer_step, observers=(grads, tracer))
+    if step.resource_limit is None:  # a train_step that caught the allocation failure of its backward() stopped all the same
+        step.resource_limit = allocation_failure(tracer.backward_error)
     bad = _backward_broke(tracer)
     nonfinite = any(not g["finite"] for g in grads.got.values())
-    if bad or nonfinite:
+    if (bad or nonfinite) and step.resource_limit is None:  # re-running a step that ran out of memory would again
         loc, trace = _anomaly_rerun(lambda: attempt_step(loaded, step, optimizer_step), loaded.user)
         if bad:
             step.anomaly_location, step.anomaly_trace = loc, trace

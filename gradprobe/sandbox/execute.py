@@ -7,6 +7,7 @@ from typing import Any
 from gradprobe.findings import make_finding
 from gradprobe.report import make_report
 from gradprobe.sandbox.executor import Executor, LocalExecutor
+from gradprobe.sandbox.failures import resource_limit_finding
 from gradprobe.sandbox.runner import Limits, ProgressFn, ToolInputError, describe_exit
 from gradprobe.target import Target
 
@@ -56,9 +57,14 @@ async def execute(
     elif outcome.mode == "ray" and outcome.note and outcome.report is None:
         msg = f"{outcome.note}: {outcome.stderr.splitlines()[0] if outcome.stderr else ''}"
         fix = "Check the Ray cluster (the worker's logs); the call can be retried."
-    elif outcome.oom:
-        msg = f"The child was killed by the memory limit (cgroup) in phase '{outcome.phase}'."
-        fix = "Use a smaller model or batch for the check, or raise the server's memory limit."
+    elif outcome.oom:  # a resource limit, measured by the cgroup: neither the code's error nor ours
+        cap = (limits or executor.limits).memory_bytes
+        finding = resource_limit_finding(
+            outcome.phase, {"device": "cgroup", "memory_bytes": cap},
+            evidence={"returncode": outcome.returncode, "stderr_tail": outcome.stderr[-4000:], "stdout_tail": outcome.stdout[-1000:]})
+        report = make_report(tool, [finding], ["The check could not finish: the child was killed for memory (a resource limit)."])
+        report["facts"]["sandbox"] = sandbox
+        return report
     else:
         msg = f"The child process {describe_exit(outcome.returncode)} in phase '{outcome.phase}' without a result."
         fix = "See evidence.stderr_tail for the crash (a segfault in an extension, os._exit, an out-of-memory kill)."

@@ -1,7 +1,7 @@
-"""The codes the sandbox and the loader decide (GP000, GP100, GP106, GP112), beside the functions that emit them.
+"""The codes the sandbox and the loader decide (GP000, GP100, GP106, GP112, GP113), beside the functions that emit them.
 
-Torch-free: the parent (timeouts, crashes) and the child (load failures, a gradprobe
-bug inside a check) both build these reports.
+Torch-free: the parent (timeouts, crashes, a cgroup OOM kill) and the child (load failures, a
+gradprobe bug inside a check, an allocation a memory limit refused) both build these reports.
 """
 
 from __future__ import annotations
@@ -41,19 +41,88 @@ RULES = {
         "example": "a training script stuck in data loading, or one that exits before its loop",
         "fix": "Make the script reach its first training step quickly (a small dataset, fewer setup steps), or raise target.timeout_s.",
     },
+    "GP113": {
+        "name": "resource-limit", "severity": "warning", "rank": 3,
+        "summary": "The check stopped at a memory limit (an allocation was refused, or the child was killed for memory).",
+        "why": "A resource limit is neither a bug in the code nor in gradprobe: the finding says which limit was hit, in which "
+               "phase and, when the allocator says it, how much was asked for. Nothing is claimed about the code, and the "
+               "checks that needed what did not finish (the step, its gradients) did not run.",
+        "example": "a model whose backward needs more memory than the sandbox's limit (on CPU the child's address space is capped "
+                   "at the server's memory limit: DefaultCPUAllocator: can't allocate memory)",
+        "fix": "Check a smaller model or batch (a tiny config, fewer layers, a batch of 1-2), or raise the memory limit of each "
+               "check: `gradprobe serve --memory-gb N` (default 8 GB; the command-line checks use 8 GB). GPU memory is not "
+               "capped by gradprobe: on CUDA, free GPU memory or use a smaller model.",
+    },
 }
+
+_GIB = 1024**3
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("TiB", 1024**4), ("GiB", _GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def address_space_limit() -> int | None:
+    """This process's RLIMIT_AS (what the sandbox sets from the server's memory limit on CPU runs), None when unlimited."""
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def resource_limit_finding(phase: str, limit: dict, *, location: Any = None, evidence: dict | None = None) -> Finding:
+    """GP113: a memory limit stopped the check while `phase`. `limit` is what was measured: torchcompat.allocation_failure's
+    dict (an allocation refused in this process), or {"device": "cgroup", "memory_bytes": N} (the parent saw the kill)."""
+    device = limit.get("device")
+    asked = (f"{_size(limit['requested_bytes'])} ({limit['requested_bytes']} bytes)" if limit.get("requested_bytes")
+             else limit.get("requested"))
+    ev: dict[str, Any] = {"phase": phase, "limit": dict(limit), **(evidence or {})}
+    if device == "cgroup":
+        cap = limit.get("memory_bytes")
+        what = ("the child was killed by the sandbox's cgroup memory limit"
+                + (f" ({_size(cap)})" if cap else "") + " (the kernel's out-of-memory killer)")
+        fix = None
+    elif device == "cuda" or device == "mps":
+        what = (f"the {'GPU' if device == 'cuda' else 'MPS device'} ran out of memory"
+                + (f" (an allocation of {asked} was refused)" if asked else "") + f": {limit.get('error')}")
+        fix = ("Check a smaller model or batch, or free memory on the GPU (other processes, a larger card); "
+               "gradprobe does not cap GPU memory, so --memory-gb does not change this.")
+    else:
+        cap = address_space_limit() if device in ("cpu", "python") else None
+        if cap is not None:
+            ev["address_space_limit_bytes"] = cap
+        by = "the CPU allocator" if device == "cpu" else "Python"
+        refused = f"an allocation of {asked} was refused by {by}" if asked else f"an allocation was refused by {by}"
+        what = (refused + f" ({limit.get('exception')})"
+                + (f"; the child's address space is capped at {_size(cap)} (the server's memory limit on CPU runs)"
+                   if cap is not None else ""))
+        fix = None
+    return make_finding(
+        "GP113",
+        f"A memory limit stopped the check while {phase}: {what}. This is a resource limit, not an error in the code: "
+        "nothing is claimed about the code, and what needed this phase to finish was not checked.",
+        location=location, evidence=ev, fix=fix,
+    )
 
 
 def load_failure_report(tool: str, exc: Any, user: Any) -> dict:
-    """GP100 (or GP106 for a missing super().__init__()) with the user's trimmed traceback."""
+    """GP100 (or GP106 for a missing super().__init__(), GP113 for an allocation a memory limit refused) with the
+    user's trimmed traceback."""
     cause = exc.cause or exc
     tb = user.trimmed_traceback(cause) if exc.cause is not None else ""
     loc = user.innermost_of_traceback(cause) if exc.cause is not None else None
     text = str(cause)
     evidence = {"phase": exc.phase, "exception": type(cause).__name__, "traceback": tb}
     finding: Finding
-    from gradprobe.checks.torchcompat import MISSING_SUPER_INIT  # the child has torch
+    from gradprobe.checks.torchcompat import MISSING_SUPER_INIT, allocation_failure  # the child has torch
 
+    limit = allocation_failure(exc.cause)
+    if limit is not None:
+        finding = resource_limit_finding(exc.phase, limit, location=loc, evidence={"traceback": tb})
+        return make_report(tool, [finding], [f"The target could not be loaded: a memory limit stopped it ({exc.phase})."])
     if MISSING_SUPER_INIT.search(text):
         cls = _class_of_failing_init(cause)
         finding = make_finding(
@@ -80,7 +149,14 @@ def _class_of_failing_init(exc: BaseException) -> str | None:
 
 
 def internal_error_report(tool: str, exc: BaseException) -> dict:
-    """GP000: a check of gradprobe raised. Never blamed on the user; the evidence holds our traceback."""
+    """GP000: a check of gradprobe raised. Never blamed on the user; the evidence holds our traceback.
+    An allocation a memory limit refused inside a check is GP113: a resource limit, not a gradprobe bug."""
+    from gradprobe.checks.torchcompat import allocation_failure  # the child has torch
+
+    limit = allocation_failure(exc)
+    if limit is not None:
+        finding = resource_limit_finding(f"running gradprobe's {tool} check", limit)
+        return make_report(tool, [finding], ["A memory limit stopped the check (not a finding about the code)."])
     finding = make_finding(
         "GP000", f"gradprobe's {tool} check failed on this target: {type(exc).__name__}: {exc}",
         evidence={"phase": "checking", "traceback": "".join(traceback.format_exception(exc))[-4000:]},

@@ -136,13 +136,24 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
 
 
 def no_step_finding(run: ScriptRun, target: dict) -> Finding:
-    """GP112: the script never reached a training step; say how it ended and how far it got."""
+    """GP112: the script never reached a training step; say how it ended and how far it got (GP113 when a memory
+    limit stopped it: a resource limit, not the script's error)."""
+    from gradprobe.checks.torchcompat import allocation_failure
+    from gradprobe.sandbox.failures import resource_limit_finding
+
     watch = run.watch
     name = target.get("script") or f"-m {target.get('module')}"
     phase = watch.phase_name()
     loc = run.stop_frame_loc
     evidence: dict[str, Any] = {"ended": run.ended, "furthest_phase": phase, "script_seconds": round(run.seconds, 2),
                                 "modules_called_with_grad": len(watch.calls), "backward_calls": len(watch.backwards)}
+    stopped_by = run.exc if run.ended == "raised" else watch.forward_error[0] if watch.forward_error is not None else None
+    limit = allocation_failure(stopped_by) if isinstance(stopped_by, BaseException) else None
+    if limit is not None and stopped_by is not None:
+        return resource_limit_finding(
+            f"running {name} before its first training step ({phase})", limit,
+            location=watch.user.innermost_of_traceback(stopped_by),
+            evidence={**evidence, "traceback": watch.user.trimmed_traceback(stopped_by)})
     if run.ended == "timeout":
         where = f" at line {loc['line']} of {os.path.basename(loc['file'])}" if loc else ""
         msg = (f"{name} ran for {run.seconds:.0f}s (gradprobe's share of the timeout) without reaching a training step; "
@@ -172,4 +183,5 @@ def no_step_finding(run: ScriptRun, target: dict) -> Finding:
 
 def no_step_report(tool: str, run: ScriptRun, target: dict) -> dict:
     f = no_step_finding(run, target)
-    return make_report(tool, [f], [f"The script reached no training step ({run.ended})."])
+    why = "a memory limit stopped it" if f["code"] == "GP113" else run.ended
+    return make_report(tool, [f], [f"The script reached no training step ({why})."])
