@@ -127,7 +127,7 @@ RULES = {
         "fix": "Normalisation layers, residual connections, better init, gradient clipping.",
     },
     "GP313": {
-        "name": "grad-hook-altered", "severity": "warning", "rank": 99,
+        "name": "grad-hook-altered", "severity": "warning", "rank": 90,  # before GP306: the hook is why it is zero
         "summary": "A registered hook changed the gradient.",
         "why": "A tensor or module backward hook that returns a new value replaces the gradient the optimizer sees.",
         "example": "p.register_hook(lambda g: g * 0)",
