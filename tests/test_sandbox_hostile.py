@@ -26,30 +26,43 @@ def project(tmp_path, body: str, name: str = "case.py", extra: dict | None = Non
 
 
 def _procs() -> dict[int, tuple[int, str, str]]:
-    out = {}
+    raw = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            stat = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
             cgroup = open(f"/proc/{d}/cgroup").read()
-            state = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[0]
             comm = open(f"/proc/{d}/comm").read().strip()
+            uid = open(f"/proc/{d}/status").read().split("\nUid:", 1)[1].split()[0]
         except (OSError, ValueError, IndexError):
             continue
+        raw[int(d)] = (int(stat[1]), stat[0], cmd, cgroup, comm, uid)
+    out = {}
+    for pid, (ppid, state, cmd, cgroup, _comm, _uid) in raw.items():
         if state == "Z":
-            cmd = f"<zombie {d} of {ppid}>"
-        elif comm == "gp-spare" and "/srv-" not in cgroup:
+            cmd = f"<zombie {pid} of {ppid}>"
+        elif _is_spare(pid, raw) or any(_is_spare(k, raw) and raw[k][0] == pid for k in raw):
             cmd = "<spare>"  # the warm worker's next call, forked ahead of time and waiting for its job
-        out[int(d)] = (ppid, cmd, cgroup)
+        out[pid] = (ppid, cmd, cgroup)
     return out
+
+
+def _is_spare(pid: int, raw: dict) -> bool:
+    """An idle spare's pid 1 (still uid 0: no call's code ever ran as root; named gp-spare until its job comes)
+    whose parent, its keeper, is a child of a warm worker."""
+    ppid, _, _, _, comm, uid = raw[pid]
+    keeper = raw.get(ppid)
+    return (comm == "gp-spare" and uid == "0" and keeper is not None and keeper[4] == "gp-spare"
+            and "gradprobe/sandbox/zygote.py" in raw.get(keeper[0], (0, "", ""))[2])
 
 
 def children_alive() -> list[str]:
     """Sandboxed processes still running that one of *this test run's* servers started: every descendant of a
-    `gradprobe serve` child of this process other than its warm worker, and anything in one of those servers'
-    cgroup subtrees (daemons that left the tree). Other gradprobe servers on the machine are not looked at."""
+    `gradprobe serve` child of this process other than its warm worker and its idle spare, and anything in one of
+    those servers' cgroup subtrees (daemons that left the tree). Other gradprobe servers on the machine are not
+    looked at."""
     procs = _procs()
     servers = {pid for pid, (ppid, cmd, _) in procs.items() if ppid == os.getpid() and "gradprobe serve" in cmd}
     kids: dict[int, list[int]] = {}
@@ -64,7 +77,7 @@ def children_alive() -> list[str]:
             out.append(cmd)
         todo += kids.get(pid, [])
     marks = [f"/srv-{s}-" for s in servers]
-    out += [cmd for pid, (_, cmd, cg) in procs.items() if any(m in cg for m in marks) and cmd not in out]
+    out += [cmd for pid, (_, cmd, cg) in procs.items() if any(m in cg for m in marks) and cmd not in out and cmd != "<spare>"]
     return out
 
 
