@@ -47,11 +47,14 @@ def _script_target(args) -> dict:
 
 
 def _fail(args, kind: str, message: str, code: int) -> int:
-    """An error the user can act on: one line on stderr, or a JSON error object on stdout with --json."""
+    """An error the user can act on: one line on stderr (terminal control characters removed: the text may come from
+    the user's code, e.g. a tool error its child wrote), or a JSON error object on stdout with --json."""
     if getattr(args, "json", False):
         print(json.dumps({"ok": False, "tool": args.command, "error": {"kind": kind, "message": message}}, indent=1))
     else:
-        print(f"gradprobe: {message}", file=sys.stderr)
+        from gradprobe.render import clean
+
+        print(f"gradprobe: {clean(message)}", file=sys.stderr)
     return code
 
 
