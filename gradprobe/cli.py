@@ -47,11 +47,14 @@ def _script_target(args) -> dict:
 
 
 def _fail(args, kind: str, message: str, code: int) -> int:
-    """An error the user can act on: one line on stderr, or a JSON error object on stdout with --json."""
+    """An error the user can act on: one line on stderr (terminal control characters removed: the text may come from
+    the user's code, e.g. a tool error its child wrote), or a JSON error object on stdout with --json."""
     if getattr(args, "json", False):
         print(json.dumps({"ok": False, "tool": args.command, "error": {"kind": kind, "message": message}}, indent=1))
     else:
-        print(f"gradprobe: {message}", file=sys.stderr)
+        from gradprobe.render import clean
+
+        print(f"gradprobe: {clean(message)}", file=sys.stderr)
     return code
 
 
@@ -103,7 +106,8 @@ def serve_options(args):
         http = HttpOptions(host=args.host, port=args.port, token_file=args.token_file, insecure_no_auth=args.insecure_no_auth,
                            allowed_hosts=tuple(args.allowed_host), allowed_origins=tuple(args.allowed_origin),
                            max_body=args.max_body, public_url=args.public_url, issuer_url=args.issuer_url,
-                           max_connections=args.max_connections, header_timeout_s=args.header_timeout)
+                           max_connections=args.max_connections, header_timeout_s=args.header_timeout,
+                           body_timeout_s=args.body_timeout)
     limits = Limits(memory_bytes=int(args.memory_gb * 1024**3), isolate=not args.no_isolation,
                     require_isolation=args.require_isolation)
     if args.executor == "ray":
@@ -157,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     http.add_argument("--max-body", type=int, default=1024 * 1024, help="request body limit in bytes")
     http.add_argument("--max-connections", type=int, default=256, help="open connections at once (beyond: 503)")
     http.add_argument("--header-timeout", type=float, default=10.0, help="seconds a connection may take to send a request head")
+    http.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request may take to send its body, from its head")
     http.add_argument("--public-url", default=None, help="the URL clients use (behind a TLS proxy), for the auth metadata")
     http.add_argument("--issuer-url", default=None, help="the authorization server advertised to clients (default: the public URL)")
     sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")

@@ -39,7 +39,7 @@ def http_server(tmp_path_factory):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), "--token-file", str(tmp / "tokens"),
-         "--allow-root", str(EXAMPLES), "--allow-root", str(inside), "--header-timeout", "2"],
+         "--allow-root", str(EXAMPLES), "--allow-root", str(inside), "--header-timeout", "2", "--body-timeout", "2"],
         stdout=open(tmp / "access.log", "w"), stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )
     url = f"http://127.0.0.1:{port}"
@@ -86,6 +86,46 @@ def test_a_half_sent_request_is_dropped_after_the_header_timeout(http_server):
         s.settimeout(8)
         t0 = time.monotonic()
         assert s.recv(1024) == b"" and time.monotonic() - t0 < 7  # closed by the server, not by our timeout
+
+
+def _closed_by_server(s: socket.socket, wait_s: float = 8.0) -> bool:
+    """Whether the server closed `s` (EOF or reset) before our own `wait_s` ran out; what it sent first is ignored."""
+    s.settimeout(wait_s)
+    try:
+        while s.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        return False
+    return True
+
+
+def _authed_head(port: int, length: int) -> bytes:
+    return (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer alice-secret-token\r\n"
+            f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+            f"Content-Length: {length}\r\n\r\n").encode()
+
+
+def test_a_request_whose_body_never_comes_is_dropped_after_the_body_timeout(http_server):
+    with socket.create_connection(("127.0.0.1", http_server["port"])) as s:
+        s.sendall(_authed_head(http_server["port"], 4096) + b'{"jsonrpc": "2.0", ')  # and nothing more
+        assert _closed_by_server(s)  # (--body-timeout 2) closed by the server, not by our 8 s
+
+
+def test_a_body_trickled_a_byte_at_a_time_is_dropped_after_the_body_timeout(http_server):
+    import select
+
+    with socket.create_connection(("127.0.0.1", http_server["port"])) as s:
+        s.sendall(_authed_head(http_server["port"], 4096))
+        for _ in range(40):  # 40 bytes over ~12 s, each well inside any per-read timeout: the body's total is bounded
+            try:
+                s.sendall(b" ")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if select.select([s], [], [], 0.3)[0]:
+                break
+        assert _closed_by_server(s, 1.0), "the trickling request was still open after 40 bytes"
 
 
 def test_a_token_in_the_query_string_is_refused_and_never_logged(http_server):
@@ -199,3 +239,52 @@ async def test_model_given_as_an_absolute_path_alone_and_roots_still_apply(http_
             assert r.structured_content["findings"][0]["code"] == "GP101"
             r = await c.call_tool("inspect_parameters", {"target": {"model": str(http_server["outside"] / "case.py")}})
             assert r.is_error and "outside the roots" in r.content[0].text
+
+
+def test_connection_cap_idle_connections_and_a_flood_of_bad_requests(tmp_path):
+    """Its own server (--max-connections 8 --header-timeout 1): connections past the cap get 503 at once, idle ones
+    are closed by the server and it serves again; hundreds of bad requests write a bounded log (a count of the lines
+    dropped, never one line per request), and what a request brings (a Host header with a newline-like C1 byte)
+    reaches the log escaped."""
+    (tmp_path / "tokens").write_text(TOKENS)
+    port = free_port()
+    out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), "--token-file", str(tmp_path / "tokens"),
+         "--allow-root", str(EXAMPLES), "--cold", "--max-connections", "8", "--header-timeout", "1", "--body-timeout", "1"],
+        stdout=open(out, "wb"), stderr=open(err, "wb"), cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx2.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx2.HTTPError:
+                time.sleep(0.2)
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+        time.sleep(0.2)  # the server has accepted them
+        assert httpx2.get(f"{url}/health", timeout=5).status_code == 503  # past the cap: refused at once
+        assert all(_closed_by_server(s) for s in idle)  # idle ones are closed by the server (--header-timeout 1) ...
+        for s in idle:
+            s.close()
+        assert httpx2.get(f"{url}/health", timeout=5).status_code == 200  # ... and it serves again
+        n = 400
+        for _ in range(n):
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+                _closed_by_server(s, 5)
+        time.sleep(1.1)  # a new second: the next line carries the count of those dropped
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(_authed_head(port, 2).replace(f"127.0.0.1:{port}".encode(), b"evil\x9b31m.example") + b"{}")
+            _closed_by_server(s, 5)
+        time.sleep(0.5)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    log = out.read_bytes() + err.read_bytes()
+    bad = log.count(b"Invalid HTTP request")
+    assert 0 < bad < n / 2, f"{bad} lines for {n} bad requests"
+    assert b"log lines dropped]" in log, log[-3000:]
+    assert b"\x9b" not in log and b"\xc2\x9b" not in log and b"evil\\x9b31m" in log, log[-2000:]

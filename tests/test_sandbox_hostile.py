@@ -26,30 +26,43 @@ def project(tmp_path, body: str, name: str = "case.py", extra: dict | None = Non
 
 
 def _procs() -> dict[int, tuple[int, str, str]]:
-    out = {}
+    raw = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            stat = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
             cgroup = open(f"/proc/{d}/cgroup").read()
-            state = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[0]
             comm = open(f"/proc/{d}/comm").read().strip()
+            uid = open(f"/proc/{d}/status").read().split("\nUid:", 1)[1].split()[0]
         except (OSError, ValueError, IndexError):
             continue
+        raw[int(d)] = (int(stat[1]), stat[0], cmd, cgroup, comm, uid)
+    out = {}
+    for pid, (ppid, state, cmd, cgroup, _comm, _uid) in raw.items():
         if state == "Z":
-            cmd = f"<zombie {d} of {ppid}>"
-        elif comm == "gp-spare" and "/srv-" not in cgroup:
+            cmd = f"<zombie {pid} of {ppid}>"
+        elif _is_spare(pid, raw) or any(_is_spare(k, raw) and raw[k][0] == pid for k in raw):
             cmd = "<spare>"  # the warm worker's next call, forked ahead of time and waiting for its job
-        out[int(d)] = (ppid, cmd, cgroup)
+        out[pid] = (ppid, cmd, cgroup)
     return out
+
+
+def _is_spare(pid: int, raw: dict) -> bool:
+    """An idle spare's pid 1 (still uid 0: no call's code ever ran as root; named gp-spare until its job comes)
+    whose parent, its keeper, is a child of a warm worker."""
+    ppid, _, _, _, comm, uid = raw[pid]
+    keeper = raw.get(ppid)
+    return (comm == "gp-spare" and uid == "0" and keeper is not None and keeper[4] == "gp-spare"
+            and "gradprobe/sandbox/zygote.py" in raw.get(keeper[0], (0, "", ""))[2])
 
 
 def children_alive() -> list[str]:
     """Sandboxed processes still running that one of *this test run's* servers started: every descendant of a
-    `gradprobe serve` child of this process other than its warm worker, and anything in one of those servers'
-    cgroup subtrees (daemons that left the tree). Other gradprobe servers on the machine are not looked at."""
+    `gradprobe serve` child of this process other than its warm worker and its idle spare, and anything in one of
+    those servers' cgroup subtrees (daemons that left the tree). Other gradprobe servers on the machine are not
+    looked at."""
     procs = _procs()
     servers = {pid for pid, (ppid, cmd, _) in procs.items() if ppid == os.getpid() and "gradprobe serve" in cmd}
     kids: dict[int, list[int]] = {}
@@ -64,7 +77,7 @@ def children_alive() -> list[str]:
             out.append(cmd)
         todo += kids.get(pid, [])
     marks = [f"/srv-{s}-" for s in servers]
-    out += [cmd for pid, (_, cmd, cg) in procs.items() if any(m in cg for m in marks) and cmd not in out]
+    out += [cmd for pid, (_, cmd, cg) in procs.items() if any(m in cg for m in marks) and cmd not in out and cmd != "<spare>"]
     return out
 
 
@@ -603,13 +616,78 @@ async def test_forged_flow_graph_cannot_inject_markup_into_svg_or_mermaid(client
     assert "<script" not in mermaid and '"] click' not in mermaid and '"javascript' not in mermaid, mermaid
 
 
-def test_cli_output_carries_no_terminal_control_characters(tmp_path):
+TERMINAL_EVIL = "\x1b]52;c;ZXZpbA==\x07\x1b[2J\x1b]0;pwned\x07\r\x9b31m\x08\x08\x08 OK"  # clipboard, clear, title, fake OK
+CONTROL = "\x1b\x07\r\x9b\x08"
+
+
+def _forging(report: dict) -> str:
+    """A model file whose build writes `report` as a result line to every descriptor it has, then exits."""
+    import json as _json
+
+    line = _json.dumps({"type": "result", "report": report}) + "\n"
+    return ("import os\ndef build_model():\n    for fd in map(int, os.listdir('/proc/self/fd')):\n        try:\n"
+            f"            os.write(fd, {line.encode()!r})\n        except OSError:\n            pass\n    os._exit(0)\n")
+
+
+def _cli(*args: str):
     import subprocess
 
-    evil = "\\x1b]52;c;ZXZpbA==\\x07\\x1b[2J\\x1b]0;pwned\\x07\\r\\x9b31m OK"
-    (tmp_path / "case.py").write_text(f"import torch.nn as nn\ndef build_model():\n    raise ValueError('{evil}')\n")
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
-    out = subprocess.run([sys.executable, "-m", "gradprobe", "inspect_parameters", str(tmp_path / "case.py"), "--no-color"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run([sys.executable, "-m", "gradprobe", *args, "--no-color"], capture_output=True, timeout=300, env=env)
+    # bytes decoded by hand: text mode would turn a carriage return into a newline before the check sees it
+    return subprocess.CompletedProcess(out.args, out.returncode, out.stdout.decode("utf-8", "replace"),
+                                       out.stderr.decode("utf-8", "replace"))
+
+
+def test_cli_output_carries_no_terminal_control_characters(tmp_path):
+    evil = TERMINAL_EVIL.encode("unicode_escape").decode()
+    (tmp_path / "case.py").write_text(f"import torch.nn as nn\ndef build_model():\n    raise ValueError('{evil}')\n")
+    out = _cli("inspect_parameters", str(tmp_path / "case.py"))
     assert "ValueError" in out.stdout, out.stdout + out.stderr
-    assert not any(ch in out.stdout for ch in "\x1b\x07\r\x9b"), repr(out.stdout)
+    assert not any(ch in out.stdout + out.stderr for ch in CONTROL), repr(out.stdout + out.stderr)
+
+
+def test_cli_prints_a_forged_report_without_terminal_control_characters(tmp_path):
+    e = TERMINAL_EVIL
+    flow = {"loss": e, "groups": [{"module": e, "count": 1, "status": "broken", "break": {"code": e, "op": e, "line": 3}}]}
+    finding = {"code": "GP101" + e, "name": e, "severity": "error", "message": e, "parameters": [e] * 3,
+               "location": {"file": "/x/" + e, "line": e, "code": e}, "evidence": {"traceback": e}, "fix": e}
+    report = {"tool": "diagnose" + e, "ok": e, "summary": e, "findings": [finding], "facts": {"flow": flow}}
+    (tmp_path / "case.py").write_text(_forging(report))
+    out = _cli("diagnose", str(tmp_path / "case.py"), "--mermaid")
+    assert "pwned" in out.stdout and "ZXZpbA==" in out.stdout, out.stdout + out.stderr  # the text is shown ...
+    assert not any(ch in out.stdout + out.stderr for ch in CONTROL), repr(out.stdout + out.stderr)  # ... inert
+
+
+def test_cli_prints_a_forged_tool_error_without_terminal_control_characters(tmp_path):
+    (tmp_path / "case.py").write_text(_forging({"tool_error": TERMINAL_EVIL}))
+    out = _cli("inspect_parameters", str(tmp_path / "case.py"))
+    assert out.returncode == 2 and "pwned" in out.stderr, out.stdout + out.stderr
+    assert not any(ch in out.stdout + out.stderr for ch in CONTROL), repr(out.stdout + out.stderr)
+    out = _cli("inspect_parameters", str(tmp_path / "case.py"), "--json")
+    assert "pwned" in out.stdout and not any(ch in out.stdout for ch in CONTROL), repr(out.stdout)  # JSON escapes
+
+
+@pytest.mark.anyio
+async def test_a_newline_in_a_field_cannot_forge_an_audit_line(tmp_path):
+    """The server's audit log (stderr over stdio) holds one JSON record per call: a caller's newline, carriage
+    return or terminal escape in `model` or `project_dir` stays inside its record, escaped."""
+    import json as _json
+
+    from mcp.client.stdio import stdio_client
+
+    forged = 'x.py\n2026-01-01 00:00:00,000 gradprobe.audit call {"caller": "admin", "tool": "forged", "outcome": "ok"}'
+    fields = {"model": forged + "\r\x1b[2K", "project_dir": str(tmp_path) + "\n" + forged.split("\n", 1)[1]}
+    log = tmp_path / "server.err"
+    with open(log, "w") as errlog:
+        async with Client(stdio_client(server_params(), errlog=errlog), read_timeout_seconds=300) as c:
+            for target in ({"project_dir": str(tmp_path), "model": fields["model"]}, {"project_dir": fields["project_dir"], "model": "x.py"}):
+                r = await c.call_tool("inspect_parameters", {"target": target})
+                assert r.is_error, r
+    text = log.read_text()
+    assert not any(ch in text for ch in "\r\x1b") and not any(line.startswith("2026-01-01") for line in text.splitlines()), text
+    records = [line.split(" ", 3) for line in text.splitlines() if line.split(" ", 3)[2:3] == ["gradprobe.audit"]]
+    assert len(records) == 2 and all(r[3].startswith("call {") for r in records), text
+    parsed = [_json.loads(r[3][len("call "):]) for r in records]
+    assert [p["caller"] for p in parsed] == ["local", "local"] and [p["tool"] for p in parsed] == ["inspect_parameters"] * 2
+    assert parsed[0]["model"] == fields["model"] and parsed[1]["project"] == fields["project_dir"], parsed

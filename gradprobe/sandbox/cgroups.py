@@ -31,14 +31,23 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
+_SERVER_DIRS: dict[int, str] = {}
+
+
 def server_dir_name(pid: int | None = None) -> str:
     pid = pid or os.getpid()
-    return f"srv-{pid}-{_start_time(pid)}"
+    if pid not in _SERVER_DIRS:
+        _SERVER_DIRS[pid] = f"srv-{pid}-{_start_time(pid)}"
+    return _SERVER_DIRS[pid]
 
 
 class CallCgroup:
-    def __init__(self, memory_bytes: int | None, pids_max: int = 512):
+    """`server`: the subtree to make it in (default: this process's own; the warm worker makes its spares' groups in
+    the server's subtree, and hands each over with its call: `state()` there, `adopt()` here)."""
+
+    def __init__(self, memory_bytes: int | None, pids_max: int = 512, server: str | None = None):
         self.name = f"gradprobe-{uuid.uuid4().hex[:12]}"
+        self.server = server or server_dir_name()
         self.dirs: list[str] = []
         self.kill_file: str | None = None
         self.memory_dir: str | None = None
@@ -50,8 +59,22 @@ class CallCgroup:
             self.error = f"{exc.strerror or exc}"
             self.remove()
 
+    def state(self) -> dict:
+        return {"name": self.name, "server": self.server, "dirs": self.dirs, "kill_file": self.kill_file,
+                "memory_dir": self.memory_dir, "pids_limited": self.pids_limited, "error": self.error}
+
+    @classmethod
+    def adopt(cls, state: dict) -> CallCgroup:
+        """The group another process of this server made (the warm worker, for a spare): this one tears it down."""
+        self = cls.__new__(cls)
+        self.name, self.server = str(state["name"]), str(state["server"])
+        self.dirs = [str(d) for d in state.get("dirs") or []]
+        self.kill_file, self.memory_dir = state.get("kill_file"), state.get("memory_dir")
+        self.pids_limited, self.error = bool(state.get("pids_limited")), state.get("error")
+        return self
+
     def _mk(self, parent: str) -> str:
-        path = os.path.join(parent, "gradprobe", server_dir_name(), self.name)
+        path = os.path.join(parent, "gradprobe", self.server, self.name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         os.mkdir(path)
         self.dirs.append(path)
@@ -145,17 +168,22 @@ class CallCgroup:
                 pass
         return out
 
-    def remove(self) -> None:
+    def remove(self, tries: int = 50) -> None:
+        """rmdir every directory of the group (retrying while its last processes exit); `dirs` keeps what is left."""
+        left = []
         for d in reversed(self.dirs):
-            for _ in range(50):
+            for i in range(tries):
                 try:
                     os.rmdir(d)
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
-                    time.sleep(0.02)
-        self.dirs = []
+                    if i == tries - 1:
+                        left.append(d)
+                    else:
+                        time.sleep(0.02)
+        self.dirs = left[::-1]
 
 
 def _write(path: str, value: str) -> None:

@@ -5,7 +5,8 @@ Used by the cold launcher (`launch.py`, the server's own interpreter, which then
 children. Everything applied here is inherited across `exec`, so whatever runs
 next (a Python, a shell script, a binary) is inside every layer:
 
-1. cgroups: the process joins the per-call cgroups the server made;
+1. cgroups: the process joins the per-call cgroups the server (a cold child) or the warm worker (a spare, made
+   and joined before its call arrives) made;
 2. namespaces: mount, pid, network, IPC and UTS; the process forks once: its
    child is pid 1 of the new pid namespace (when it exits, the kernel kills every
    process of the call) and this process stays outside as the *keeper*, which
@@ -419,12 +420,13 @@ def confine(policy: dict, control: socket.socket) -> None:
 
 
 def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
-    """A warm call made ahead of time (forked from the warm worker before any job): namespaces entered and the
-    shared part of the view built; it waits for one job, then opens and checks the project, joins the cgroup,
-    finishes the view, drops identity, locks down and runs it. Never returns."""
+    """A warm call made ahead of time (forked from the warm worker before any job): the call's cgroup joined (the
+    worker made it), namespaces entered and the shared part of the view built; it waits for one job, then opens and
+    checks the project, finishes the view, drops identity, locks down and runs it. Never returns."""
     try:
         isolation.die_with_parent()
         _libc.prctl(15, b"gp-spare", 0, 0, 0)  # PR_SET_NAME: /proc/<pid>/comm tells an idle spare from a call
+        cgroup_err = isolation.join_cgroups(base.get("cgroups") or [])  # the group the warm worker made for this call
         if not enter_namespaces(lambda pid: None):
             send(zygote, {"nspid": None, "error": os.strerror(ctypes.get_errno())})
             os._exit(74)
@@ -446,8 +448,7 @@ def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
             project_tree = None
             if policy.get("project_dir"):
                 project_tree, policy["project_dir_real"] = open_project(policy)
-            err = isolation.join_cgroups(policy.get("cgroups") or [])
-            report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
+            report["cgroup"] = base.get("cgroup_state", "off") if not cgroup_err else f"MISSING: {cgroup_err}"
             report["namespaces"], report["network"] = NS_REPORT, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT
             finish_view(policy, newroot, project_tree, ro, mapped, report)
             report["identity"] = drop_identity()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from gradprobe.sandbox.cgroups import CallCgroup
+from gradprobe.sandbox.cgroups import CallCgroup, server_dir_name
 from gradprobe.sandbox.isolation import become_subreaper
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
@@ -247,12 +247,12 @@ async def run_child(
     device = (job.get("target") or {}).get("device") or "cpu"
     scratch = tempfile.mkdtemp(prefix="gradprobe-call-", dir="/tmp")
     env = child_env(scratch)
-    cgroup = CallCgroup(limits.memory_bytes, limits.pids) if limits.isolate else None
+    cgroup: CallCgroup | None = None  # made here for a cold child; a warm one's comes made (and joined) from the worker
     project = (job.get("target") or {}).get("project_dir")
     policy = {
         "enabled": limits.isolate, "require": limits.require_isolation,
-        "cgroups": cgroup.procs_files if cgroup is not None and cgroup.ok else [],
-        "cgroup_state": cgroup.describe() if cgroup is not None else "off",
+        "cgroups": [], "cgroup_state": "off",
+        "cgroup_spec": {"memory_bytes": limits.memory_bytes, "pids": limits.pids, "server": server_dir_name()} if limits.isolate else None,
         "project_dir": project, "allowed_roots": [os.path.realpath(r) for r in allowed_roots or []],
         "package_root": PACKAGE_ROOT, "scratch": scratch, "python": python,
         "extra_ro": [p for p in sys.path if p and os.path.isdir(p)],
@@ -268,8 +268,8 @@ async def run_child(
     pid = None
     transports: list[Any] = []
     mode, warm_note = "cold", None
+    after_reply = False
     confined: dict[str, Any] = {"pid": None, "layers": None, "refused": None, "verified": {}}
-    cgroup_name = cgroup.name if cgroup is not None and cgroup.ok else None
     try:
         if warm is not None and python is None:
             if await warm.ensure():
@@ -279,12 +279,17 @@ async def run_child(
         w_ends = tuple(w for _, w in pipes) + (theirs.fileno(),)
         if mode == "warm":
             try:
-                pid, exited = await warm.fork(job, scratch, dict(env), w_ends, policy)
+                pid, exited, made = await warm.fork(job, scratch, dict(env), w_ends, policy)
+                cgroup = CallCgroup.adopt(made) if made else None
             except Exception as exc:
                 mode, warm_note = "cold", f"warm worker failed ({type(exc).__name__}: {exc}); used a cold child"
         if mode == "cold":
+            if limits.isolate:
+                cgroup = CallCgroup(limits.memory_bytes, limits.pids)
+                policy.update(cgroups=cgroup.procs_files if cgroup.ok else [], cgroup_state=cgroup.describe())
             become_subreaper()
             pid, exited = await _launch_cold(job, python, scratch, env, w_ends, policy)
+        cgroup_name = cgroup.name if cgroup is not None and cgroup.ok else None
         for w in w_ends[:3]:
             os.close(w)
         theirs.close()
@@ -381,8 +386,9 @@ async def run_child(
         early = bool(done) and not exited.done() and got
         assert pid is not None
         _kill_group(pid)  # anything the child left behind in its group
-        if cgroup is not None and cgroup.ok:
+        if cgroup is not None and cgroup.ok and not early:
             cgroup.kill_now()  # ... and anything that left the group (setsid daemons)
+        after_reply = early  # with the result in, the cgroup's kill is the reaper's first act, just after the reply
         if early:
             for _ in range(3):  # the child flushed stdout/stderr before its result: let the drains take what is there
                 await asyncio.sleep(0)
@@ -401,7 +407,7 @@ async def run_child(
             report=report, tool_error=tool_error, tool_error_kind=state["tool_error_kind"], phase=state["phase"],
             returncode=code, timed_out=timed_out, stdout=out.text(), stderr=err.text(),
             seconds=time.monotonic() - t0, events=state["events"], mode=mode, note=warm_note,
-            oom=bool(cgroup is not None and cgroup.oom_killed()),
+            oom=bool(report is None and cgroup is not None and cgroup.oom_killed()),
             isolation={"applied": confined["layers"] or {}, "verified_by_server": confined["verified"]},
         )
     except asyncio.CancelledError:
@@ -411,7 +417,7 @@ async def run_child(
     finally:
         if pid is not None:
             _kill_group(pid)
-        if cgroup is not None:
+        if cgroup is not None and not after_reply:
             cgroup.kill_now()
         late = [t for t in locals().get("readers", []) + [locals().get("exited")] if t is not None and not t.done()]
         _close_later(late, transports, limits.grace_s)

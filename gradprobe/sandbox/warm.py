@@ -37,6 +37,7 @@ class WarmWorker:
         self._forked: dict[int, asyncio.Future] = {}
         self._exits: dict[int, asyncio.Future] = {}
         self._early_exits: dict[int, int] = {}
+        self._spare_groups: dict[str, dict] = {}  # cgroups the worker made for spares not yet handed a call
         self._ready: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._starting: asyncio.Lock | None = None
@@ -97,10 +98,13 @@ class WarmWorker:
     def _dispatch(self, msg: dict) -> None:
         if msg.get("ready") and self._ready is not None and not self._ready.done():
             self._ready.set_result(msg)
+        elif isinstance(msg.get("spare_cgroup"), dict):
+            self._spare_groups[str(msg["spare_cgroup"].get("name"))] = msg["spare_cgroup"]
         elif "forked" in msg:
+            self._spare_groups.pop(str((msg.get("cgroup") or {}).get("name")), None)  # the call's now: its caller's
             fut = self._forked.pop(msg["forked"], None)
             if fut is not None and not fut.done():
-                fut.set_result(msg["pid"])
+                fut.set_result((msg["pid"], msg.get("cgroup")))
         elif "exit" in msg:
             fut = self._exits.pop(msg["exit"], None)
             if fut is not None and not fut.done():
@@ -120,10 +124,29 @@ class WarmWorker:
             self._ready.set_exception(err)
         if proc is self.proc:
             self.info = {}
+        self._remove_spare_groups()
 
-    async def fork(self, job: dict, cwd: str, env: dict, fds: tuple[int, ...], policy: dict) -> tuple[int, asyncio.Future]:
+    def _remove_spare_groups(self, wait: bool = False) -> None:
+        """The cgroups of spares that died with the worker (it removes those of spares that die while it lives)."""
+        groups, self._spare_groups = list(self._spare_groups.values()), {}
+        if groups:
+            from gradprobe.sandbox.cgroups import CallCgroup
+
+            def work() -> None:
+                for state in groups:
+                    group = CallCgroup.adopt(state)
+                    group.kill()
+                    group.remove()
+
+            if wait:
+                work()
+            else:
+                threading.Thread(target=work, daemon=True, name="gradprobe-spare-groups").start()
+
+    async def fork(self, job: dict, cwd: str, env: dict, fds: tuple[int, ...], policy: dict) -> tuple[int, asyncio.Future, dict | None]:
         """Fork a child for `job` with stdout/stderr/result/control on `fds`, confined by `policy` (confine.py);
-        returns (pid, future of its exit code)."""
+        returns (pid, future of its exit code, the state of the call's cgroup that the worker made and the child
+        joined, for CallCgroup.adopt: the caller tears it down)."""
         rid = next(self._ids)
         loop, sock = self._loop, self.sock
         assert loop is not None and sock is not None, "fork() on a worker that was never started"
@@ -132,13 +155,13 @@ class WarmWorker:
         data = json.dumps({"id": rid, "job": job, "cwd": cwd, "env": env, "policy": policy}).encode()
         with self._lock:
             socket.send_fds(sock, [struct.pack("!I", len(data)) + data], list(fds))
-        pid = await asyncio.wait_for(fut, 30)
+        pid, cgroup = await asyncio.wait_for(fut, 30)
         exit_fut = loop.create_future()
         if pid in self._early_exits:
             exit_fut.set_result(self._early_exits.pop(pid))
         else:
             self._exits[pid] = exit_fut
-        return pid, exit_fut
+        return pid, exit_fut, cgroup
 
     def stop(self) -> None:
         if self.sock is not None:
@@ -155,3 +178,4 @@ class WarmWorker:
             self.proc.wait(timeout=5)
         self.proc = None
         self.info = {}
+        self._remove_spare_groups(wait=True)

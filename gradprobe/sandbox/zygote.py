@@ -2,8 +2,10 @@
 
 Started by the server as `python -I .../zygote.py FD`, it talks over a Unix socket
 (FD): each request carries the job and three pipe ends (stdout, stderr, result) as
-SCM_RIGHTS; it forks, answers with the child's pid, and later reports the child's
-exit status. Rules that keep forking safe: this process stays single-threaded,
+SCM_RIGHTS; it hands the job to the spare it made ahead of time (or forks), answers
+with the child's pid and the call's cgroup (which it made, in the server's subtree,
+and the child already joined; the server tears it down after the reply), and later
+reports the child's exit status. The next spare is made while the call runs. Rules that keep forking safe: this process stays single-threaded,
 never runs a tensor op (a parent that ran one multi-threaded op deadlocks its
 children) and never initialises CUDA (children do, after the fork); it is
 non-dumpable, so its children cannot read its memory or environment through /proc.
@@ -68,11 +70,12 @@ def preload() -> list[str]:
     import torch  # noqa: F401  (import only: no tensor op, no CUDA)
 
     import gradprobe.checks.diagnosis  # every check module
+    import gradprobe.findings
     import gradprobe.loading  # what a call imports before its check (job.run_job imports them lazily)
     import gradprobe.sandbox.child
     import gradprobe.sandbox.confine
     import gradprobe.sandbox.job
-    import gradprobe.userframes  # noqa: F401
+    import gradprobe.userframes
 
     loaded = []
     for name in PRELOAD:
@@ -81,7 +84,23 @@ def preload() -> list[str]:
             loaded.append(name)
         except Exception:
             pass
+    gradprobe.findings.catalogue()  # parsed from the check modules' source once here, not in every call
+    _warm_linecache()
     return loaded
+
+
+def _warm_linecache() -> None:
+    """Source lines of the modules on a call's path, read once here: torch.manual_seed queues its CUDA/XPU seeding
+    with a formatted stack (traceback.format_stack) that would otherwise read these files in every call."""
+    import linecache
+
+    import torch
+
+    for mod in list(sys.modules.values()):
+        path = getattr(mod, "__file__", None)
+        if (getattr(mod, "__name__", "") or "").startswith("gradprobe") and isinstance(path, str) and path.endswith(".py"):
+            linecache.getlines(path)
+    torch.manual_seed(0)  # no tensor op, no CUDA init: it reads the seeding path's torch sources into linecache
 
 
 def child(req: dict, fds: list[int], sock: socket.socket) -> None:
@@ -123,7 +142,10 @@ class Spare:
     def __init__(self, base: dict, server: socket.socket):
         from gradprobe.sandbox import confine
 
-        self.base = {k: base.get(k) for k in confine.VIEW_KEYS}
+        self.base = {k: base.get(k) for k in confine.VIEW_KEYS + ("cgroup_spec",)}
+        self.cgroup = _cgroup_for(base)  # made and joined now: the call finds itself in it
+        if self.cgroup is not None:
+            base = dict(base, cgroups=self.cgroup.procs_files if self.cgroup.ok else [], cgroup_state=self.cgroup.describe())
         self.root = tempfile.mkdtemp(prefix="gradprobe-root-", dir="/tmp")
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.pid = os.fork()
@@ -151,8 +173,27 @@ class Spare:
         self.sock.close()  # the spare reads EOF and exits
 
 
+def _cgroup_for(policy: dict):
+    """The call's cgroup, made in the server's subtree with the limits the server asked for (None with isolation off)."""
+    spec = policy.get("cgroup_spec")
+    if not policy.get("enabled") or not isinstance(spec, dict):
+        return None
+    from gradprobe.sandbox.cgroups import CallCgroup
+
+    return CallCgroup(spec.get("memory_bytes"), int(spec.get("pids") or 512), server=str(spec["server"]))
+
+
 def _spares_possible(policy: dict) -> bool:
     return bool(policy.get("enabled")) and os.geteuid() == 0
+
+
+def _new_spare(policy: dict, sock: socket.socket, roots: dict, groups: dict) -> Spare:
+    spare = Spare(policy, sock)
+    roots[spare.pid] = spare.root
+    if spare.cgroup is not None:
+        groups[spare.pid] = spare.cgroup
+        send_msg(sock, {"spare_cgroup": spare.cgroup.state()})  # the server removes it if this worker dies first
+    return spare
 
 
 def serve(sock: socket.socket) -> None:
@@ -160,6 +201,8 @@ def serve(sock: socket.socket) -> None:
     pending: list[int] = []  # fds that arrived with a request not yet complete
     forked: set[int] = set()
     roots: dict[int, str] = {}  # a spare's keeper pid -> its (empty) mount point on the host
+    groups: dict[int, Any] = {}  # a spare's keeper pid -> its cgroup, removed here if it dies without a call
+    stale: list[Any] = []  # such cgroups not yet empty
     spare: Spare | None = None
     global _WAKE
     wake_r, wake_w = _WAKE = os.pipe()  # SIGCHLD wakes select at once: exits are reported without polling delay
@@ -183,9 +226,16 @@ def serve(sock: socket.socket) -> None:
                     os.rmdir(roots.pop(pid))
                 except OSError:
                     pass
+            if pid in groups:
+                stale.append(groups.pop(pid))
             if spare is not None and pid == spare.pid:
                 spare.drop()
                 spare = None
+        for group in list(stale):  # never blocks: one try each time round
+            group.kill_now()
+            group.remove(tries=1)
+            if not group.dirs:
+                stale.remove(group)
         watch: list[Any] = [sock, wake_r] + ([spare.sock] if spare is not None else [])
         ready, _, _ = select.select(watch, [], [], 1.0)
         if wake_r in ready:
@@ -211,23 +261,24 @@ def serve(sock: socket.socket) -> None:
                     spare.drop()
                     spare = None
                 if spare is None:
-                    spare = Spare(policy, sock)
-                    roots[spare.pid] = spare.root
+                    spare = _new_spare(policy, sock, roots, groups)
                 spare.hand(req, these)
-                pid = spare.pid
+                pid, group = spare.pid, groups.pop(spare.pid, None)  # the call's now: the server tears it down
                 spare.drop()
                 spare = None
             else:
+                group = _cgroup_for(policy)
+                if group is not None:
+                    req["policy"] = dict(policy, cgroups=group.procs_files if group.ok else [], cgroup_state=group.describe())
                 pid = os.fork()
                 if pid == 0:
                     child(req, these, sock)
             forked.add(pid)
             for fd in these:
                 os.close(fd)
-            send_msg(sock, {"forked": req["id"], "pid": pid})
+            send_msg(sock, {"forked": req["id"], "pid": pid, "cgroup": group.state() if group is not None else None})
             if _spares_possible(policy) and not pending:  # the next call's, made while this one runs (it must
-                spare = Spare(policy, sock)               # not inherit this call's pipes: made after closing them)
-                roots[spare.pid] = spare.root
+                spare = _new_spare(policy, sock, roots, groups)  # not inherit this call's pipes: made after closing them)
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ class HttpOptions:
     issuer_url: str | None = None
     max_connections: int = 256
     header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
