@@ -546,7 +546,8 @@ def driver_mutants(p: Parsed, base: Baseline, rng: random.Random, per_op: int) -
         for child in rng.sample(list(base.children), min(per_op, len(base.children))):
             yield Mutant("freeze_submodule", "case.py",
                          _insert_line(p.text, ret_build, f"{ind}model.{_attr_path(child)}.requires_grad_(False)"), ret_build,
-                         ("GP203", "GP105"), "stale", ret_build, "build", f"submodule {child} frozen in build_model")
+                         # GP110 when that child holds every parameter (a wrapper's only child: all is frozen)
+                         ("GP203", "GP105", "GP110"), "stale", ret_build, "build", f"submodule {child} frozen in build_model")
         for name in rng.sample(list(base.params), min(per_op, len(base.params))):
             yield Mutant("hook_zero", "case.py",
                          _insert_line(p.text, ret_build, f"{ind}model.{_attr_path(name)}.register_hook(lambda g: g * 0)"),
