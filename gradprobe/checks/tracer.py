@@ -79,7 +79,7 @@ class Candidate:
         # its integer/bool output (or a value carrying it) selected from a float tensor: {"op", "location",
         # "into_grad": whether what it selected from requires grad} (argmin -> codebook[idx], ids -> embedding)
         self.indexes: dict | None = None
-        self.all_zero = False  # every value it output is zero (a cast that truncated everything)
+        self.all_zero = False  # every value of its numeric (not bool) output is zero (a cast that truncated everything)
 
     @property
     def selects_for_grad(self) -> bool:
@@ -364,7 +364,10 @@ class GradTracer(TorchFunctionMode):
         cand = Candidate(len(self.candidates), kind, name, loc, grad_on, list(req[:4]), direct,
                          self.disable_site if not grad_on else None)
         cand.backwards_before = len(self.backward_calls)
-        if outs and outs[0].numel() and outs[0].device.type != "meta" and outs[0].layout is torch.strided:
+        # a bool output (a comparison, a mask) that is all False hides values rather than truncating them: the
+        # zero gradients behind it are a dead mask on this batch (GP306), so only numeric outputs count
+        if outs and outs[0].numel() and outs[0].dtype is not torch.bool and outs[0].device.type != "meta" \
+                and outs[0].layout is torch.strided:
             with untraced():
                 cand.all_zero = not bool(outs[0].detach().any())
         if kind == "no_grad" and self.disable_by_library:
