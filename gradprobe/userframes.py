@@ -37,6 +37,27 @@ def statement_start(filename: str, line: int) -> int:
     return table.get(line, line)
 
 
+_DEFS: dict[str, list[tuple[int, int]]] = {}
+
+
+def enclosing_def(filename: str, line: int) -> int | None:
+    """The first line of the innermost function definition whose body holds `line` (None at module level)."""
+    spans = _DEFS.get(filename)
+    if spans is None:
+        spans = []
+        try:
+            tree = ast.parse("".join(linecache.getlines(filename)))
+        except (SyntaxError, ValueError):
+            tree = None
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and node.end_lineno is not None:
+                spans.append((node.lineno, node.end_lineno))
+        if len(_DEFS) < 2000:
+            _DEFS[filename] = spans
+    inside = [(a, b) for a, b in spans if a <= line <= b]
+    return max(inside)[0] if inside else None
+
+
 def _statement_starts(filename: str) -> dict[int, int]:
     lines = linecache.getlines(filename)
     if not lines:

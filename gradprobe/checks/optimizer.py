@@ -23,6 +23,7 @@ from gradprobe.checks.torchcompat import (
 from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
+from gradprobe.userframes import enclosing_def
 from gradprobe.sandbox.failures import resource_limit_finding
 
 RULES = {
@@ -224,12 +225,23 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
         by_module: dict[str, int] = {}
         for n, p in rest:
             by_module[module_of(n)] = by_module.get(module_of(n), 0) + p.numel()
+        # a module set after the optimizer was built, later in the same function (a replaced embedding): that line is
+        # the one to move. Set by other code (a subclass adding a head after its base built the optimizer): the
+        # optimizer's line is, as the optimizer was built before the model was complete
+        added_at = next((loc for loc in (_replacement_site(record, model, n, seq, site) for n, _ in rest) if loc), None) \
+            if seq is not None and site else None
+        if added_at and not (added_at["file"] == site["file"]
+                             and enclosing_def(site["file"], site["line"]) == enclosing_def(added_at["file"], added_at["line"])):
+            added_at = None
         findings.append(make_finding(
             "GP201",
             f"{len(rest)} trainable parameter(s) are in no param group of {type(optimizer).__name__}: "
-            f"{', '.join(n for n, _ in rest[:6])}{'...' if len(rest) > 6 else ''}. They get gradients but step() never updates them.",
-            parameters=[n for n, _ in rest], location=site,
+            f"{', '.join(n for n, _ in rest[:6])}{'...' if len(rest) > 6 else ''}. They get gradients but step() never updates them."
+            + (f" They were set on the model at line {added_at['line']} of {added_at['file'].rsplit('/', 1)[-1]}, after the "
+               "optimizer was built." if added_at else ""),
+            parameters=[n for n, _ in rest], location=added_at or site,
             evidence={"missing": len(rest), "missing_numel_by_module": by_module, "optimizer_created_at": site,
+                      "set_after_optimizer_at": added_at,
                       "optimizer_tensors": total, "model_trainable": len(trainable)},
             fix="Build the optimizer after the model is complete, from model.parameters() "
                 "(or add a group: optimizer.add_param_group({'params': module.parameters()})).",
