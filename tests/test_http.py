@@ -13,7 +13,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, ROOT, wait_healthy
 
 TOKENS = "alice:alice-secret-token\nbob:bob-secret-token\n"
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -43,16 +43,7 @@ def http_server(tmp_path_factory):
         stdout=open(tmp / "access.log", "w"), stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx2.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx2.HTTPError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        raise AssertionError("HTTP server did not start: " + proc.stderr.read()[-2000:])
+    wait_healthy(url, proc)
     yield {"url": url, "inside": inside, "outside": outside, "port": port}
     proc.terminate()
     try:
@@ -256,13 +247,7 @@ def test_connection_cap_idle_connections_and_a_flood_of_bad_requests(tmp_path):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx2.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx2.HTTPError:
-                time.sleep(0.2)
+        wait_healthy(url, proc)
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
         time.sleep(0.2)  # the server has accepted them
         assert httpx2.get(f"{url}/health", timeout=5).status_code == 503  # past the cap: refused at once
