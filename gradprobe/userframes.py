@@ -26,58 +26,52 @@ def location(filename: str, line: int, function: str) -> dict:
     return {"file": filename, "line": line, "function": function, "code": linecache.getline(filename, line).strip()}
 
 
-_STARTS: dict[str, dict[int, int]] = {}
+class _Shape:
+    """What findings need of a source file's structure, from one parse: the first line of the statement that spans
+    each line of a multi-line statement, and the line spans of its function definitions."""
+
+    def __init__(self, filename: str):
+        self.starts: dict[int, int] = {}
+        self.defs: list[tuple[int, int]] = []
+        try:
+            tree = ast.parse("".join(linecache.getlines(filename)))
+        except (SyntaxError, ValueError):
+            return
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and node.end_lineno is not None:
+                self.defs.append((node.lineno, node.end_lineno))
+            if not isinstance(node, ast.stmt) or node.end_lineno is None or node.end_lineno == node.lineno:
+                continue
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.decorator_list:
+                continue  # decorators and def lines: leave as they are
+            body = getattr(node, "body", None)
+            # a compound statement owns only its header lines; its body's statements own theirs
+            end = body[0].lineno - 1 if isinstance(body, list) and body and isinstance(body[0], ast.stmt) else node.end_lineno
+            for ln in range(node.lineno + 1, end + 1):
+                self.starts[ln] = node.lineno
+
+
+_SHAPES: dict[str, _Shape] = {}
+
+
+def _shape(filename: str) -> _Shape:
+    shape = _SHAPES.get(filename)
+    if shape is None:
+        shape = _Shape(filename)
+        if len(_SHAPES) < 2000:
+            _SHAPES[filename] = shape
+    return shape
 
 
 def statement_start(filename: str, line: int) -> int:
     """The first line of the simple statement (or compound statement's header) that spans `line`."""
-    table = _STARTS.get(filename)
-    if table is None:
-        table = _STARTS[filename] = _statement_starts(filename) if len(_STARTS) < 2000 else {}
-    return table.get(line, line)
-
-
-_DEFS: dict[str, list[tuple[int, int]]] = {}
+    return _shape(filename).starts.get(line, line)
 
 
 def enclosing_def(filename: str, line: int) -> int | None:
     """The first line of the innermost function definition whose body holds `line` (None at module level)."""
-    spans = _DEFS.get(filename)
-    if spans is None:
-        spans = []
-        try:
-            tree = ast.parse("".join(linecache.getlines(filename)))
-        except (SyntaxError, ValueError):
-            tree = None
-        for node in ast.walk(tree) if tree is not None else ():
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and node.end_lineno is not None:
-                spans.append((node.lineno, node.end_lineno))
-        if len(_DEFS) < 2000:
-            _DEFS[filename] = spans
-    inside = [(a, b) for a, b in spans if a <= line <= b]
+    inside = [(a, b) for a, b in _shape(filename).defs if a <= line <= b]
     return max(inside)[0] if inside else None
-
-
-def _statement_starts(filename: str) -> dict[int, int]:
-    lines = linecache.getlines(filename)
-    if not lines:
-        return {}
-    try:
-        tree = ast.parse("".join(lines))
-    except (SyntaxError, ValueError):
-        return {}
-    out: dict[int, int] = {}
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.stmt) or node.end_lineno is None or node.end_lineno == node.lineno:
-            continue
-        body = getattr(node, "body", None)
-        # a compound statement owns only its header lines; its body's statements own theirs
-        end = body[0].lineno - 1 if isinstance(body, list) and body and isinstance(body[0], ast.stmt) else node.end_lineno
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.decorator_list:
-            continue  # decorators and def lines: leave as they are
-        for ln in range(node.lineno + 1, end + 1):
-            out[ln] = node.lineno
-    return out
 
 
 class UserCode:

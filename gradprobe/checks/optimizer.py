@@ -23,8 +23,8 @@ from gradprobe.checks.torchcompat import (
 from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
-from gradprobe.userframes import enclosing_def
 from gradprobe.sandbox.failures import resource_limit_finding
+from gradprobe.userframes import enclosing_def
 
 RULES = {
     "GP201": {
@@ -133,6 +133,11 @@ def _replacement_site(record, model: nn.Module, name: str, after_seq: int | None
     return best
 
 
+def _first_replacement_site(record, model: nn.Module, names: list[str], after_seq: int | None, opt_site: dict | None):
+    """The replacing line (see _replacement_site) of the first of `names` that has one."""
+    return next((loc for loc in (_replacement_site(record, model, n, after_seq, opt_site) for n in names) if loc), None)
+
+
 def _frozen_site(record, tensors: list) -> dict | None:
     """The user line that froze most of `tensors`, if the build recorded it."""
     table = getattr(record, "frozen_sites", None) or {}
@@ -206,7 +211,7 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
         # (a crop or resize that makes a new, smaller Parameter)
         if seq is not None:
             replaced += [n for n, _ in pool if n not in replaced and _replacement_site(record, model, n, seq) is not None]
-        loc = next((loc for loc in (_replacement_site(record, model, n, seq, site) for n in replaced) if loc), None)
+        loc = _first_replacement_site(record, model, replaced, seq, site)
         findings.append(make_finding(
             "GP202",
             f"{type(optimizer).__name__} holds {len(stale)} tensor(s) that are not the model's current parameters; "
@@ -228,8 +233,7 @@ def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Findi
         # a module set after the optimizer was built, later in the same function (a replaced embedding): that line is
         # the one to move. Set by other code (a subclass adding a head after its base built the optimizer): the
         # optimizer's line is, as the optimizer was built before the model was complete
-        added_at = next((loc for loc in (_replacement_site(record, model, n, seq, site) for n, _ in rest) if loc), None) \
-            if seq is not None and site else None
+        added_at = _first_replacement_site(record, model, [n for n, _ in rest], seq, site) if seq is not None and site else None
         if added_at and not (added_at["file"] == site["file"]
                              and enclosing_def(site["file"], site["line"]) == enclosing_def(added_at["file"], added_at["line"])):
             added_at = None

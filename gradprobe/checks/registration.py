@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -372,6 +373,40 @@ def plain_tensor_attributes(model: nn.Module) -> dict[str, torch.Tensor]:
     return found
 
 
+@dataclass
+class _AttributeUse:
+    """How the step used a module attribute (a plain tensor or a buffer) on its way to the loss."""
+    owner: nn.Module
+    attr: str
+    site: dict | None  # the user's line that set it, if recorded
+    seen: list[dict]  # the ops that combined it with other data (tracer.plain_uses)
+    as_weight: bool  # the weight operand of a layer op
+    random_made: bool  # set by a random initialiser
+
+    @property
+    def ops(self) -> list[str]:
+        return [u["op"] for u in self.seen]
+
+    @property
+    def weight_op(self) -> str:
+        return next(u["op"] for u in self.seen if _as_weight(u))
+
+    def applied(self, also: tuple[str, ...] = ()) -> bool:
+        """Applied to the input path: scaled, shifted, a layer op's operand, handed to a custom Function (or `also`)."""
+        return any(op in _SCALE_OPS or op in _WEIGHT_OPS or op.endswith(".apply") or op in also for op in self.ops)
+
+
+def _attribute_use(model: nn.Module, path: str, seen: list[dict], build_record) -> _AttributeUse | None:
+    owner_path, _, attr = path.rpartition(".")
+    try:
+        owner = model.get_submodule(owner_path) if owner_path else model
+    except AttributeError:
+        return None
+    site = build_record.site_of(owner, attr) if build_record is not None else None
+    return _AttributeUse(owner, attr, site, seen, any(_as_weight(u) for u in seen),
+                         bool(site and _RANDOM_INIT.search(site.get("code", ""))))
+
+
 def float_buffers(model: nn.Module) -> dict[str, tuple[torch.Tensor, int]]:
     """Float buffers that do not require grad, with their version counter before the step."""
     return {n: (b, b._version) for n, b in model.named_buffers()
@@ -390,27 +425,18 @@ def buffer_use_findings(model: nn.Module, watched: dict[str, tuple[torch.Tensor,
         seen = uses.get(path)
         if not seen or current.get(path) is not buf or buf._version != version:
             continue
-        owner_path, _, attr = path.rpartition(".")
-        try:
-            owner = model.get_submodule(owner_path) if owner_path else model
-        except AttributeError:
-            continue
-        site = build_record.site_of(owner, attr) if build_record is not None else None
-        ops = [u["op"] for u in seen]
-        as_weight = any(_as_weight(u) for u in seen)
-        random_made = bool(site and _RANDOM_INIT.search(site.get("code", "")))
-        applied = any(op in _SCALE_OPS or op in _WEIGHT_OPS or op == "cat" or op.endswith(".apply") for op in ops)
-        if not (random_made and (as_weight or applied)):
+        use = _attribute_use(model, path, seen, build_record)
+        if use is None or not (use.random_made and (use.as_weight or use.applied(also=("cat",)))):
             continue  # a deterministic table (sinusoids, rotary frequencies, masks) is a constant by design
-        why = (f"used as a weight (`{next(u['op'] for u in seen if _as_weight(u))}` with the input path)" if as_weight
-               else f"made by a random initialiser and applied to the input path (`{ops[0]}`)")
+        why = (f"used as a weight (`{use.weight_op}` with the input path)" if use.as_weight
+               else f"made by a random initialiser and applied to the input path (`{use.ops[0]}`)")
         out.append(make_finding(
             "GP104",
-            f"buffer `{path}` of {type(owner).__name__} is {why}: buffers are never optimized, so it keeps its initial value.",
-            parameters=[path], location=site or seen[0].get("location"),
+            f"buffer `{path}` of {type(use.owner).__name__} is {why}: buffers are never optimized, so it keeps its initial value.",
+            parameters=[path], location=use.site or seen[0].get("location"),
             evidence={"buffer": path, "requires_grad": False, "shape": list(buf.shape), "read_by": seen,
-                      "used_as_weight": as_weight, "random_initialiser": random_made},
-            fix=f"self.{attr} = nn.Parameter({_rhs(site, attr) or '<the same initial value>'})  # if it should learn",
+                      "used_as_weight": use.as_weight, "random_initialiser": use.random_made},
+            fix=f"self.{use.attr} = nn.Parameter({_rhs(use.site, use.attr) or '<the same initial value>'})  # if it should learn",
         ))
     return _one_per_line(out)
 
@@ -424,23 +450,16 @@ def plain_tensor_findings(model: nn.Module, uses: dict[str, list[dict]], build_r
     """
     out: list[Finding] = []
     for path, seen in uses.items():
-        owner_path, _, attr = path.rpartition(".")
-        try:
-            owner = model.get_submodule(owner_path) if owner_path else model
-        except AttributeError:
-            continue
-        value = vars(owner).get(attr)
-        if not isinstance(value, torch.Tensor):
-            continue
-        site = build_record.site_of(owner, attr) if build_record is not None else None
-        ops = [u["op"] for u in seen]
-        as_weight = any(_as_weight(u) for u in seen)
-        random_made = bool(site and _RANDOM_INIT.search(site.get("code", "")))
+        use = _attribute_use(model, path, seen, build_record)
+        value = vars(use.owner).get(use.attr) if use is not None else None
+        if use is None or not isinstance(value, torch.Tensor):
+            continue  # gone, or a buffer (watched too, for GP104): not a plain attribute
+        owner, attr, site, ops, as_weight = use.owner, use.attr, use.site, use.ops, use.as_weight
         rhs = _rhs(site, attr)
         evidence = {"attribute": path, "shape": list(value.shape), "dtype": str(value.dtype), "requires_grad": False,
-                    "read_by": seen, "used_as_weight": as_weight, "random_initialiser": random_made}
-        if as_weight or (random_made and any(op in _SCALE_OPS or op in _WEIGHT_OPS or op.endswith(".apply") for op in ops)):
-            why = f"used as a weight (`{next(u['op'] for u in seen if _as_weight(u))}` with the input path)" if as_weight \
+                    "read_by": seen, "used_as_weight": as_weight, "random_initialiser": use.random_made}
+        if as_weight or (use.random_made and use.applied()):
+            why = f"used as a weight (`{use.weight_op}` with the input path)" if as_weight \
                 else "made by a random initialiser and applied to the input path"
             out.append(make_finding(
                 "GP101",

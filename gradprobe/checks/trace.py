@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from dataclasses import dataclass
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 import torch

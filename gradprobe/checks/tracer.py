@@ -212,14 +212,12 @@ class GradTracer(TorchFunctionMode):
         req, tags = [], None
         params = self.params
         plain_hits = None
-        read_here = None
         for t in _tensors_in(args, kwargs):
             tid = id(t)
             if tid in params:
                 if tid not in self.read and _bias_operand(name, t, args, kwargs):
                     self.as_bias.add(tid)
                 self.read.add(tid)
-                read_here = [tid] if read_here is None else read_here + [tid]
             if self.plain and tid in self.plain and self.plain[tid][1] is t:
                 plain_hits = [t] if plain_hits is None else plain_hits + [t]
             if t.requires_grad:
@@ -229,10 +227,10 @@ class GradTracer(TorchFunctionMode):
                 if tg is not None:
                     tags = tg if tags is None else tags | tg
         out = func(*args, **kwargs)
-        if tags is not None:
-            if read_here is not None:
-                for tid in read_here:
-                    self.param_tags[tid] = self.param_tags.get(tid, frozenset()) | tags
+        if tags is not None:  # values behind cuts met this op (rare in a healthy step): which parameters they met
+            for t in _tensors_in(args, kwargs):
+                if id(t) in params:
+                    self.param_tags[id(t)] = self.param_tags.get(id(t), frozenset()) | tags
             if name not in SHAPE_ONLY_OPS:
                 self._index_use(name, args, kwargs)
         if plain_hits is not None:
@@ -265,15 +263,19 @@ class GradTracer(TorchFunctionMode):
                     cand.left_at = self.user.innermost(skip=2)
                 self.left_events.append((cand.index, cand.left_at))
         if tags is not None:
-            for o in _outputs(out):
-                self.tags[id(o)] = tags
-                self._tag_keep.append(o)
+            self._tag(out, tags)
         if self.provenance is not None and not req:
             caller = sys._getframe(1)
             by_user = caller is not None and self.user.is_user_file(caller.f_code.co_filename)
             for o in _outputs(out):
                 self.provenance[id(o)] = (o, self.user.innermost(skip=2), by_user)
         return out
+
+    def _tag(self, out, tags: frozenset) -> None:
+        """Values `out` carries the cuts `tags` forward (kept alive so their ids stay theirs)."""
+        for o in _outputs(out):
+            self.tags[id(o)] = tags
+            self._tag_keep.append(o)
 
     def _index_use(self, name: str, args, kwargs) -> None:
         """A tagged integer/bool value meets a float tensor in one op (an index, a gather, an embedding lookup, a
@@ -335,9 +337,7 @@ class GradTracer(TorchFunctionMode):
         if req and outs and all(_cut(o, req) for o in outs):
             cand = self._candidate(f"{cls.__name__}.apply", req, outs, out, frame=sys._getframe(3))
             if cand is not None:
-                for o in outs:
-                    self.tags[id(o)] = frozenset({cand.index})
-                    self._tag_keep.append(o)
+                self._tag(out, frozenset({cand.index}))
 
     def _candidate(self, name, req, outs, out, frame=None) -> Candidate | None:
         grad_on = torch.is_grad_enabled()
@@ -390,9 +390,7 @@ class GradTracer(TorchFunctionMode):
             cand = self.candidates[idx]
             if cand.came_back_at is None:
                 cand.came_back_at = loc
-            for o in _outputs(out):
-                self.tags[id(o)] = frozenset({idx})
-                self._tag_keep.append(o)
+            self._tag(out, frozenset({idx}))
 
     def _grad_switch(self, enable: bool):
         if enable:
@@ -497,9 +495,7 @@ class GradTracer(TorchFunctionMode):
         cand = next((c for c in reversed(self.candidates) if c.kind == "process" and c.op == "pickle" and c.came_back_at is None), None)
         if cand is not None:
             cand.came_back_at = self.user.innermost(skip=3)
-            for o in _outputs(out):
-                self.tags[id(o)] = frozenset({cand.index})
-                self._tag_keep.append(o)
+            self._tag(out, frozenset({cand.index}))
 
     def _on_loader(self, loader) -> None:
         if threading.get_ident() == self.thread and len(self.loaders) < 8:
