@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from gradprobe.findings import Rule, catalogue
+from gradprobe.findings import RuleDoc, catalogue
 
 COMMAND = "python -m gradprobe.docgen > docs/findings.md"
 
@@ -31,7 +31,7 @@ def _block(text: str) -> str:
     return "```\n" + text.strip("\n") + "\n```"
 
 
-def findings_markdown(rules: dict[str, Rule] | None = None) -> str:
+def findings_markdown(rules: dict[str, RuleDoc] | None = None) -> str:
     rules = catalogue() if rules is None else rules
     out = [
         "# Finding codes",
@@ -67,6 +67,11 @@ def findings_markdown(rules: dict[str, Rule] | None = None) -> str:
             "",
             _block(rule["fix"]),
         ]
+        for key, case in rule["situations"].items():
+            sev = f" ({case['severity']})" if case.get("severity") else ""
+            out += ["", f"When {case.get('when', key)}{sev}:"]
+            if case.get("fix"):
+                out += ["", _block(case["fix"])]
     return "\n".join(out) + "\n"
 
 

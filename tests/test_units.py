@@ -28,7 +28,7 @@ def test_every_rule_is_complete_and_catalogue_needs_no_torch():
     for code, rule in rules.items():
         assert re.fullmatch(r"GP\d{3}", code)
         assert rule["severity"] in ("error", "warning", "info") and isinstance(rule["rank"], int)
-        assert rule["summary"] and rule["fix"] and isinstance(rule["consequence"], bool)
+        assert rule["summary"] and rule["fix"]
     code = "import sys, gradprobe.findings as f; f.catalogue(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
