@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gradprobe.findings import Finding, sort_findings
+from gradprobe.outcomes import stopped_by_limit
 
 
 def make_report(tool: str, findings: list[Finding], summary: list[str] | None = None, **facts: Any) -> dict:
@@ -22,6 +23,6 @@ def make_report(tool: str, findings: list[Finding], summary: list[str] | None = 
         warn = [f for f in findings if f["severity"] == "warning"]
         # GP113 (resource-limit): the check stopped at a memory limit, so "no error" covers only what ran
         head = ("No error found in what ran; the check did not finish (GP113: a memory limit stopped it)."
-                if any(f["code"] == "GP113" for f in findings) else "No error found.")
+                if stopped_by_limit(findings) else "No error found.")
         lines.insert(0, head + (f" {len(warn)} warning(s): " + ", ".join(f["code"] for f in warn) if warn else ""))
     return {"tool": tool, "ok": not errors, "findings": findings, "summary": "\n".join(lines), "facts": facts}

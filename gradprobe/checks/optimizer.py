@@ -23,7 +23,7 @@ from gradprobe.checks.torchcompat import (
 from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, make_finding
 from gradprobe.report import make_report
-from gradprobe.sandbox.failures import resource_limit_finding
+from gradprobe.outcomes import resource_limit_finding
 from gradprobe.userframes import enclosing_def
 
 RULES = {

@@ -38,7 +38,7 @@ from gradprobe.checks.tracer import Candidate, GradRecorder, GradTracer
 from gradprobe.findings import Finding, make_finding
 from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.report import make_report
-from gradprobe.sandbox.failures import resource_limit_finding
+from gradprobe.outcomes import resource_limit_finding
 
 RULES = {
     "GP301": {

@@ -1,4 +1,4 @@
-"""The codes the sandbox and the loader decide (GP000, GP100, GP106, GP112, GP113), beside the functions that emit them.
+"""The codes the sandbox and the loader decide (GP000, GP100, GP106, GP112; GP113 is in gradprobe/outcomes.py), beside the functions that emit them.
 
 Torch-free: the parent (timeouts, crashes, a cgroup OOM kill) and the child (load failures, a
 gradprobe bug inside a check, an allocation a memory limit refused) both build these reports.
@@ -10,6 +10,7 @@ import traceback
 from typing import Any
 
 from gradprobe.findings import Finding, make_finding
+from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
 
 RULES = {
@@ -41,72 +42,7 @@ RULES = {
         "example": "a training script stuck in data loading, or one that exits before its loop",
         "fix": "Make the script reach its first training step quickly (a small dataset, fewer setup steps), or raise target.timeout_s.",
     },
-    "GP113": {
-        "name": "resource-limit", "severity": "warning", "rank": 3,
-        "summary": "The check stopped at a memory limit (an allocation was refused, or the child was killed for memory).",
-        "why": "A resource limit is neither a bug in the code nor in gradprobe: the finding says which limit was hit, in which "
-               "phase and, when the allocator says it, how much was asked for. Nothing is claimed about the code, and the "
-               "checks that needed what did not finish (the step, its gradients) did not run.",
-        "example": "a model whose backward needs more memory than the sandbox's limit (on CPU the child's address space is capped "
-                   "at the server's memory limit: DefaultCPUAllocator: can't allocate memory)",
-        "fix": "Check a smaller model or batch (a tiny config, fewer layers, a batch of 1-2), or raise the memory limit of each "
-               "check: `gradprobe serve --memory-gb N` (default 8 GB; the command-line checks use 8 GB). GPU memory is not "
-               "capped by gradprobe: on CUDA, free GPU memory or use a smaller model.",
-    },
 }
-
-_GIB = 1024**3
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("TiB", 1024**4), ("GiB", _GIB), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
-
-
-def address_space_limit() -> int | None:
-    """This process's RLIMIT_AS (what the sandbox sets from the server's memory limit on CPU runs), None when unlimited."""
-    import resource
-
-    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
-    return None if soft == resource.RLIM_INFINITY else int(soft)
-
-
-def resource_limit_finding(phase: str, limit: dict, *, location: Any = None, evidence: dict | None = None) -> Finding:
-    """GP113: a memory limit stopped the check while `phase`. `limit` is what was measured: torchcompat.allocation_failure's
-    dict (an allocation refused in this process), or {"device": "cgroup", "memory_bytes": N} (the parent saw the kill)."""
-    device = limit.get("device")
-    asked = (f"{_size(limit['requested_bytes'])} ({limit['requested_bytes']} bytes)" if limit.get("requested_bytes")
-             else limit.get("requested"))
-    ev: dict[str, Any] = {"phase": phase, "limit": dict(limit), **(evidence or {})}
-    if device == "cgroup":
-        cap = limit.get("memory_bytes")
-        what = ("the child was killed by the sandbox's cgroup memory limit"
-                + (f" ({_size(cap)})" if cap else "") + " (the kernel's out-of-memory killer)")
-        fix = None
-    elif device == "cuda" or device == "mps":
-        what = (f"the {'GPU' if device == 'cuda' else 'MPS device'} ran out of memory"
-                + (f" (an allocation of {asked} was refused)" if asked else "") + f": {limit.get('error')}")
-        fix = ("Check a smaller model or batch, or free memory on the GPU (other processes, a larger card); "
-               "gradprobe does not cap GPU memory, so --memory-gb does not change this.")
-    else:
-        cap = address_space_limit() if device in ("cpu", "python") else None
-        if cap is not None:
-            ev["address_space_limit_bytes"] = cap
-        by = "the CPU allocator" if device == "cpu" else "Python"
-        refused = f"an allocation of {asked} was refused by {by}" if asked else f"an allocation was refused by {by}"
-        what = (refused + f" ({limit.get('exception')})"
-                + (f"; the child's address space is capped at {_size(cap)} (the server's memory limit on CPU runs)"
-                   if cap is not None else ""))
-        fix = None
-    return make_finding(
-        "GP113",
-        f"A memory limit stopped the check while {phase}: {what}. This is a resource limit, not an error in the code: "
-        "nothing is claimed about the code, and what needed this phase to finish was not checked.",
-        location=location, evidence=ev, fix=fix,
-    )
-
 
 def load_failure_report(tool: str, exc: Any, user: Any) -> dict:
     """GP100 (or GP106 for a missing super().__init__(), GP113 for an allocation a memory limit refused) with the

@@ -139,7 +139,7 @@ def no_step_finding(run: ScriptRun, target: dict) -> Finding:
     """GP112: the script never reached a training step; say how it ended and how far it got (GP113 when a memory
     limit stopped it: a resource limit, not the script's error)."""
     from gradprobe.checks.torchcompat import allocation_failure
-    from gradprobe.sandbox.failures import resource_limit_finding
+    from gradprobe.outcomes import resource_limit_finding
 
     watch = run.watch
     name = target.get("script") or f"-m {target.get('module')}"
