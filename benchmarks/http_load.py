@@ -63,7 +63,8 @@ def pct(xs: list[float], q: float) -> float:
 async def main(args) -> None:
     work = Path(tempfile.mkdtemp(prefix="gradprobe-load-"))
     (work / "fast.py").write_text("import torch, torch.nn as nn\ndef build_model():\n    return nn.Linear(4, 2)\n")
-    (work / "slow.py").write_text("import time, torch.nn as nn\ndef build_model():\n    time.sleep(2.0)\n    return nn.Linear(4, 2)\n")
+    (work / "slow.py").write_text("import time, torch.nn as nn\n"
+                                  "def build_model():\n    time.sleep(2.0)\n    return nn.Linear(4, 2)\n")
     users = [f"user{i}" for i in range(args.clients)]
     (work / "tokens").write_text("".join(f"{u}:{u}-token-{i:04d}\n" for i, u in enumerate(users)))
     port = free_port()
@@ -132,7 +133,8 @@ async def run_load(args, url, work, users) -> None:
     fast = [t for t, _ in results["fast"]]
     print(f"load: {args.clients} clients x {args.calls} calls = {len(allc)} calls in {wall:.1f} s, failures {fails}")
     print(f"latency p50 {statistics.median(lat):.2f} s, p95 {pct(lat, 0.95):.2f} s (slow targets sleep 2 s in build_model)")
-    print(f"fast calls: idle server p50 {statistics.median(idle):.2f} s; under load p50 {statistics.median(fast):.2f} s, p95 {pct(fast, 0.95):.2f} s")
+    print(f"fast calls: idle server p50 {statistics.median(idle):.2f} s; "
+          f"under load p50 {statistics.median(fast):.2f} s, p95 {pct(fast, 0.95):.2f} s")
 
 
 async def run_soak(args, url, work, user, pid) -> None:

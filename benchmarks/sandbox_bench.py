@@ -77,13 +77,15 @@ async def main(args) -> None:
             layers = ", ".join(sorted(sandbox["isolation"].get("applied", {})))
             ratio = statistics.median(cold) / statistics.median(paced)
             print(f"(a) cold script: median {statistics.median(cold):.3f} s; warm tool call ({sandbox['child']}): median "
-                  f"{statistics.median(paced):.3f} s (min {min(paced):.3f} s; back to back: median {statistics.median(burst):.3f} s); "
+                  f"{statistics.median(paced):.3f} s (min {min(paced):.3f} s; "
+                  f"back to back: median {statistics.median(burst):.3f} s); "
                   f"ratio {ratio:.1f}x (targets <= 0.050 s, >= 40x); layers: {layers}; verified by the server: "
                   f"{'all' if verified and not missing else 'MISSING ' + ', '.join(missing) if verified else 'none'}")
 
         if "c" in args.parts:
             t0 = time.perf_counter()
-            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(ROOT), "setup": LLAMA_7B, "device": "meta", "timeout_s": 300}})
+            target = {"project_dir": str(ROOT), "setup": LLAMA_7B, "device": "meta", "timeout_s": 300}
+            r = await c.call_tool("inspect_parameters", {"target": target})
             wall = time.perf_counter() - t0
             sc = r.structured_content
             print(f"(c) Llama-7B config on meta: {sc['facts']['counts']['numel']:,} values in {wall:.2f} s, child peak RSS "

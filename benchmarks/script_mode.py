@@ -73,7 +73,8 @@ async def main() -> None:
     times: dict[str, dict[str, list[float]]] = {c[0]: {"plain": [], "warm": [], "cold": []} for c in cases}
     for kind, params in (("warm", warm), ("cold", cold)):
         async with Client(params, read_timeout_seconds=600) as c:
-            await c.call_tool("inspect_parameters", {"target": {"project_dir": str(SCRIPTS / "nanogpt"), "setup": "model = torch.nn.Linear(2, 2)"}})
+            warmup = {"project_dir": str(SCRIPTS / "nanogpt"), "setup": "model = torch.nn.Linear(2, 2)"}
+            await c.call_tool("inspect_parameters", {"target": warmup})
             for project, script, args, _ in cases:
                 proj = SCRIPTS / project
                 for _ in range(REPEAT):
@@ -83,7 +84,8 @@ async def main() -> None:
                                 (Path(scratch) / entry.name).symlink_to(entry)
                             times[project]["plain"].append(plain_run(proj, script, args, Path(scratch)))
                     t0 = time.perf_counter()
-                    r = await c.call_tool("diagnose", {"target": {"project_dir": str(proj), "script": script, "args": args, "timeout_s": 300}})
+                    target = {"project_dir": str(proj), "script": script, "args": args, "timeout_s": 300}
+                    r = await c.call_tool("diagnose", {"target": target})
                     times[project][kind].append(time.perf_counter() - t0)
                     sc = r.structured_content or {}
                     assert "script_step" in (sc.get("facts") or {}), sc.get("summary")

@@ -30,6 +30,7 @@ import signal
 import statistics
 import subprocess
 import sys
+from typing import Any
 import tempfile
 import time
 import traceback
@@ -86,33 +87,9 @@ def enumerate_specs(family: str) -> tuple[list[dict], list[dict]]:
     specs: list[dict] = []
     skipped: list[dict] = []
     if family in ("transformers", "midtrain"):
-        import transformers
-        from transformers.models.auto import modeling_auto
-
-        tasks = sm.HF_TASKS if family == "transformers" else {"causal_lm": sm.HF_TASKS["causal_lm"]}
-        for task, mapping in tasks.items():
-            for model_type, cls in getattr(modeling_auto, mapping).items():
-                cls = cls[0] if isinstance(cls, (tuple, list)) else cls
-                spec = {"family": family, "task": task, "model_type": model_type, "cls": cls}
-                if family == "midtrain":
-                    spec["warm"] = True
-                if model_type not in transformers.CONFIG_MAPPING:
-                    skipped.append({**spec, "name": spec_name(spec), "skip": "no config class in CONFIG_MAPPING"})
-                elif not hasattr(transformers, cls):
-                    skipped.append({**spec, "name": spec_name(spec), "skip": f"{cls} is not exported by transformers"})
-                else:
-                    specs.append(spec)
+        specs, skipped = _hf_specs(family, sm)
     elif family == "peft":
-        import peft
-
-        for kind in peft.PeftType:
-            for base in ("gpt2", "llama", "t5"):
-                specs.append({"family": "peft", "base": base, "method": kind.name})
-        for variant in sm.LORA_VARIANTS:
-            for base in ("gpt2", "llama"):
-                specs.append({"family": "peft", "base": base, "method": f"LORA+{variant}"})
-        for kind in ("LORA", "PREFIX_TUNING", "PROMPT_TUNING", "IA3"):
-            specs.append({"family": "peft", "base": "bart", "method": kind})
+        specs = _peft_specs(sm)
     elif family == "diffusers":
         specs = [{"family": "diffusers", "cls": c} for c in ("UNet2DModel", "UNet2DConditionModel", "AutoencoderKL")]
     elif family == "examples":
@@ -124,6 +101,44 @@ def enumerate_specs(family: str) -> tuple[list[dict], list[dict]]:
     for s in specs:
         s["name"] = spec_name(s)
     return specs, skipped
+
+
+def _hf_specs(family: str, sm: Any) -> tuple[list[dict], list[dict]]:
+    """Every auto-mapped transformers model of the sweep's tasks (the causal LMs only for midtrain)."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    specs: list[dict] = []
+    skipped: list[dict] = []
+    tasks = sm.HF_TASKS if family == "transformers" else {"causal_lm": sm.HF_TASKS["causal_lm"]}
+    for task, mapping in tasks.items():
+        for model_type, cls in getattr(modeling_auto, mapping).items():
+            cls = cls[0] if isinstance(cls, (tuple, list)) else cls
+            spec = {"family": family, "task": task, "model_type": model_type, "cls": cls}
+            if family == "midtrain":
+                spec["warm"] = True
+            if model_type not in transformers.CONFIG_MAPPING:
+                skipped.append({**spec, "name": spec_name(spec), "skip": "no config class in CONFIG_MAPPING"})
+            elif not hasattr(transformers, cls):
+                skipped.append({**spec, "name": spec_name(spec), "skip": f"{cls} is not exported by transformers"})
+            else:
+                specs.append(spec)
+    return specs, skipped
+
+
+def _peft_specs(sm: Any) -> list[dict]:
+    import peft
+
+    specs: list[dict] = []
+    for kind in peft.PeftType:
+        for base in ("gpt2", "llama", "t5"):
+            specs.append({"family": "peft", "base": base, "method": kind.name})
+    for variant in sm.LORA_VARIANTS:
+        for base in ("gpt2", "llama"):
+            specs.append({"family": "peft", "base": base, "method": f"LORA+{variant}"})
+    for kind in ("LORA", "PREFIX_TUNING", "PROMPT_TUNING", "IA3"):
+        specs.append({"family": "peft", "base": "bart", "method": kind})
+    return specs
 
 
 def _example_expect(path: Path) -> dict | None:
@@ -281,7 +296,8 @@ class GroundTruth:
     def start(self) -> None:
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--gt-server"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false",
+                                     env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+                                              TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false",
                                               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"),
                                      cwd=tempfile.gettempdir())
 
@@ -347,7 +363,8 @@ def internal_frame(tb: str) -> str:
     if not ours:
         return frames[-1][0] + ":" + frames[-1][1] if frames else "?"
     f = ours[-1]
-    return f"{f[0].split('/gradprobe/', 1)[-1] and 'gradprobe/' + f[0].split('/gradprobe/', 1)[-1]}:{f[1]} in {f[2]}: {f[3].strip()}"
+    inside = f[0].split('/gradprobe/', 1)[-1]
+    return f"{inside and 'gradprobe/' + inside}:{f[1]} in {f[2]}: {f[3].strip()}"
 
 
 def classify(report: dict) -> dict:
@@ -438,8 +455,8 @@ async def sweep(specs: list[dict], jobs: int, log) -> list[dict]:
                 spec = queue.get_nowait()
                 res = await run_one(spec, gt, executor)
                 results.append(res)
-                extra = res.get("skip", "") if res["status"] == "skipped" else \
-                    " ".join(f"{e['code']}" for e in res.get("crashes", []) + res.get("errors", []) + res.get("resource_limits", []))
+                found = res.get("crashes", []) + res.get("errors", []) + res.get("resource_limits", [])
+                extra = res.get("skip", "") if res["status"] == "skipped" else " ".join(f"{e['code']}" for e in found)
                 secs = f"{res['seconds']:.1f}s" if "seconds" in res else ""
                 log(f"[{len(results)}/{total}] {res['family']:<12} {res['name']:<45} {res['status']:<11} {secs} {extra[:160]}")
         finally:
@@ -503,7 +520,8 @@ def print_table(summary: dict, results: list[dict], wall_s: float) -> None:
         for e in r.get("crashes", []) + r.get("errors", []):
             loc = e.get("location") or {}
             where = f"{loc.get('file')}:{loc.get('line')}" if loc else "-"
-            print(f"  {r['family']}/{r['name']}: {e['code']} {e['message'][:220]!r}\n      at {where}; raised by {e.get('frame', '?')}")
+            print(f"  {r['family']}/{r['name']}: {e['code']} {e['message'][:220]!r}\n"
+                  f"      at {where}; raised by {e.get('frame', '?')}")
     limited = [r for r in results if r["status"] == "resource_limit"]
     if limited:
         print("\nstopped at a resource limit (GP113: not a verdict on the model):")
@@ -513,7 +531,8 @@ def print_table(summary: dict, results: list[dict], wall_s: float) -> None:
     for name, s in summary.items():
         if s["skip_reasons"]:
             print(f"\nskipped in {name}: " + "; ".join(f"{v}x {k}" for k, v in s["skip_reasons"].items()))
-    print(f"\nsweep: {tot['built']} built, {tot['clean']} clean, {tot['crash']} internal crashes, {tot['false_error']} with false errors, "
+    print(f"\nsweep: {tot['built']} built, {tot['clean']} clean, {tot['crash']} internal crashes, "
+          f"{tot['false_error']} with false errors, "
           f"{tot['resource_limit']} stopped at a resource limit, "
           f"{tot['skipped']} skipped, in {wall_s / 60:.1f} min")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -60,37 +61,23 @@ WIDTH_LISTS = {"hidden_sizes", "conv_dim", "embed_dims", "embed_dim", "neck_hidd
 DEPTH_LISTS = {"depths", "num_layers", "layers", "block_repeats", "num_blocks"}
 HEAD_LISTS = {"num_heads", "num_attention_heads", "heads"}
 
+_INT_CAPS: tuple[tuple[Collection[str], int, int], ...] = (
+    (LAYERS, 2, 2), (WIDTHS, 64, WIDTH), (HEAD_KEYS, HEADS, HEADS), (KV_HEADS, HEADS, HEADS), (HEAD_DIMS, 16, 16),
+    (FFNS, FFN, FFN), (EXPERTS, 4, 4), (("num_experts_per_tok", "moe_topk", "top_k"), 2, 2), (("vocab_size",), VOCAB, VOCAB),
+    (POSITION_KEYS, POSITIONS, POSITIONS), (("image_size",), IMAGE, IMAGE),
+)
+
 
 def _shrink_value(key: str, value: Any, default_layers: int | None) -> Any:
     """The tiny value for one config key, or the sentinel NO_CHANGE."""
     if isinstance(value, bool) or value is None:
         return NO_CHANGE
     if isinstance(value, int):
-        if key in LAYERS and value > 2:
-            return 2
-        if key in WIDTHS and value > 64:
-            return WIDTH
-        if key in HEAD_KEYS and value > HEADS:
-            return HEADS
-        if key in KV_HEADS and value > HEADS:
-            return HEADS
-        if key in HEAD_DIMS and value > 16:
-            return 16
-        if key in FFNS and value > FFN:
-            return FFN
-        if key in EXPERTS and value > 4:
-            return 4
-        if key in ("num_experts_per_tok", "moe_topk", "top_k") and value > 2:
-            return 2
-        if key == "vocab_size" and value > VOCAB:
-            return VOCAB
-        if key in POSITION_KEYS and value > POSITIONS:
-            return POSITIONS
-        if key == "image_size" and value > IMAGE:
-            return IMAGE
-        if key.endswith("_token_id") and value >= VOCAB:
-            return NO_CHANGE  # mapped afterwards, once all ids are known
-        return NO_CHANGE
+        # the first (keys, above, tiny) that matches: a value over `above` becomes `tiny`
+        for keys, above, tiny in _INT_CAPS:
+            if key in keys and value > above:
+                return tiny
+        return NO_CHANGE  # token ids over the vocabulary are mapped afterwards, once all ids are known
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         if key == "image_size" and max(value) > IMAGE:
             return [IMAGE] * len(value)
@@ -468,7 +455,8 @@ def plain_step(spec: dict, build_timeout_s: float = 15.0) -> dict:
     finite = bool(torch.isfinite(loss.detach()).all()) and loss.numel() == 1
     trains = finite and not nonfinite and bool(moved) and not stuck
     why = "" if trains else ("loss not finite" if not finite else "non-finite gradients" if nonfinite
-                             else "no parameter moved" if not moved else f"{len(stuck)} parameter(s) with a gradient did not move")
+                             else "no parameter moved" if not moved
+                             else f"{len(stuck)} parameter(s) with a gradient did not move")
     return {"trains": trains, "why": why, "loss": float(loss.detach()) if finite else None, "build_s": built_s,
             "step_s": step_s, "trainable": len(named), "grad_none": none, "grad_zero": zero, "moved": len(moved),
             "params": sum(p.numel() for _, p in named)}

@@ -8,7 +8,7 @@ import re
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 (but tab and newline), DEL, C1: escapes, OSC, BEL
 
 
-def clean(text) -> str:
+def clean(text: object) -> str:
     """Text user code can influence, with every terminal control character removed."""
     return _CONTROL.sub("", str(text))
 
@@ -20,7 +20,8 @@ def _loc(f: dict) -> str:
     loc = f.get("location") or {}
     if not loc:
         return ""
-    return clean(f"{os.path.basename(str(loc.get('file', '?')))}:{loc.get('line')}" + (f"  {loc['code']}" if loc.get("code") else ""))
+    code = f"  {loc['code']}" if loc.get("code") else ""
+    return clean(f"{os.path.basename(str(loc.get('file', '?')))}:{loc.get('line')}" + code)
 
 
 def render_text(report: dict, *, color: bool = False, max_findings: int = 12) -> str:

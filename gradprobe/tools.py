@@ -2,14 +2,20 @@
 
 Adding a tool: one row here, its check function (a report builder taking the loaded
 target and the tool's options), and its MCP face in gradprobe/server/tools/<name>.py.
+
+Each tool owns one family of finding codes, by prefix ("GP3" is GP3xx); the codes and the
+range a description or the README quotes come from the catalogue (`code_range("trace_grad_path")`
+is "GP301–GP314"), never from a list kept by hand (tests/test_docs.py checks the README).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable
+
+from gradprobe.findings import catalogue
 
 
 @dataclass(frozen=True)
@@ -19,6 +25,7 @@ class Tool:
     needs_step: bool  # runs a forward/backward, so the target needs inputs or a train_step
     allows_meta: bool  # may run on device="meta" (no weights)
     help: str  # one line for the CLI
+    family: str | None = None  # the code prefix of the findings it owns ("GP1": GP1xx); None: every family (diagnose)
 
     def check_function(self) -> Callable[..., dict]:
         module, _, attr = self.check.partition(":")
@@ -28,21 +35,41 @@ class Tool:
 
 TOOLS: tuple[Tool, ...] = (
     Tool("diagnose", "gradprobe.checks.diagnosis:diagnose_report", needs_step=False, allows_meta=False,
-         help="every check that applies, the root cause first"),
+         help="every check that applies, the root cause first", family=None),
     Tool("inspect_parameters", "gradprobe.checks.registration:inspect_report", needs_step=False, allows_meta=True,
-         help="registration problems: tensors that are not parameters, plain containers, frozen and tied parameters"),
+         help="registration problems: tensors that are not parameters, plain containers, frozen and tied parameters",
+         family="GP1"),
     Tool("check_optimizer_coverage", "gradprobe.checks.optimizer:optimizer_report", needs_step=False, allows_meta=False,
-         help="parameters the optimizer misses or holds stale, and one real step"),
+         help="parameters the optimizer misses or holds stale, and one real step", family="GP2"),
     Tool("trace_grad_path", "gradprobe.checks.trace:trace_report", needs_step=True, allows_meta=False,
-         help="one traced step: which parameters get no gradient and the line that cuts the path"),
+         help="one traced step: which parameters get no gradient and the line that cuts the path", family="GP3"),
     Tool("run_gradcheck", "gradprobe.checks.gradcheck:gradcheck_report", needs_step=True, allows_meta=False,
-         help="gradcheck of the custom autograd Functions the model calls"),
+         help="gradcheck of the custom autograd Functions the model calls", family="GP4"),
     Tool("verify_prompt_tuning", "gradprobe.checks.prompt_tuning:prompt_report", needs_step=True, allows_meta=False,
-         help="soft prompt / PEFT prompt-tuning checks"),
+         help="soft prompt / PEFT prompt-tuning checks", family="GP5"),
 )
 
 BY_NAME: dict[str, Tool] = {t.name: t for t in TOOLS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
+
+
+def codes(name: str) -> list[str]:
+    """The catalogued codes of a tool's family, in order (every code for diagnose)."""
+    family = BY_NAME[name].family
+    return [code for code in catalogue() if family is None or code.startswith(family)]
+
+
+def code_range(name: str) -> str:
+    """The range of a tool's codes as the docs quote it: "GP301–GP314" (an en dash); "all" for diagnose."""
+    if BY_NAME[name].family is None:
+        return "all"
+    found = codes(name)
+    return f"{found[0]}–{found[-1]}" if len(found) > 1 else found[0]
+
+
+def family_of(code: str) -> str | None:
+    """The tool whose family a code belongs to (None for a code of no tool's family, such as GP000 internal-error)."""
+    return next((t.name for t in TOOLS if t.family is not None and code.startswith(t.family)), None)
 
 
 def run_tool(name: str, loaded: Any, options: dict[str, Any]) -> dict:

@@ -57,7 +57,8 @@ def conformance() -> list[str]:
     system_node = shutil.which("node")
     packages = [SUITE] if system_node and _node_major(system_node) >= 22 else [SUITE, NODE22]
     if NODE22 in packages and (platform.system(), platform.machine()) != ("Linux", "x86_64"):
-        pytest.skip(f"Node 22 is needed and only {NODE22} is fetched here; this machine is {platform.system()} {platform.machine()}")
+        pytest.skip(f"Node 22 is needed and only {NODE22} is fetched here; "
+                    f"this machine is {platform.system()} {platform.machine()}")
     marker = CACHE / ".installed"
     if not marker.exists() or marker.read_text() != " ".join(packages):
         CACHE.mkdir(parents=True, exist_ok=True)

@@ -2,14 +2,121 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
 
 DOCS = ROOT / "docs"
+PACKAGE = ROOT / "gradprobe"
+CODE = re.compile(r"\bGP\d{3}\b")
+RANGE = re.compile(r"\b(GP\d{3})\s*[–-]\s*(GP\d{3})\b")
+FAMILY = re.compile(r"\bGP(\d)xx\b")
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _rule_names(trees: dict[Path, ast.Module]) -> dict[str, str]:
+    """Variable -> code for every `NAME = Rule(code="GPnnn", ...)` (annotated or not) in the package."""
+    out: dict[str, str] = {}
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target if isinstance(node, ast.AnnAssign) else None
+            value = getattr(node, "value", None)
+            if isinstance(target, ast.Name) and isinstance(value, ast.Call) and getattr(value.func, "id", None) == "Rule":
+                code = [kw.value.value for kw in value.keywords if kw.arg == "code" and isinstance(kw.value, ast.Constant)]
+                if code:
+                    out[target.id] = code[0]
+    return out
+
+
+def emitted_codes() -> dict[str, set[str]]:
+    """Code -> the modules that build a finding of it: `GP302.finding(...)`, the rule unit's one way.
+
+    TRANSITIONAL: `make_finding("GP302", ...)` (a code given as a literal) counts too, until the integrator deletes
+    make_finding once every module declares Rule units; a code passed to make_finding in a variable is not seen.
+    """
+    trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in _sources()}
+    names = _rule_names(trees)
+    out: dict[str, set[str]] = {}
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            code = None
+            if isinstance(func, ast.Attribute) and func.attr == "finding" and isinstance(func.value, ast.Name):
+                code = names.get(func.value.id, func.value.id if CODE.fullmatch(func.value.id) else None)
+            elif getattr(func, "id", getattr(func, "attr", None)) == "make_finding" and node.args:  # TRANSITIONAL
+                first = node.args[0]
+                code = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+            if code:
+                out.setdefault(code, set()).add(str(path.relative_to(ROOT)))
+    return out
+
+
+def test_every_catalogued_code_is_emitted_by_a_rule():
+    """A code documented in the catalogue but emitted by no rule is a promise the tools do not keep."""
+    from gradprobe.findings import catalogue
+
+    emitted = emitted_codes()
+    missing = [code for code in catalogue() if code not in emitted]
+    assert not missing, f"catalogued but never emitted (no `CODE.finding(` in gradprobe/): {missing}"
+
+
+def test_every_code_in_the_source_is_catalogued():
+    """A code emitted (or quoted in a message, a description, a comment) but not documented fails."""
+    from gradprobe.findings import catalogue
+
+    known = set(catalogue())
+    unknown = {f"{path.relative_to(ROOT)}:{n}": code
+               for path in _sources() for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+               for code in CODE.findall(line) if code not in known}
+    assert not unknown, f"codes not in the catalogue: {unknown}"
+    assert set(emitted_codes()) <= known
+
+
+def test_the_readme_quotes_the_catalogues_codes_and_ranges():
+    """README's tool table: each tool's codes are its family's range in the catalogue (gradprobe.tools.code_range)."""
+    from gradprobe.findings import catalogue
+    from gradprobe.tools import NAMES, code_range, family_of
+
+    readme = (ROOT / "README.md").read_text()
+    known = set(catalogue())
+    assert set(CODE.findall(readme)) <= known, set(CODE.findall(readme)) - known
+    rows = dict(re.findall(r"^\| `(\w+)` \|.*\| ([^|]+?) \|$", readme, re.M))
+    assert set(NAMES) <= set(rows), f"README's tool table lacks {set(NAMES) - set(rows)}"
+    stale = {name: (rows[name], code_range(name)) for name in NAMES if rows[name] != code_range(name)}
+    assert not stale, f"README's tool table (quoted, catalogue): {stale}"
+    for first, last in RANGE.findall(readme):
+        tool = family_of(first)
+        assert tool is not None and f"{first}–{last}" == code_range(tool), f"README quotes {first}–{last}"
+    families = {code[:3] for code in known}
+    assert {f"GP{d}" for d in FAMILY.findall(readme)} <= families
+
+
+@pytest.mark.anyio
+async def test_tool_descriptions_quote_their_own_codes(client):
+    """What the model reading tools/list sees: codes that exist, of the tool's own family, ranges from the catalogue."""
+    from gradprobe.findings import catalogue
+    from gradprobe.tools import BY_NAME, code_range, family_of
+
+    known = set(catalogue())
+    for tool in (await client.list_tools()).tools:
+        text, family = tool.description or "", BY_NAME[tool.name].family
+        quoted = set(CODE.findall(text))
+        assert quoted <= known, (tool.name, quoted - known)
+        if family is not None:
+            assert all(family_of(code) == tool.name for code in quoted), (tool.name, sorted(quoted))
+            assert {f"GP{d}" for d in FAMILY.findall(text)} <= {family}, tool.name
+        for first, last in RANGE.findall(text):
+            assert f"{first}–{last}" == code_range(family_of(first) or tool.name), (tool.name, first, last)
 
 
 def test_findings_md_is_generated_from_the_catalogue():

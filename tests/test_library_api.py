@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from gradprobe.checks import check_optimizer_coverage, diagnose, inspect_parameters, run_gradcheck, trace_grad_path, verify_prompt_tuning
+from gradprobe.checks import (
+    check_optimizer_coverage,
+    diagnose,
+    inspect_parameters,
+    run_gradcheck,
+    trace_grad_path,
+    verify_prompt_tuning,
+)
 
 
 class Cut(nn.Module):

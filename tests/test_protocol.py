@@ -19,6 +19,11 @@ SNAPSHOT = Path(__file__).parent / "snapshots" / "tools_list.json"
 TOOLS = set(NAMES)
 
 
+def example(model: str, **extra: object) -> dict:
+    """The arguments of a call on one of examples/broken."""
+    return {"target": {"project_dir": str(EXAMPLES), "model": model, **extra}}
+
+
 @pytest.mark.anyio
 async def test_tools_list_matches_snapshot(client):
     tools = (await client.list_tools()).tools
@@ -36,7 +41,7 @@ async def test_tools_list_matches_snapshot(client):
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_both_protocol_eras_call_a_tool(mode):
     async with Client(server_params(), mode=mode, read_timeout_seconds=120) as c:
-        result = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(EXAMPLES), "model": "gp102_scales_in_dict.py"}})
+        result = await c.call_tool("inspect_parameters", example("gp102_scales_in_dict.py"))
         sc = result.structured_content
         assert sc["ok"] is False and sc["findings"][0]["code"] == "GP102"
         text = result.content[0].text
@@ -50,7 +55,7 @@ async def test_progress_notifications_arrive(client):
     async def on_progress(progress, total, message):
         seen.append(message)
 
-    await client.call_tool("inspect_parameters", {"target": {"project_dir": str(EXAMPLES), "model": "gp101_temperature_tensor.py"}},
+    await client.call_tool("inspect_parameters", example("gp101_temperature_tensor.py"),
                            progress_callback=on_progress)
     assert "importing" in seen and "building" in seen and "checking" in seen, seen
 
@@ -61,17 +66,19 @@ async def test_caller_mistakes_are_tool_errors_that_say_what_to_change(client):
     assert bad_dir.is_error and "not a directory" in bad_dir.content[0].text
     missing_file = await client.call_tool("diagnose", {"target": {"project_dir": str(EXAMPLES), "model": "nope.py"}})
     assert missing_file.is_error and "nope.py" in missing_file.content[0].text
-    missing_callable = await client.call_tool("diagnose", {"target": {"project_dir": str(EXAMPLES), "model": "gp101_temperature_tensor.py:no_such_fn"}})
+    missing_callable = await client.call_tool("diagnose", example("gp101_temperature_tensor.py:no_such_fn"))
     assert missing_callable.is_error and "no_such_fn" in missing_callable.content[0].text
     bad_ref = await client.call_tool("diagnose", {"target": {"project_dir": str(EXAMPLES), "model": "a.py:"}})
     assert bad_ref.is_error
-    no_inputs = await client.call_tool("trace_grad_path", {"target": {"project_dir": str(EXAMPLES), "model": "gp101_temperature_tensor.py:build_model"}})
+    no_inputs = await client.call_tool("trace_grad_path", example("gp101_temperature_tensor.py:build_model"))
     assert no_inputs.is_error and "inputs" in no_inputs.content[0].text
 
 
 @pytest.mark.anyio
 async def test_inline_setup_target(client):
-    setup = "import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.w = torch.zeros(3, requires_grad=True)\n        self.fc = nn.Linear(3, 1)\n    def forward(self, x):\n        return self.fc(x * self.w)\nmodel = Net()\ninputs = torch.randn(2, 3)\n"
+    setup = ("import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        self.w = torch.zeros(3, requires_grad=True)\n        self.fc = nn.Linear(3, 1)\n"
+             "    def forward(self, x):\n        return self.fc(x * self.w)\nmodel = Net()\ninputs = torch.randn(2, 3)\n")
     result = await client.call_tool("diagnose", {"target": {"project_dir": str(EXAMPLES), "setup": setup}})
     f = result.structured_content["findings"][0]
     assert f["code"] == "GP101" and f["parameters"] == ["w"] and f["location"]["line"] == 5
@@ -106,7 +113,7 @@ async def test_findings_catalogue_resources_and_prompt(client):
 
 @pytest.mark.anyio
 async def test_diagnose_returns_a_picture(client):
-    result = await client.call_tool("diagnose", {"target": {"project_dir": str(EXAMPLES), "model": "gp302_detach_in_attention.py"}})
+    result = await client.call_tool("diagnose", example("gp302_detach_in_attention.py"))
     images = [c for c in result.content if getattr(c, "type", "") == "image"]
     assert images and images[0].mime_type == "image/svg+xml"
     mermaid = result.structured_content["facts"]["mermaid"]
@@ -120,7 +127,8 @@ def test_server_process_never_imports_torch():
         "from gradprobe.server.app import build_server\n"
         "async def main():\n"
         "    async with Client(build_server()) as c:\n"
-        f"        r = await c.call_tool('inspect_parameters', {{'target': {{'project_dir': {str(EXAMPLES)!r}, 'model': 'gp101_temperature_tensor.py'}}}})\n"
+        f"        target = {{'project_dir': {str(EXAMPLES)!r}, 'model': 'gp101_temperature_tensor.py'}}\n"
+        "        r = await c.call_tool('inspect_parameters', {'target': target})\n"
         "        assert r.structured_content['findings'][0]['code'] == 'GP101'\n"
         "    print('torch' in sys.modules, 'transformers' in sys.modules)\n"
         "anyio.run(main)\n"
@@ -170,7 +178,8 @@ async def test_children_of_the_warm_worker_run_multithreaded_ops(client, tmp_pat
         "    assert torch.get_num_threads() >= 1\n"
         "    (torch.randn(1024, 1024) @ torch.randn(1024, 1024)).sum()\n"
         "    return nn.Linear(2, 2)\n")
-    r = await client.call_tool("inspect_parameters", {"target": {"project_dir": str(tmp_path), "model": "case.py", "timeout_s": 60}})
+    target = {"project_dir": str(tmp_path), "model": "case.py", "timeout_s": 60}
+    r = await client.call_tool("inspect_parameters", {"target": target})
     sc = r.structured_content
     assert sc["ok"], sc["findings"]
     assert sc["facts"]["sandbox"]["child"] == "forked from the warm worker"
@@ -181,7 +190,7 @@ async def test_an_interpreter_without_torch_is_a_clear_tool_error(client, tmp_pa
     bare = tmp_path / "bare-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
     py = bare / "bin" / "python"
-    r = await client.call_tool("inspect_parameters", {"target": {"project_dir": str(EXAMPLES), "model": "gp101_temperature_tensor.py", "python": str(py)}})
+    r = await client.call_tool("inspect_parameters", example("gp101_temperature_tensor.py", python=str(py)))
     assert r.is_error
     text = r.content[0].text
     assert str(py) in text and "torch" in text, text
@@ -189,7 +198,7 @@ async def test_an_interpreter_without_torch_is_a_clear_tool_error(client, tmp_pa
 
 @pytest.mark.anyio
 async def test_the_projects_own_interpreter_runs_the_checks(client):
-    r = await client.call_tool("trace_grad_path", {"target": {"project_dir": str(EXAMPLES), "model": "gp303_no_grad_block.py", "python": sys.executable}})
+    r = await client.call_tool("trace_grad_path", example("gp303_no_grad_block.py", python=sys.executable))
     sc = r.structured_content
     assert sc["findings"][0]["code"] == "GP303" and sc["facts"]["sandbox"]["child"] == "cold interpreter"
 
@@ -200,7 +209,8 @@ async def test_model_given_as_an_absolute_path_alone(client):
     r = await client.call_tool("diagnose", {"target": {"model": str(EXAMPLES / "gp303_no_grad_block.py")}})
     assert not r.is_error, r.content
     assert r.structured_content["findings"][0]["code"] == "GP303"
-    r = await client.call_tool("inspect_parameters", {"target": {"model": str(EXAMPLES / "gp101_temperature_tensor.py:build_model")}})
+    r = await client.call_tool("inspect_parameters",
+                               {"target": {"model": str(EXAMPLES / "gp101_temperature_tensor.py:build_model")}})
     assert not r.is_error and r.structured_content["findings"][0]["code"] == "GP101"
 
 

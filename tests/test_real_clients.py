@@ -27,13 +27,15 @@ def npm_dir() -> Path:
     if not marker.exists() or marker.read_text() != " ".join(PACKAGES):
         CACHE.mkdir(parents=True, exist_ok=True)
         subprocess.run(["npm", "init", "-y"], cwd=CACHE, check=True, capture_output=True)
-        subprocess.run(["npm", "install", *PACKAGES, "--no-audit", "--no-fund"], cwd=CACHE, check=True, capture_output=True, timeout=600)
+        subprocess.run(["npm", "install", *PACKAGES, "--no-audit", "--no-fund"], cwd=CACHE, check=True, capture_output=True,
+                       timeout=600)
         marker.write_text(" ".join(PACKAGES))
     return CACHE
 
 
 def inspector(npm_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(npm_dir / "node_modules" / ".bin" / "inspector"), "--cli", sys.executable, "-m", "gradprobe", "serve", *args],
+    exe = str(npm_dir / "node_modules" / ".bin" / "inspector")
+    return subprocess.run([exe, "--cli", sys.executable, "-m", "gradprobe", "serve", *args],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
@@ -64,7 +66,8 @@ def test_typescript_sdk_client(npm_dir):
 
 
 def test_python_client_program():
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "clients" / "python_client.py"), str(EXAMPLES / "gp201_optimizer_misses_head.py")],
+    client = str(ROOT / "examples" / "clients" / "python_client.py")
+    out = subprocess.run([sys.executable, client, str(EXAMPLES / "gp201_optimizer_misses_head.py")],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 1, out.stderr[-2000:]
     assert "GP201" in out.stdout and "gp201_optimizer_misses_head.py:28" in out.stdout

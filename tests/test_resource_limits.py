@@ -187,7 +187,8 @@ async def test_a_script_the_memory_limit_stops_before_its_first_step_is_gp113_no
             loss.backward()
             opt.step()
     """).lstrip("\n"))
-    result = await client.call_tool("diagnose", {"target": {"project_dir": str(tmp_path), "script": "train.py", "timeout_s": 120}})
+    target = {"project_dir": str(tmp_path), "script": "train.py", "timeout_s": 120}
+    result = await client.call_tool("diagnose", {"target": target})
     report = result.structured_content
     f = only_the_limit(report)
     assert [x["code"] for x in report["findings"]] == ["GP113"] and f["location"]["line"] == 6

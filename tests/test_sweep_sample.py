@@ -31,7 +31,8 @@ def test_sweep_sample_has_no_crash_and_no_false_error():
     except ImportError:
         pass
     assert expected <= families, [(r["name"], r.get("skip")) for r in results if r["status"] == "skipped"]
-    bad = [(r["family"], r["name"], [(e["code"], e["message"][:200], e.get("frame")) for e in r.get("crashes", []) + r.get("errors", [])])
+    bad = [(r["family"], r["name"],
+            [(e["code"], e["message"][:200], e.get("frame")) for e in r.get("crashes", []) + r.get("errors", [])])
            for r in results if r["status"] in ("crash", "false_error")]
     assert not bad, bad
     # the sample's models are small: one that stops at the sandbox's memory limit (GP113) is a regression too

@@ -495,10 +495,18 @@ def optimizer_statement_line(p: Parsed) -> int | None:
 
 
 def driver_mutants(p: Parsed, base: Baseline, rng: random.Random, per_op: int) -> Iterator[Mutant]:
-    pos = _positions(p)
     ret_build = _return_line(p, "build_model")
     ret_opt = _return_line(p, "make_optimizer")
-    ind = "    "
+    yield from _zero_grad_moved(p)
+    yield from _loss_non_scalar(p)
+    if ret_build is not None:
+        yield from _build_mutants(p, base, rng, per_op, ret_build, ret_opt)
+    if ret_opt is not None:
+        yield from _module_replaced(p, base, rng, per_op, ret_opt)
+    yield from _optimizer_mutants(p)
+
+
+def _zero_grad_moved(p: Parsed) -> Iterator[Mutant]:
     # zero_grad() moved between backward() and step()
     ts = _func(p, "train_step")
     if ts is not None:
@@ -515,6 +523,10 @@ def driver_mutants(p: Parsed, base: Baseline, rng: random.Random, per_op: int) -
             rest.insert(bl, zline)
             yield Mutant("zero_grad_moved", "case.py", "".join(rest), bl + 1, ("GP207",), "stale", zl, "step",
                          "optimizer.zero_grad() moved between backward() and step()")
+
+
+def _loss_non_scalar(p: Parsed) -> Iterator[Mutant]:
+    pos = _positions(p)
     for fn_name in ("loss_fn", "train_step"):
         fn = _func(p, fn_name)
         if fn is None:
@@ -540,38 +552,50 @@ def driver_mutants(p: Parsed, base: Baseline, rng: random.Random, per_op: int) -
                 text = p.splice(r, p.src(inner))
                 yield Mutant("loss_non_scalar", "case.py", text, r.start.line, ("GP310",), "raises", r.start.line,
                              "step", f".mean() dropped from the loss at case.py:{r.start.line}")
-    if ret_build is not None:
-        yield Mutant("freeze_all", "case.py", _insert_line(p.text, ret_build, f"{ind}model.requires_grad_(False)"),
-                     ret_build, ("GP110",), "stale_or_raises", ret_build, "build", "whole model frozen in build_model")
-        for child in rng.sample(list(base.children), min(per_op, len(base.children))):
-            yield Mutant("freeze_submodule", "case.py",
-                         _insert_line(p.text, ret_build, f"{ind}model.{_attr_path(child)}.requires_grad_(False)"), ret_build,
-                         # GP110 when that child holds every parameter (a wrapper's only child: all is frozen)
-                         ("GP203", "GP105", "GP110"), "stale", ret_build, "build", f"submodule {child} frozen in build_model")
-        for name in rng.sample(list(base.params), min(per_op, len(base.params))):
-            yield Mutant("hook_zero", "case.py",
-                         _insert_line(p.text, ret_build, f"{ind}model.{_attr_path(name)}.register_hook(lambda g: g * 0)"),
-                         ret_build, ("GP313",), "stale", ret_build, "build", f"a hook zeroes the gradient of {name}")
-        # model surgery moved after the optimizer (e.g. a crop_block_size() call)
-        bm = _func(p, "build_model")
-        if bm is not None and ret_opt is not None:
-            for st, r in _stmts_in(p, bm):
-                code = p.code(st).strip()
-                if code.startswith("model.") and "(" in code and "requires_grad" not in code and "=" not in code:
-                    lines = p.lines()
-                    sl = r.start.line
-                    moved = lines[sl - 1]
-                    rest = lines[: sl - 1] + lines[sl:]
-                    at = ret_opt - 1 - 1  # index of the return line after removal
-                    rest.insert(at, moved)
-                    yield Mutant("surgery_after_optimizer", "case.py", "".join(rest), at + 1, ("GP202", "GP201"),
-                                 "stale", sl, "build", f"`{code}` moved after the optimizer was built")
-    if ret_opt is not None:
-        for child in rng.sample(list(base.children), min(per_op, len(base.children))):
-            yield Mutant("module_replaced", "case.py",
-                         _insert_line(p.text, ret_opt, f"{ind}model.{_attr_path(child)} = copy.deepcopy(model.{_attr_path(child)})"),
-                         ret_opt, ("GP202", "GP201"), "stale", ret_opt, "build",
-                         f"{child} replaced after the optimizer was built")
+
+
+def _build_mutants(p: Parsed, base: Baseline, rng: random.Random, per_op: int, ret_build: int,
+                   ret_opt: int | None) -> Iterator[Mutant]:
+    ind = "    "
+    yield Mutant("freeze_all", "case.py", _insert_line(p.text, ret_build, f"{ind}model.requires_grad_(False)"),
+                 ret_build, ("GP110",), "stale_or_raises", ret_build, "build", "whole model frozen in build_model")
+    for child in rng.sample(list(base.children), min(per_op, len(base.children))):
+        yield Mutant("freeze_submodule", "case.py",
+                     _insert_line(p.text, ret_build, f"{ind}model.{_attr_path(child)}.requires_grad_(False)"), ret_build,
+                     # GP110 when that child holds every parameter (a wrapper's only child: all is frozen)
+                     ("GP203", "GP105", "GP110"), "stale", ret_build, "build", f"submodule {child} frozen in build_model")
+    for name in rng.sample(list(base.params), min(per_op, len(base.params))):
+        yield Mutant("hook_zero", "case.py",
+                     _insert_line(p.text, ret_build, f"{ind}model.{_attr_path(name)}.register_hook(lambda g: g * 0)"),
+                     ret_build, ("GP313",), "stale", ret_build, "build", f"a hook zeroes the gradient of {name}")
+    # model surgery moved after the optimizer (e.g. a crop_block_size() call)
+    bm = _func(p, "build_model")
+    if bm is not None and ret_opt is not None:
+        for st, r in _stmts_in(p, bm):
+            code = p.code(st).strip()
+            if code.startswith("model.") and "(" in code and "requires_grad" not in code and "=" not in code:
+                lines = p.lines()
+                sl = r.start.line
+                moved = lines[sl - 1]
+                rest = lines[: sl - 1] + lines[sl:]
+                at = ret_opt - 1 - 1  # index of the return line after removal
+                rest.insert(at, moved)
+                yield Mutant("surgery_after_optimizer", "case.py", "".join(rest), at + 1, ("GP202", "GP201"),
+                             "stale", sl, "build", f"`{code}` moved after the optimizer was built")
+
+
+def _module_replaced(p: Parsed, base: Baseline, rng: random.Random, per_op: int, ret_opt: int) -> Iterator[Mutant]:
+    ind = "    "
+    for child in rng.sample(list(base.children), min(per_op, len(base.children))):
+        path = _attr_path(child)
+        yield Mutant("module_replaced", "case.py",
+                     _insert_line(p.text, ret_opt, f"{ind}model.{path} = copy.deepcopy(model.{path})"),
+                     ret_opt, ("GP202", "GP201"), "stale", ret_opt, "build",
+                     f"{child} replaced after the optimizer was built")
+
+
+def _optimizer_mutants(p: Parsed) -> Iterator[Mutant]:
+    pos = _positions(p)
     # param group lr 0 / an element dropped from the optimizer's list
     fn = _func(p, "make_optimizer")
     if fn is not None:

@@ -46,14 +46,8 @@ def named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
                 continue
             if isinstance(v, torch.Tensor):
                 add(prefix + n, v)
-            elif isinstance(v, (list, tuple)):
-                for i, x in enumerate(v):
-                    if isinstance(x, nn.Module):
-                        walk(x, f"{prefix}{n}.{i}.", stack)
-                    else:
-                        add(f"{prefix}{n}.{i}", x)
-            elif isinstance(v, dict):
-                for k, x in v.items():
+            elif isinstance(v, (list, tuple, dict)):
+                for k, x in (v.items() if isinstance(v, dict) else enumerate(v)):
                     if isinstance(x, nn.Module):
                         walk(x, f"{prefix}{n}.{k}.", stack)
                     else:
@@ -163,19 +157,24 @@ def run_project(project: Path, trace: bool) -> dict[str, Any]:
             res["children"] = []
             res["error"] = res["error"] or f"oracle: {exc}"
     if hasattr(sys.modules.get("case"), "gradcheck_cases"):
-        res["gradcheck"] = {}
-        try:
-            for fn, args in sys.modules["case"].gradcheck_cases():
-                try:
-                    ok = torch.autograd.gradcheck(fn.apply, args, raise_exception=False)
-                except Exception:
-                    ok = False
-                res["gradcheck"][fn.__name__] = bool(ok)
-        except Exception as exc:
-            res["gradcheck"]["<cases>"] = False
-            res.setdefault("error", str(exc))
+        _gradcheck_cases(sys.modules["case"], res)
     res["lines"] = {k: sorted(v) for k, v in lines.items()}
     return res
+
+
+def _gradcheck_cases(case: Any, res: dict[str, Any]) -> None:
+    """torch's gradcheck on each of the case's `gradcheck_cases()`, into res["gradcheck"]."""
+    res["gradcheck"] = {}
+    try:
+        for fn, args in case.gradcheck_cases():
+            try:
+                ok = torch.autograd.gradcheck(fn.apply, args, raise_exception=False)
+            except Exception:
+                ok = False
+            res["gradcheck"][fn.__name__] = bool(ok)
+    except Exception as exc:
+        res["gradcheck"]["<cases>"] = False
+        res.setdefault("error", str(exc))
 
 
 def _children(model: nn.Module) -> list[str]:

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError, UnexpectedToolError
@@ -18,6 +20,14 @@ from gradprobe.server.runtime import Runtime
 from gradprobe.server.tools import register_all
 from gradprobe.target import explain_validation_error
 
+if TYPE_CHECKING:
+    from mcp.server.auth.provider import TokenVerifier
+    from mcp.server.auth.settings import AuthSettings
+    from mcp.server.mcpserver import Context
+    from mcp.types import CallToolResult, InputRequiredResult
+    from starlette.requests import Request
+    from starlette.responses import Response
+
 INSTRUCTIONS = (
     "gradprobe measures why gradients do not flow in the user's PyTorch code, instead of guessing. "
     "Start with `diagnose` (all checks in one run); use the specific tools to dig deeper. Every tool "
@@ -29,7 +39,9 @@ INSTRUCTIONS = (
 class GradprobeServer(MCPServer):
     """MCPServer whose argument errors say, in a sentence or two, which field is wrong and what to write."""
 
-    async def call_tool(self, name, arguments, context=None):
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -39,11 +51,12 @@ class GradprobeServer(MCPServer):
             raise ToolError(f"Error executing tool {name}: {explain_validation_error(cause)}") from cause
 
 
-def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None) -> MCPServer:
+def build_server(runtime: Runtime | None = None, token_verifier: TokenVerifier | None = None,
+                 auth: AuthSettings | None = None) -> MCPServer:
     runtime = runtime or Runtime()
 
     @contextlib.asynccontextmanager
-    async def lifespan(_server):
+    async def lifespan(_server: MCPServer) -> AsyncIterator[dict[str, Runtime]]:
         # warm the worker in the background: tools/list answers at once, the first call is fast
         task = asyncio.ensure_future(runtime.executor.start())
         try:
@@ -65,7 +78,7 @@ def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None)
     register_all(server, runtime)
 
     @server.custom_route("/health", methods=["GET"])
-    async def health(_request):
+    async def health(_request: Request) -> Response:
         from starlette.responses import JSONResponse
 
         return JSONResponse({"status": "ok", "version": __version__, "running": runtime.running,
@@ -96,7 +109,8 @@ def build_server(runtime: Runtime | None = None, token_verifier=None, auth=None)
             "(the project's own training script and the arguments that make it train a few steps quickly, "
             "e.g. --max_iters=1, fast_dev_run, max_steps=1; `module` for `python -m` entry points): gradprobe runs it "
             "to its first optimizer step and checks that real step, with no adapter code to write. "
-            f"For a single file with build_model/make_inputs, target={{\"project_dir\": \"{project_dir}\", \"model\": \"{model}\"}} "
+            "For a single file with build_model/make_inputs, "
+            f"target={{\"project_dir\": \"{project_dir}\", \"model\": \"{model}\"}} "
             "(add inputs/loss/optimizer/train_step references if needed). GP112 means the script reached no step: "
             "read how far it got and adjust args or timeout_s.\n"
             "2. Read the first error finding: it names the parameters, the user's file:line and the fix.\n"

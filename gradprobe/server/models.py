@@ -14,6 +14,9 @@ class Report(BaseModel):
 
     tool: str = Field(description="The tool that produced this report.")
     ok: bool = Field(description="True when no finding has severity 'error'.")
-    findings: list[Finding] = Field(description="Findings, errors first; each names parameters, the user's line, evidence and a fix.")
+    findings: list[Finding] = Field(
+        description="Findings, errors first; each names parameters, the user's line, evidence and a fix.")
     summary: str = Field(description="A few lines a person reads first; the first names the root cause and the fix.")
-    facts: dict[str, Any] = Field(default_factory=dict, description="Tool-specific measurements (parameter table, per-parameter gradients, optimizer groups, sandbox info).")
+    facts: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Tool-specific measurements (parameter table, per-parameter gradients, optimizer groups, sandbox info).")

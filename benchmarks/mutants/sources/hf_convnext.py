@@ -1,4 +1,4 @@
-"""Driver: a tiny ConvNeXt image classifier, built from the project-local copy of transformers' modeling_convnext.py (the bench mutates that copy)."""
+"""Driver: a tiny ConvNeXt image classifier, from a local copy of transformers' modeling_convnext.py (which the bench mutates)."""
 
 import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch

@@ -1,4 +1,4 @@
-"""Driver: a tiny GPT-2 language model, built from the project-local copy of transformers' modeling_gpt2.py (the bench mutates that copy)."""
+"""Driver: a tiny GPT-2 language model, from a local copy of transformers' modeling_gpt2.py (which the bench mutates)."""
 
 import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch

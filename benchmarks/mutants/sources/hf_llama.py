@@ -1,4 +1,4 @@
-"""Driver: a tiny Llama causal LM, built from the project-local copy of transformers' modeling_llama.py (the bench mutates that copy)."""
+"""Driver: a tiny Llama causal LM, from a local copy of transformers' modeling_llama.py (which the bench mutates)."""
 
 import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch

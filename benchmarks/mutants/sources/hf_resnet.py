@@ -1,4 +1,4 @@
-"""Driver: a tiny ResNet image classifier, built from the project-local copy of transformers' modeling_resnet.py (the bench mutates that copy)."""
+"""Driver: a tiny ResNet image classifier, from a local copy of transformers' modeling_resnet.py (which the bench mutates)."""
 
 import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch

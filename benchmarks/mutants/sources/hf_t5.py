@@ -1,4 +1,4 @@
-"""Driver: a tiny T5 encoder-decoder, built from the project-local copy of transformers' modeling_t5.py (the bench mutates that copy)."""
+"""Driver: a tiny T5 encoder-decoder, from a local copy of transformers' modeling_t5.py (which the bench mutates)."""
 
 import copy  # noqa: F401 (used by the bench's module_replaced mutants)
 import torch
