@@ -4,7 +4,7 @@ Every model is built from a tiny config (no weights are downloaded) and checked 
   * ground truth, in plain PyTorch without gradprobe (a forked child per model): does it train
     (finite loss and gradients, AdamW moves the trainable parameters), and which gradients are
     None or zero by design;
-  * gradprobe, through the machinery the server uses (`gradprobe.sandbox.execute.execute`: one
+  * gradprobe, through the machinery the server uses (`gradprobe.sandbox.call.execute`: one
     sandboxed child per model, forked from the warm worker, with a timeout), target = inline `setup`.
 On a model that trains, every error-severity finding is a false error, and a GP000/GP100 is an
 internal crash (the model loads and trains without gradprobe). A GP113 (the check stopped at the
@@ -392,7 +392,7 @@ def status_of(res: dict) -> str:
 
 
 async def run_one(spec: dict, gt: GroundTruth, executor) -> dict:
-    from gradprobe.sandbox.execute import execute
+    from gradprobe.sandbox.call import execute
 
     res: dict = {"family": spec["family"], "name": spec["name"], "spec": spec}
     truth = await asyncio.to_thread(gt.ask, {k: v for k, v in spec.items() if k != "name"})

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from gradprobe.errors import TargetError, TargetRefError
 from gradprobe.checks.torchcompat import requires_grad_descriptor
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 
@@ -32,19 +33,6 @@ CONVENTIONAL = {
     "train_step": "train_step",
 }
 SETUP_NAMES = {"model": "model", "inputs": "inputs", "loss": "loss_fn", "optimizer": "optimizer", "train_step": "train_step"}
-
-
-class TargetError(Exception):
-    """The target cannot be loaded; `phase` says where, `cause` is the user's exception if any."""
-
-    def __init__(self, phase: str, message: str, cause: BaseException | None = None):
-        super().__init__(message)
-        self.phase = phase
-        self.cause = cause
-
-
-class TargetRefError(ValueError):
-    """A reference that names nothing: the caller must change the target."""
 
 
 @dataclass

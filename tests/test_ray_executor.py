@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from conftest import EXAMPLES
-from gradprobe.sandbox.execute import execute
+from gradprobe.sandbox.call import execute
 from gradprobe.sandbox.runner import Limits
 from gradprobe.target import Target
 

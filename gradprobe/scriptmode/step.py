@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import floating_outputs
-from gradprobe.scripts.observe import Backward, ModuleCall, StepWatch
+from gradprobe.scriptmode.observe import Backward, ModuleCall, StepWatch
 from gradprobe.userframes import UserCode
 
 _PROJECTION_SEED = 1234
