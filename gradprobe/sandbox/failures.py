@@ -62,7 +62,9 @@ GP106: Rule[Any] = Rule(
     message="{cls}.__init__ never called super().__init__(), so assigning a submodule or parameter failed: {error}",
     fix="Call super().__init__() first in __init__.",
     situations={
-        "named": Situation(when="the class whose __init__ failed is known", fix="class Net(nn.Module):\n    def __init__(self):\n        super().__init__()  # first line\n        ..."),
+        "named": Situation(
+            when="the class whose __init__ failed is known",
+            fix="class Net(nn.Module):\n    def __init__(self):\n        super().__init__()  # first line\n        ..."),
         "unnamed": Situation(
             when="the failing class could not be told from the traceback",
             message="A module class.__init__ never called super().__init__(), so assigning a submodule or parameter "

@@ -315,7 +315,8 @@ class _ChildCall:
         self.exited: asyncio.Future[int] | None = None
         self.transports: list[Any] = []
         self.readers: list[asyncio.Future[None]] = []
-        self.mode, self.note = "cold", None
+        self.mode: str = "cold"
+        self.note: str | None = None
         self.after_reply = False
         self.confined = _Confinement()
         self.results = _Results()
@@ -457,7 +458,8 @@ class _ChildCall:
         assert self.exited is not None and self.pid is not None
         exited = self.exited
         deadline = time.monotonic() + self.timeout_s
-        done, _ = await asyncio.wait([exited, self.readers[0]], timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        first: list[asyncio.Future[Any]] = [exited, self.readers[0]]
+        done, _ = await asyncio.wait(first, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)
         if done and not exited.done() and not self.results.got:  # the result pipe closed without a result: wait for the exit
             done, _ = await asyncio.wait([exited], timeout=max(0.0, deadline - time.monotonic()))
         timed_out = not done

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 @dataclass
 class _State:
     run: Any = None  # the ScriptRun, once started
-    report: dict | None = None  # the checks' report, once the step was checked in place
+    report: ToolError | dict[str, Any] | None = None  # the checks' report, once the step was checked in place
 
 
 def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],

@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, cast
 
 from gradprobe.findings import Finding, Location
@@ -83,7 +84,7 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
     budget = float(target.get("timeout_s") or 120.0) * SCRIPT_SHARE - elapsed
     t0 = time.monotonic()
 
-    def on_alarm(signum, frame):
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
         if watch.capture is None and not watch.stopping:
             run.ended = "timeout"
             run.stop_frame_loc = watch.user.innermost(frame)
