@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.errors import TargetError, TargetRefError
+from gradprobe.phases import Phase
 from gradprobe.checks.torchcompat import requires_grad_descriptor
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 
@@ -312,7 +313,7 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
     resolver = Resolver(project_dir)
     found: dict[str, Any] = {}
 
-    progress("importing")
+    progress(Phase.IMPORTING)
     setup = target.get("setup")
     if setup:
         namespace: dict[str, Any] = {"torch": torch, "nn": nn, "__name__": "__gradprobe_setup__"}
@@ -339,7 +340,7 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
                 if conv is not None:
                     found[what] = conv
 
-    progress("building")
+    progress(Phase.BUILDING)
     model = found.get("model")
     if model is None:
         raise TargetRefError("no model: give `model` or define `model` in setup")

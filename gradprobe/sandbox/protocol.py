@@ -16,30 +16,13 @@ that is not a valid message is dropped.
 from __future__ import annotations
 
 import math
-from enum import Enum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from gradprobe.phases import PROGRESS_STEPS, Phase
 
-class Phase(str, Enum):
-    """Where a call is, in order; the child sends them as progress, the parent names the last one on failure."""
-
-    QUEUED = "queued"  # the server's: waiting for a slot in the pool
-    STARTING = "starting"
-    IMPORTING = "importing"
-    BUILDING = "building"
-    RUNNING_SCRIPT = "running the script"
-    REPLAYING = "replaying the captured step"
-    CHECKING = "checking"
-    REMOTE = "remote"  # the parent's, for a Ray task whose worker failed before the child said anything
-
-    def __str__(self) -> str:
-        return self.value
-
-
-# the steps the server counts MCP progress by (a phase not listed counts as the last step)
-PROGRESS_STEPS: tuple[Phase, ...] = (Phase.QUEUED, Phase.STARTING, Phase.IMPORTING, Phase.BUILDING, Phase.CHECKING)
+__all__ = ["PROGRESS_STEPS", "Phase"]  # re-exported: the protocol's phases
 
 
 class _Model(BaseModel):

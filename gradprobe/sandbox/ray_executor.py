@@ -51,7 +51,7 @@ class RayExecutor:
         device = job.target.get("device") or "cpu"
         gpus = 1 if device.startswith("cuda") else 0
         if progress is not None:
-            await progress("starting", None)
+            await progress(Phase.STARTING, None)
         ref = self.task.options(num_gpus=gpus).remote(job, python, timeout_s, dataclasses.asdict(limits), self.allowed_roots)
         try:
             data = await ref

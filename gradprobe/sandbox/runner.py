@@ -441,7 +441,7 @@ class _ChildCall:
             res.phase = msg.phase
             res.events.append(msg.phase.value)
             if self.progress is not None:
-                await self.progress(msg.phase, time.monotonic() - self.t0)
+                await self.progress(msg.phase.value, time.monotonic() - self.t0)
         elif isinstance(msg, StartFailed):
             res.start_error = f"{msg.error}"[:2000]
         elif isinstance(msg.report, ToolError):

@@ -22,6 +22,7 @@ from gradprobe.findings import Finding, Location
 from gradprobe.outcomes import GP113
 from gradprobe.report import make_report
 from gradprobe.sandbox.failures import script_no_step
+from gradprobe.sandbox.protocol import Phase
 from gradprobe.scriptmode.observe import StepWatch, StopScript
 
 # the script gets this share of the call's timeout; the rest is for the checks on its step
@@ -99,7 +100,7 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
     os.chdir(_mirror_cwd(project_dir, scratch))
     run.t0 = t0
     watch.install()
-    progress("running the script")
+    progress(Phase.RUNNING_SCRIPT)
     try:
         if script:
             path = os.path.join(project_dir, script)
