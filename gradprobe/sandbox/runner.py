@@ -2,9 +2,10 @@
 
 The server never imports torch or user code; it only starts
 `gradprobe/sandbox/child.py` with a scrubbed environment, a scratch HOME/cwd,
-rlimits, a wall-clock timeout and its own process group, and reads JSON lines
-from a dedicated pipe. Whatever the child does (crash, hang, exit, flood its
-output, forge lines), the call ends with a report or a clear error.
+rlimits, a wall-clock timeout and its own process group, and reads the protocol's
+messages (protocol.py: Control on the control socket, Progress and Result on a
+dedicated pipe). Whatever the child does (crash, hang, exit, flood its output,
+forge lines), the call ends with a report or a clear error.
 """
 
 from __future__ import annotations
