@@ -118,6 +118,16 @@ class StepWatch:
 
     # ---- the patches ----------------------------------------------------------------------
     def install(self) -> None:
+        """Patch the module call, backward, the constructors and the optimizer step (undone by `uninstall`)."""
+        self._patch_module_call()
+        self._patch_backward()
+        self._patch_constructors()
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        handle = register_optimizer_step_pre_hook(self._pre_step)
+        self._undo.append(handle)
+
+    def _patch_module_call(self) -> None:
         watch = self
         orig_call = nn.Module.__call__
 
@@ -149,6 +159,8 @@ class StepWatch:
         nn.Module.__call__ = call  # type: ignore[method-assign]
         self._undo.append((nn.Module, "__call__", orig_call))
 
+    def _patch_backward(self) -> None:
+        watch = self
         orig_tensor_backward = torch.Tensor.backward
         orig_autograd_backward = torch.autograd.backward
 
@@ -183,6 +195,8 @@ class StepWatch:
         torch.autograd.backward = autograd_backward
         self._undo += [(torch.Tensor, "backward", orig_tensor_backward), (torch.autograd, "backward", orig_autograd_backward)]
 
+    def _patch_constructors(self) -> None:
+        watch = self
         orig_opt_init = torch.optim.Optimizer.__init__
 
         def opt_init(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
@@ -213,11 +227,6 @@ class StepWatch:
 
         DataLoader.__iter__ = loader_iter  # type: ignore[method-assign]
         self._undo.append((DataLoader, "__iter__", orig_iter))
-
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        handle = register_optimizer_step_pre_hook(self._pre_step)
-        self._undo.append(handle)
 
     def uninstall(self) -> None:
         for item in reversed(self._undo):
