@@ -4,9 +4,9 @@ Every model is built from a tiny config (no weights are downloaded) and checked 
   * ground truth, in plain PyTorch without gradprobe (a forked child per model): does it train
     (finite loss and gradients, AdamW moves the trainable parameters), and which gradients are
     None or zero by design;
-  * gradprobe, through the machinery the server uses (`gradprobe.sandbox.execute.execute`: one
+  * gradprobe, through the machinery the server uses (`gradprobe.sandbox.call.execute`: one
     sandboxed child per model, forked from the warm worker, with a timeout), target = inline `setup`.
-On a model that trains, every error-severity finding is a false error, and a GP000/GP100 is an
+On a model that trains, every error-severity finding is a false error, and a GP000/GP100 (or GP114-GP117: a timeout, a dead child) is an
 internal crash (the model loads and trains without gradprobe). A GP113 (the check stopped at the
 sandbox's memory limit) is its own bucket, "resource limit": neither clean nor a crash nor a false error.
 
@@ -376,7 +376,7 @@ def classify(report: dict) -> dict:
     for f in report.get("findings", []):
         entry = {"code": f["code"], "message": f["message"][:400], "location": f.get("location"),
                  "parameters": (f.get("parameters") or [])[:6]}
-        if f["code"] in ("GP000", "GP100"):
+        if f["code"] in ("GP000", "GP100", "GP114", "GP115", "GP116", "GP117"):
             tb = (f.get("evidence") or {}).get("internal_traceback") or (f.get("evidence") or {}).get("traceback") or ""
             entry["frame"] = internal_frame(tb) if tb else "(no traceback: " + str((f.get("evidence") or {}).get("phase")) + ")"
             entry["stderr_tail"] = str((f.get("evidence") or {}).get("stderr_tail") or "")[-600:]
@@ -409,7 +409,7 @@ def status_of(res: dict) -> str:
 
 
 async def run_one(spec: dict, gt: GroundTruth, executor) -> dict:
-    from gradprobe.sandbox.execute import execute
+    from gradprobe.sandbox.call import execute
 
     res: dict = {"family": spec["family"], "name": spec["name"], "spec": spec}
     truth = await asyncio.to_thread(gt.ask, {k: v for k, v in spec.items() if k != "name"})

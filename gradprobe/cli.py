@@ -63,8 +63,8 @@ def _run_check(args) -> int:
     from pydantic import ValidationError
 
     from gradprobe.render import clean, render_text
-    from gradprobe.sandbox.execute import execute
-    from gradprobe.sandbox.runner import ToolInputError
+    from gradprobe.sandbox.call import execute
+    from gradprobe.errors import ToolInputError
     from gradprobe.target import Target, explain_validation_error
 
     try:

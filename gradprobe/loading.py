@@ -21,6 +21,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from gradprobe.errors import TargetError, TargetRefError
+from gradprobe.phases import Phase
 from gradprobe.checks.torchcompat import requires_grad_descriptor
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 
@@ -32,19 +34,6 @@ CONVENTIONAL = {
     "train_step": "train_step",
 }
 SETUP_NAMES = {"model": "model", "inputs": "inputs", "loss": "loss_fn", "optimizer": "optimizer", "train_step": "train_step"}
-
-
-class TargetError(Exception):
-    """The target cannot be loaded; `phase` says where, `cause` is the user's exception if any."""
-
-    def __init__(self, phase: str, message: str, cause: BaseException | None = None):
-        super().__init__(message)
-        self.phase = phase
-        self.cause = cause
-
-
-class TargetRefError(ValueError):
-    """A reference that names nothing: the caller must change the target."""
 
 
 @dataclass
@@ -324,7 +313,7 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
     resolver = Resolver(project_dir)
     found: dict[str, Any] = {}
 
-    progress("importing")
+    progress(Phase.IMPORTING)
     setup = target.get("setup")
     if setup:
         namespace: dict[str, Any] = {"torch": torch, "nn": nn, "__name__": "__gradprobe_setup__"}
@@ -351,7 +340,7 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
                 if conv is not None:
                     found[what] = conv
 
-    progress("building")
+    progress(Phase.BUILDING)
     model = found.get("model")
     if model is None:
         raise TargetRefError("no model: give `model` or define `model` in setup")

@@ -52,7 +52,7 @@ class Target(BaseModel):
     script: str | None = Field(default=None, description="A training script (path relative to project_dir) run as __main__ until its first optimizer step, which is captured and checked (instead of model/inputs/...).")
     module: str | None = Field(default=None, description="Like `script`, for a `python -m` entry point (a dotted module name importable from project_dir).")
     args: list[str] = Field(default_factory=list, description="The script's command-line arguments (sys.argv[1:]).")
-    timeout_s: float = Field(default=120.0, gt=0, le=3600, description="Wall-clock limit for the call in the child; past it the child is killed and GP100 is reported.")
+    timeout_s: float = Field(default=120.0, gt=0, le=3600, description="Wall-clock limit for the call in the child; past it the child is killed and GP114 is reported.")
 
     @model_validator(mode="before")
     @classmethod

@@ -28,7 +28,7 @@ async def test_example_through_mcp(client, path):
 
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
 def test_example_through_library(path):
-    from gradprobe.sandbox.job import run_job
+    from gradprobe.sandbox.run_check import run_job
 
     expect = example_expect(path)
     torch.set_grad_enabled(True)  # one example switches it off at import; the sandbox would isolate that

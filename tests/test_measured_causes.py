@@ -49,7 +49,7 @@ def test_fold_never_hides_a_parameter_the_host_does_not_name():
 
 def test_summary_counts_unregistered_parameters():
     from conftest import EXAMPLES
-    from gradprobe.sandbox.job import run_job
+    from gradprobe.sandbox.run_check import run_job
 
     report = run_job({"tool": "diagnose", "target": {"project_dir": str(EXAMPLES), "model": "gp103_heads_in_dict.py"},
                       "options": {}}, lambda phase: None)
@@ -128,7 +128,7 @@ def test_dataloader_workers_returning_leaves_silently_are_gp309_naming_the_param
 
 def _run(tool: str, example: str) -> dict:
     from conftest import EXAMPLES
-    from gradprobe.sandbox.job import run_job
+    from gradprobe.sandbox.run_check import run_job
 
     return run_job({"tool": tool, "target": {"project_dir": str(EXAMPLES), "model": example}, "options": {}}, lambda phase: None)
 

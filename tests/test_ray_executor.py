@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from conftest import EXAMPLES
-from gradprobe.sandbox.execute import execute
+from gradprobe.sandbox.call import execute
 from gradprobe.sandbox.runner import Limits
 from gradprobe.target import Target
 
@@ -75,4 +75,4 @@ async def test_a_dead_worker_is_a_clear_finding(executor, tmp_path):
     target = Target(project_dir=str(tmp_path), model="case.py", timeout_s=60)
     report = await execute("inspect_parameters", target, executor=executor, limits=Limits(isolate=False))
     f = report["findings"][0]
-    assert f["code"] == "GP100" and "Ray worker" in f["message"], f["message"]
+    assert f["code"] == "GP116" and "Ray worker" in f["message"], f["message"]

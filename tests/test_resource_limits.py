@@ -152,9 +152,9 @@ async def test_an_import_the_memory_limit_stops_is_gp113(client, tmp_path):
 
 @pytest.mark.anyio
 async def test_a_child_the_cgroup_killed_for_memory_is_gp113_not_gp100(tmp_path):
-    """The parent's side (execute.py): a child the per-call cgroup's OOM killer ended. On CPU the address-space
+    """The parent's side (call.py): a child the per-call cgroup's OOM killer ended. On CPU the address-space
     limit refuses first, so the kill is what the cgroup reports (outcome.oom), played here by an executor."""
-    from gradprobe.sandbox.execute import execute
+    from gradprobe.sandbox.call import execute
     from gradprobe.sandbox.runner import ChildOutcome, Limits
     from gradprobe.target import Target
 

@@ -109,7 +109,7 @@ async def test_infinite_loop_times_out_and_next_call_works(client, tmp_path):
     tmp = project(tmp_path, "def build_model():\n    while True:\n        pass\n")
     result, seconds = await call(client, tmp, timeout_s=4)
     f = result.structured_content["findings"][0]
-    assert f["code"] == "GP100" and f["evidence"]["timed_out"] and "building" in f["message"]
+    assert f["code"] == "GP114" and f["evidence"]["timed_out"] and "building" in f["message"]
     assert seconds < 4 + 4
     await still_serves(client, tmp_path)
     assert none_left(), children_alive()
@@ -120,7 +120,7 @@ async def test_segfault_is_a_finding(client, tmp_path):
     tmp = project(tmp_path, "import ctypes\ndef build_model():\n    ctypes.string_at(0)\n")
     result, _ = await call(client, tmp)
     f = result.structured_content["findings"][0]
-    assert f["code"] == "GP100" and "SIGSEGV" in f["message"]
+    assert f["code"] == "GP115" and "SIGSEGV" in f["message"]
     await still_serves(client, tmp_path)
 
 
@@ -129,7 +129,7 @@ async def test_os_exit_mid_check(client, tmp_path):
     tmp = project(tmp_path, "import os\ndef build_model():\n    os._exit(0)\n")
     result, _ = await call(client, tmp)
     f = result.structured_content["findings"][0]
-    assert f["code"] == "GP100" and "exited with code 0" in f["message"]
+    assert f["code"] == "GP115" and "exited with code 0" in f["message"]
 
 
 @pytest.mark.anyio
@@ -395,7 +395,7 @@ async def test_a_named_interpreter_that_is_not_python_starts_inside_every_layer(
         sc = result.structured_content
         f = sc["findings"][0]
         err = f["evidence"]["stderr_tail"]
-        assert f["code"] == "GP100" and "exited with code 3" in f["message"], f
+        assert f["code"] == "GP115" and "exited with code 3" in f["message"], f
         assert "uid=65534" in err and "LEAK" not in err, err
         assert int(err.split("procs=")[1].split()[0]) <= 8, err  # its own pid namespace (the host has hundreds)
         assert not (tmp_path / "written-outside").exists()

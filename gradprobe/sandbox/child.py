@@ -2,19 +2,23 @@
 
 Run as `python -I .../gradprobe/sandbox/child.py` by launch.py (already confined:
 see confine.py), or called in a warm worker's confined fork; gradprobe reaches the
-child by path, so any interpreter with a compatible torch works. The job arrives on
-stdin; progress events and the result leave as JSON lines on a dedicated pipe
-(fd given in GRADPROBE_RESULT_FD), never on stdout, which belongs to the user's
-prints. Every failure becomes a finding; nothing here trusts the user's code.
+child by path, so any interpreter with a compatible torch (and pydantic) works. The
+job arrives on stdin; progress events and the result leave as protocol messages
+(protocol.py), one JSON line each, on a dedicated pipe (fd given in
+GRADPROBE_RESULT_FD), never on stdout, which belongs to the user's prints. Every
+failure becomes a finding; nothing here trusts the user's code.
 """
 
 from __future__ import annotations
-
 
 import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gradprobe.sandbox.protocol import Job, Phase, Result
 
 
 def _bootstrap_path() -> None:
@@ -26,46 +30,64 @@ def _bootstrap_path() -> None:
         sys.path.insert(0, root)
 
 
+def interpreter_error(exc: BaseException) -> str:
+    """The tool error for an interpreter that lacks what the child needs."""
+    return f"this interpreter cannot run gradprobe's checks (it needs torch and pydantic): {type(exc).__name__}: {exc}"
+
+
 class Channel:
-    """JSON lines to the parent over the result pipe."""
+    """Protocol messages to the parent over the result pipe."""
 
     def __init__(self, fd: int):
         self.out = os.fdopen(fd, "w", buffering=1, encoding="utf-8", closefd=True)
         self.t0 = time.monotonic()
-        self.phase = "starting"
 
-    def send(self, obj: dict) -> None:
-        self.out.write(json.dumps(obj, default=str, allow_nan=False) + "\n")
+    def progress(self, phase: Phase | str) -> None:
+        from gradprobe.sandbox.protocol import Phase, Progress
+
+        self.out.write(Progress(phase=Phase(phase), elapsed_s=round(time.monotonic() - self.t0, 3)).model_dump_json() + "\n")
         self.out.flush()
 
-    def progress(self, phase: str) -> None:
-        self.phase = phase
-        self.send({"type": "progress", "phase": phase, "elapsed_s": round(time.monotonic() - self.t0, 3)})
+    def finish(self, result: Result) -> None:
+        """Send the result and exit: skip the user's atexit handlers and non-daemon threads."""
+        sys.stdout.flush()  # before the result: the server may stop reading once the result is in
+        sys.stderr.flush()
+        self.out.write(result.model_dump_json() + "\n")
+        self.out.close()
+        os._exit(0)
 
 
-def run(job: dict, fd: int) -> None:
+def run(job: Job, fd: int) -> None:
     """Run one job and exit; shared by the cold child and the warm worker's forked children."""
     os.environ.pop("GRADPROBE_RESULT_FD", None)
     chan = Channel(fd)
     import faulthandler
 
-    faulthandler.enable()
-    chan.progress("starting")
-    from gradprobe.sandbox.job import run_job
+    from gradprobe.sandbox.protocol import Phase, Result
+    from gradprobe.sandbox.run_check import run_job
 
-    report = run_job(job, chan.progress)  # the isolation facts are the server's to report (runner.py), not ours
-    sys.stdout.flush()  # before the result: the server may stop reading once the result is in
-    sys.stderr.flush()
-    chan.send({"type": "result", "report": report})
-    chan.out.close()
-    os._exit(0)  # skip the user's atexit handlers and non-daemon threads
+    faulthandler.enable()
+    chan.progress(Phase.STARTING)
+    # the isolation facts are the server's to report (runner.py), not ours
+    chan.finish(Result(report=run_job(job, chan.progress)))
+
+
+def _no_protocol(fd: int, exc: ImportError) -> None:
+    """The one message written without the models (pydantic itself may be what the interpreter lacks)."""
+    line: dict[str, Any] = {"type": "result", "report": {"tool_error": interpreter_error(exc), "tool_error_kind": "interpreter"}}
+    os.write(fd, (json.dumps(line) + "\n").encode())
+    os._exit(0)
 
 
 def main() -> None:
     _bootstrap_path()
     fd = int(os.environ.get("GRADPROBE_RESULT_FD", "3"))
-    job = json.loads(sys.stdin.read() or "{}")
-    run(job, fd)
+    try:
+        from gradprobe.sandbox.protocol import Job
+    except ImportError as exc:
+        _no_protocol(fd, exc)
+        return
+    run(Job.model_validate_json(sys.stdin.read() or '{"tool": ""}'), fd)
 
 
 if __name__ == "__main__":

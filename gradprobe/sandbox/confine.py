@@ -47,6 +47,7 @@ import struct
 import sys
 
 from gradprobe.sandbox import isolation
+from gradprobe.sandbox.protocol import ChildLimits, Control, Job, Layer, Policy
 
 _libc = ctypes.CDLL(None, use_errno=True)
 NOBODY = 65534
@@ -187,16 +188,16 @@ def _inside(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def open_project(policy: dict) -> tuple[int, str]:
+def open_project(policy: Policy) -> tuple[int, str]:
     """Open the project directory and check *that* directory against the allowed roots."""
-    want = policy["project_dir"]
+    want = policy.project_dir or ""
     try:
         fd = os.open(want, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise Refused(f"project_dir {want!r} cannot be opened: {exc.strerror}") from None
     try:
         real = os.readlink(f"/proc/self/fd/{fd}")
-        roots = policy.get("allowed_roots") or []
+        roots = policy.allowed_roots
         if roots and not _inside(real, roots):
             raise Refused(f"project_dir {want!r} is outside the roots this server may read")
         if os.geteuid() != 0:
@@ -206,7 +207,7 @@ def open_project(policy: dict) -> tuple[int, str]:
         os.close(fd)
 
 
-def prepare_view(policy: dict, newroot: str) -> tuple[list[str], list[bool]]:
+def prepare_view(policy: Policy, newroot: str) -> tuple[list[str], list[bool]]:
     """In a new mount namespace, the part of the view every call shares: a tmpfs root at `newroot` (an empty dir,
     shadowed in this namespace only) with private /tmp, /dev, /dev/shm, /proc, /sys and the read-only binds.
     Returns the read-only paths (for Landlock) and which binds took the id mapping."""
@@ -214,10 +215,10 @@ def prepare_view(policy: dict, newroot: str) -> tuple[list[str], list[bool]]:
     _mount("tmpfs", newroot, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
     # /tmp first: binds below it (a project in /tmp) go on top of the private tmpfs, not under it
     _place(newroot, "/tmp", True)
-    _mount("tmpfs", newroot + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy['scratch_bytes']},mode=1777")
+    _mount("tmpfs", newroot + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy.scratch_bytes},mode=1777")
     ro: list[str] = []
     mapped: list[bool] = []
-    trees = list(SYSTEM_DIRS) + python_trees(policy.get("python")) + [policy["package_root"]] + list(policy.get("extra_ro") or [])
+    trees = list(SYSTEM_DIRS) + python_trees(policy.python) + [policy.package_root] + list(policy.extra_ro)
     seen: list[str] = []
     for path in sorted({os.path.abspath(p) for p in trees if p}, key=len):
         if not os.path.lexists(path) or path == "/":
@@ -240,14 +241,14 @@ def prepare_view(policy: dict, newroot: str) -> tuple[list[str], list[bool]]:
     ro.append("/etc")
     _place(newroot, "/dev", True)
     _mount("tmpfs", newroot + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
-    for name in DEV_NODES + tuple(policy.get("devices") or ()):
+    for name in DEV_NODES + tuple(policy.devices):
         src = os.path.join("/dev", name)
         if os.path.exists(src):
             _bind(src, _place(newroot, src, os.path.isdir(src)), None, writable=True, devices=True)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(target, newroot + "/dev/" + name)
     _place(newroot, "/dev/shm", True)
-    _mount("tmpfs", newroot + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy['shm_bytes']},mode=1777")
+    _mount("tmpfs", newroot + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy.shm_bytes},mode=1777")
     _place(newroot, "/proc", True)
     _mount("proc", newroot + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _place(newroot, "/sys", True)
@@ -256,11 +257,12 @@ def prepare_view(policy: dict, newroot: str) -> tuple[list[str], list[bool]]:
     return ro, mapped
 
 
-def finish_view(policy: dict, newroot: str, project_tree: int | None, ro: list[str], mapped: list[bool], report: dict) -> None:
+def finish_view(policy: Policy, newroot: str, project_tree: int | None, ro: list[str], mapped: list[bool],
+                report: dict[str, Layer]) -> None:
     """The call's own part: the project (the tree opened and checked), the scratch dir, then pivot_root."""
-    scratch = policy["scratch"]
+    scratch = policy.scratch
     if project_tree is not None:
-        proj = policy["project_dir_real"]
+        proj = policy.project_dir_real or ""
         if not _inside(proj, ro):
             mapped.append(_bind(project_tree, _place(newroot, proj, True), IDMAP_FD))  # closes project_tree
             ro.append(proj)
@@ -277,8 +279,9 @@ def finish_view(policy: dict, newroot: str, project_tree: int | None, ro: list[s
     os.rmdir("/.old")
     _mount(None, "/", None, MS_BIND | 32 | MS_RDONLY | MS_NOSUID | MS_NODEV)  # MS_REMOUNT: the view's own root read-only
     os.chdir(scratch)
-    report["view"] = (f"pivot_root into a minimal tree: {len(ro)} read-only binds ({sum(mapped)} id-mapped), fresh /proc, "
-                      f"private tmpfs /tmp ({policy['scratch_bytes'] >> 20} MiB, holds scratch) and /dev/shm ({policy['shm_bytes'] >> 20} MiB)")
+    report["view"] = Layer.of(True, f"pivot_root into a minimal tree: {len(ro)} read-only binds ({sum(mapped)} id-mapped), "
+                              f"fresh /proc, private tmpfs /tmp ({policy.scratch_bytes >> 20} MiB, holds scratch) and "
+                              f"/dev/shm ({policy.shm_bytes >> 20} MiB)")
 
 
 def drop_identity() -> str:
@@ -291,7 +294,7 @@ def drop_identity() -> str:
     return f"uid/gid {NOBODY}, no groups, no capabilities (bounding set empty), no_new_privs"
 
 
-def apply_rlimits(limits: dict) -> None:
+def apply_rlimits(limits: ChildLimits) -> None:
     import resource
 
     def cap(which, value):
@@ -307,10 +310,10 @@ def apply_rlimits(limits: dict) -> None:
             pass
 
     cap(resource.RLIMIT_CORE, 0)
-    cap(resource.RLIMIT_AS, limits.get("memory_bytes"))
-    cap(resource.RLIMIT_CPU, limits.get("cpu_seconds"))
-    cap(resource.RLIMIT_FSIZE, limits.get("file_bytes"))
-    cap(resource.RLIMIT_NOFILE, limits.get("open_files"))
+    cap(resource.RLIMIT_AS, limits.memory_bytes)
+    cap(resource.RLIMIT_CPU, limits.cpu_seconds)
+    cap(resource.RLIMIT_FSIZE, limits.file_bytes)
+    cap(resource.RLIMIT_NOFILE, limits.open_files)
 
 
 def _keeper(child: int) -> None:
@@ -334,8 +337,10 @@ def _keeper(child: int) -> None:
     os._exit(os.WEXITSTATUS(status))
 
 
-def send(control: socket.socket, obj: dict) -> None:
-    control.sendall((json.dumps(obj) + "\n").encode())
+def send(sock: socket.socket, msg: Control | dict[str, object]) -> None:
+    """A Control message to the server (the control socket), or a plain one to the warm worker (a spare's socket)."""
+    line = msg.model_dump_json(exclude_none=True) if isinstance(msg, Control) else json.dumps(msg)
+    sock.sendall((line + "\n").encode())
 
 
 NS_FLAGS = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
@@ -361,72 +366,74 @@ def enter_namespaces(tell) -> bool:
     return True
 
 
-def lock_down(policy: dict, ro: list[str], report: dict, control: socket.socket) -> None:
+def lock_down(policy: Policy, ro: list[str], report: dict[str, Layer], control: socket.socket) -> None:
     """After the view: Landlock, seccomp, rlimits; then tell the server and wait for its "go"."""
-    ok, how = isolation.landlock(ro, ["/tmp", "/dev/shm", policy["scratch"]], ["/dev/" + n for n in DEV_NODES],
+    ok, how = isolation.landlock(ro, ["/tmp", "/dev/shm", policy.scratch], ["/dev/" + n for n in DEV_NODES],
                                  tcp=_LOOPBACK[0])
-    report["filesystem"] = how if ok else f"MISSING: {how}"
+    report["filesystem"] = Layer.of(ok, how)
     ok, how = isolation.seccomp_filter(inet=_LOOPBACK[0])
-    report["syscalls"] = how if ok else f"MISSING: {how}"
-    apply_rlimits(policy.get("limits") or {})
-    missing = [k for k, v in report.items() if v.startswith("MISSING")]
-    if policy.get("require") and missing:
-        send(control, {"refused": f"isolation required but missing here: {', '.join(missing)} ({report})"})
+    report["syscalls"] = Layer.of(ok, how)
+    apply_rlimits(policy.limits)
+    missing = [k for k, v in report.items() if v.missing]
+    if policy.require and missing:
+        shown = {k: v.shown() for k, v in report.items()}
+        send(control, Control(refused=f"isolation required but missing here: {', '.join(missing)} ({shown})"))
         os._exit(72)
-    send(control, {"layers": report})
+    send(control, Control(layers=report))
     control.settimeout(60)
     if control.recv(1) != b"g":  # the server checked this process from outside before any user code runs
         os._exit(73)
     control.close()
 
 
-def confine(policy: dict, control: socket.socket) -> None:
+def confine(policy: Policy, control: socket.socket) -> None:
     """Apply every layer in one go (the cold path); returns in the confined process (pid 1 of the call's pid
     namespace). Raises Refused before any namespace; exits the child after telling the server otherwise."""
     isolation.die_with_parent()
-    report: dict[str, str] = {}
-    if not policy.get("enabled"):
-        apply_rlimits(policy.get("limits") or {})
-        send(control, {"pid": os.getpid(), "layers": {"isolation": "off (--no-isolation)"}})
+    report: dict[str, Layer] = {}
+    if not policy.enabled:
+        apply_rlimits(policy.limits)
+        send(control, Control(pid=os.getpid(), layers={"isolation": Layer(enforced=None, text="off (--no-isolation)")}))
         control.close()
         return
     project_tree = None
-    if policy.get("project_dir"):
-        project_tree, policy["project_dir_real"] = open_project(policy)
-    err = isolation.join_cgroups(policy.get("cgroups") or [])
-    report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
-    if os.geteuid() == 0 and enter_namespaces(lambda pid: send(control, {"pid": pid})):
-        report["namespaces"], report["network"] = NS_REPORT, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT
+    if policy.project_dir:
+        project_tree, policy.project_dir_real = open_project(policy)
+    err = isolation.join_cgroups(policy.cgroups)
+    report["cgroup"] = _cgroup_layer(policy.cgroup_state, err)
+    if os.geteuid() == 0 and enter_namespaces(lambda pid: send(control, Control(pid=pid))):
+        report["namespaces"] = Layer.of(True, NS_REPORT)
+        report["network"] = Layer.of(True, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT)
         try:
-            ro, mapped = prepare_view(policy, policy["scratch"])
-            finish_view(policy, policy["scratch"], project_tree, ro, mapped, report)
-            report["identity"] = drop_identity()
+            ro, mapped = prepare_view(policy, policy.scratch)
+            finish_view(policy, policy.scratch, project_tree, ro, mapped, report)
+            report["identity"] = Layer.of(True, drop_identity())
             isolation.die_with_parent()  # a uid change clears the parent-death signal: set it again
         except (OSError, Refused) as exc:
-            send(control, {"refused": f"could not build the sandbox: {exc}"})
+            send(control, Control(refused=f"could not build the sandbox: {exc}"))
             os._exit(71)
     else:
-        send(control, {"pid": os.getpid()})
-        report["namespaces"] = "MISSING: no pid or mount namespace (the server is not root, or unshare failed)"
-        report["view"] = "MISSING: no private file-system view"
+        send(control, Control(pid=os.getpid()))
+        report["namespaces"] = Layer.of(False, "no pid or mount namespace (the server is not root, or unshare failed)")
+        report["view"] = Layer.of(False, "no private file-system view")
         ok, how = isolation.new_network_namespace()
-        report["network"] = how if ok else f"MISSING: {how}"
+        report["network"] = Layer.of(ok, how)
         ok, how = isolation.drop_privileges()
-        report["identity"] = f"MISSING: same uid as the server ({os.getuid()}); {how}"
-        ro = isolation.readable_roots(policy.get("project_dir_real") or policy["scratch"], policy["package_root"],
-                                      python_trees(policy.get("python")))
-        os.chdir(policy["scratch"])
+        report["identity"] = Layer.of(False, f"same uid as the server ({os.getuid()}); {how}")
+        ro = isolation.readable_roots(policy.project_dir_real or policy.scratch, policy.package_root,
+                                      python_trees(policy.python))
+        os.chdir(policy.scratch)
     lock_down(policy, ro, report, control)
 
 
-def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
+def spare(base: Policy, newroot: str, zygote: socket.socket) -> None:
     """A warm call made ahead of time (forked from the warm worker before any job): the call's cgroup joined (the
     worker made it), namespaces entered and the shared part of the view built; it waits for one job, then opens and
     checks the project, finishes the view, drops identity, locks down and runs it. Never returns."""
     try:
         isolation.die_with_parent()
         _libc.prctl(15, b"gp-spare", 0, 0, 0)  # PR_SET_NAME: /proc/<pid>/comm tells an idle spare from a call
-        cgroup_err = isolation.join_cgroups(base.get("cgroups") or [])  # the group the warm worker made for this call
+        cgroup_err = isolation.join_cgroups(base.cgroups)  # the group the warm worker made for this call
         if not enter_namespaces(lambda pid: None):
             send(zygote, {"nspid": None, "error": os.strerror(ctypes.get_errno())})
             os._exit(74)
@@ -440,21 +447,22 @@ def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
         zygote.close()
         out_fd, err_fd, res_fd, ctl_fd = fds
         control = socket.socket(fileno=ctl_fd)
-        policy = req["policy"]
-        report: dict[str, str] = {}
+        policy = Policy.model_validate_json(req["policy"])
+        report: dict[str, Layer] = {}
         try:
-            if any(policy.get(k) != base.get(k) for k in VIEW_KEYS):
+            if any(getattr(policy, k) != getattr(base, k) for k in VIEW_KEYS):
                 raise Refused("internal: the spare's view was built for other settings")
             project_tree = None
-            if policy.get("project_dir"):
-                project_tree, policy["project_dir_real"] = open_project(policy)
-            report["cgroup"] = base.get("cgroup_state", "off") if not cgroup_err else f"MISSING: {cgroup_err}"
-            report["namespaces"], report["network"] = NS_REPORT, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT
+            if policy.project_dir:
+                project_tree, policy.project_dir_real = open_project(policy)
+            report["cgroup"] = _cgroup_layer(base.cgroup_state, cgroup_err)
+            report["namespaces"] = Layer.of(True, NS_REPORT)
+            report["network"] = Layer.of(True, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT)
             finish_view(policy, newroot, project_tree, ro, mapped, report)
-            report["identity"] = drop_identity()
+            report["identity"] = Layer.of(True, drop_identity())
             isolation.die_with_parent()
         except (OSError, Refused) as exc:
-            send(control, {"refused": f"could not build the sandbox: {exc}" if isinstance(exc, OSError) else str(exc)})
+            send(control, Control(refused=f"could not build the sandbox: {exc}" if isinstance(exc, OSError) else str(exc)))
             os._exit(71)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -467,9 +475,14 @@ def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
         lock_down(policy, ro, report, control)
         from gradprobe.sandbox.child import run
 
-        run(req["job"], res_fd)
+        run(Job.model_validate_json(req["job"]), res_fd)
     finally:
         os._exit(70)
+
+
+def _cgroup_layer(state: Layer, err: str | None) -> Layer:
+    """The call's cgroup: as the server made it (`state`), unless joining it failed."""
+    return Layer.of(False, err) if err else state
 
 
 VIEW_KEYS = ("enabled", "python", "package_root", "extra_ro", "scratch_bytes", "shm_bytes", "devices")

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gradprobe.sandbox.runner import ChildOutcome, Limits, ProgressFn, run_child
+from gradprobe.sandbox.protocol import Job
+from gradprobe.sandbox.runner import ChildOutcome, Limits, ProgressFn, child_env, run_child
 from gradprobe.sandbox.warm import WarmWorker
 
 
 class Executor(Protocol):
     limits: Limits
 
-    async def run(self, job: dict, *, python: str | None, timeout_s: float, progress: ProgressFn | None = None,
+    async def run(self, job: Job, *, python: str | None, timeout_s: float, progress: ProgressFn | None = None,
                   limits: Limits | None = None) -> ChildOutcome: ...
 
     async def start(self) -> None: ...
@@ -29,14 +30,12 @@ class Executor(Protocol):
 class LocalExecutor:
     """Children on this machine: forked from a warm worker (when `warm`) or launched cold; both confined."""
 
-    def __init__(self, limits: Limits | None = None, warm: bool = False, allowed_roots: list[str] | None = None):
-        from gradprobe.sandbox.runner import child_env
-
+    def __init__(self, limits: Limits | None = None, warm: bool = False, allowed_roots: list[str] | None = None) -> None:
         self.limits = limits or Limits()
         self.allowed_roots = list(allowed_roots or [])
         self.warm = WarmWorker(child_env("/tmp")) if warm else None
 
-    async def run(self, job: dict, *, python: str | None, timeout_s: float, progress: ProgressFn | None = None,
+    async def run(self, job: Job, *, python: str | None, timeout_s: float, progress: ProgressFn | None = None,
                   limits: Limits | None = None) -> ChildOutcome:
         return await run_child(job, python=python, timeout_s=timeout_s, limits=limits or self.limits, progress=progress,
                                warm=self.warm, allowed_roots=self.allowed_roots)

@@ -4,11 +4,12 @@
 
 Every layer (`confine.py`) is in place before `exec`, so the program the target
 names, whatever it is (a Python, a shell script, a binary), starts inside them.
+When that program cannot be executed, the parent is told so on the result pipe
+(a protocol StartFailed message) before this process exits.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -21,22 +22,31 @@ def main() -> None:
         sys.path.pop(0)
     sys.path.insert(0, root)
     from gradprobe.sandbox import confine
+    from gradprobe.sandbox.protocol import Control, Policy, StartFailed
 
     control = socket.socket(fileno=int(sys.argv[1]))
-    policy = json.loads(sys.argv[2])
+    policy = Policy.model_validate_json(sys.argv[2])
     python, child = sys.argv[3], sys.argv[4]
-    if policy.get("enabled") and os.geteuid() == 0:
+    if policy.enabled and os.geteuid() == 0:
         confine.IDMAP_FD = confine.make_idmap_userns()
     try:
         confine.confine(policy, control)
     except confine.Refused as exc:
-        confine.send(control, {"refused": str(exc)})
+        confine.send(control, Control(refused=str(exc)))
         os._exit(71)
     try:
         os.execve(python, [python, "-I", child], dict(os.environ))
     except OSError as exc:
         os.write(2, f"gradprobe: cannot start {python}: {exc.strerror}\n".encode())
+        _tell_parent(StartFailed(python=python, error=str(exc.strerror)).model_dump_json())
         os._exit(127)
+
+
+def _tell_parent(line: str) -> None:
+    try:
+        os.write(int(os.environ.get("GRADPROBE_RESULT_FD", "-1")), (line + "\n").encode())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ For teams whose models need more GPUs than one box has. Each task runs
 device wants CUDA), so isolation, limits and timeouts are the same as locally,
 and it returns the same JSON. The target's project_dir must be visible at the
 same path on the workers (a shared file system). Cancelling the MCP call cancels
-the Ray task; a worker that dies becomes a GP100 finding saying so.
+the Ray task; a worker that dies becomes a GP116 finding saying so.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from typing import Any
 import asyncio
 import dataclasses
 
+from gradprobe.sandbox.protocol import Job, Phase
 from gradprobe.sandbox.runner import ChildOutcome, Limits
 
 
-def _remote_job(job: dict, python: str | None, timeout_s: float, limits: dict, allowed_roots: list[str]) -> dict:
+def _remote_job(job: Job, python: str | None, timeout_s: float, limits: dict, allowed_roots: list[str]) -> dict:
     from gradprobe.sandbox.runner import Limits as L
     from gradprobe.sandbox.runner import run_child
 
@@ -45,12 +46,12 @@ class RayExecutor:
             ray.init(**kwargs)
         self.task = ray.remote(max_retries=0)(_remote_job)
 
-    async def run(self, job: dict, *, python: str | None, timeout_s: float, progress=None, limits: Limits | None = None) -> ChildOutcome:
+    async def run(self, job: Job, *, python: str | None, timeout_s: float, progress=None, limits: Limits | None = None) -> ChildOutcome:
         limits = limits or self.limits
-        device = (job.get("target") or {}).get("device") or "cpu"
+        device = job.target.get("device") or "cpu"
         gpus = 1 if device.startswith("cuda") else 0
         if progress is not None:
-            await progress("starting", None)
+            await progress(Phase.STARTING, None)
         ref = self.task.options(num_gpus=gpus).remote(job, python, timeout_s, dataclasses.asdict(limits), self.allowed_roots)
         try:
             data = await ref
@@ -60,7 +61,7 @@ class RayExecutor:
             raise
         except self.ray.exceptions.RayError as exc:
             kind = type(exc).__name__
-            return ChildOutcome(report=None, tool_error=None, phase="remote", returncode=None, timed_out=False, stdout="",
+            return ChildOutcome(report=None, tool_error=None, phase=Phase.REMOTE, returncode=None, timed_out=False, stdout="",
                                 stderr=f"{kind}: {str(exc)[-2000:]}", seconds=0.0, mode="ray",
                                 note=f"the Ray worker running this check failed ({kind})")
         data["mode"] = "ray"

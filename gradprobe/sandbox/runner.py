@@ -2,15 +2,15 @@
 
 The server never imports torch or user code; it only starts
 `gradprobe/sandbox/child.py` with a scrubbed environment, a scratch HOME/cwd,
-rlimits, a wall-clock timeout and its own process group, and reads JSON lines
-from a dedicated pipe. Whatever the child does (crash, hang, exit, flood its
-output, forge lines), the call ends with a report or a clear error.
+rlimits, a wall-clock timeout and its own process group, and reads the protocol's
+messages (protocol.py: Control on the control socket, Progress and Result on a
+dedicated pipe). Whatever the child does (crash, hang, exit, flood its output,
+forge lines), the call ends with a report or a clear error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -21,10 +21,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import ValidationError
 
 from gradprobe.sandbox.cgroups import CallCgroup, server_dir_name
 from gradprobe.sandbox.isolation import become_subreaper
+from gradprobe.sandbox.protocol import (CHILD_MESSAGE, ChildLimits, CgroupSpec, Control, Job, Layer, Phase, Policy,
+                                        Progress, Result, StartFailed, ToolError, shown)
+from gradprobe.sandbox.verify import Verified, verify
+
+if TYPE_CHECKING:
+    from gradprobe.sandbox.warm import WarmWorker
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
@@ -34,10 +42,6 @@ RESULT_CAP = 8 * 1024 * 1024
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 ProgressFn = Callable[[str, float | None], Awaitable[None]]
-
-
-class ToolInputError(ValueError):
-    """A problem the caller fixes by changing the arguments (bad path, missing callable)."""
 
 
 @dataclass
@@ -53,15 +57,15 @@ class Limits:
     scratch_bytes: int = 1024**3  # private tmpfs /tmp (holds the call's scratch dir)
     shm_bytes: int = 512 * 1024**2  # private tmpfs /dev/shm
 
-    def for_child(self, timeout_s: float, device: str) -> dict:
+    def for_child(self, timeout_s: float, device: str) -> ChildLimits:
         gpu = device.startswith("cuda") or device == "auto"
-        return {
+        return ChildLimits(
             # CUDA reserves huge virtual ranges: RLIMIT_AS only on CPU runs
-            "memory_bytes": None if gpu else self.memory_bytes,
-            "cpu_seconds": self.cpu_seconds or int(timeout_s * 2 + 30),
-            "file_bytes": self.file_bytes,
-            "open_files": self.open_files,
-        }
+            memory_bytes=None if gpu else self.memory_bytes,
+            cpu_seconds=self.cpu_seconds or int(timeout_s * 2 + 30),
+            file_bytes=self.file_bytes,
+            open_files=self.open_files,
+        )
 
 
 @dataclass
@@ -89,7 +93,7 @@ class CappedStream:
         return (bytes(self.head).decode("utf-8", "replace") + mid + bytes(self.tail).decode("utf-8", "replace"))
 
 
-def child_env(scratch: str) -> dict:
+def child_env(scratch: str) -> dict[str, str]:
     """An allow-list environment: no tokens, keys or proxies of the server reach the child."""
     env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
     env.update(
@@ -120,21 +124,22 @@ async def _drain(stream: asyncio.StreamReader | None, sink: CappedStream) -> Non
 
 @dataclass
 class ChildOutcome:
-    report: dict | None
+    report: dict[str, Any] | None
     tool_error: str | None
-    phase: str
+    phase: Phase | str
     returncode: int | None
     timed_out: bool
     stdout: str
     stderr: str
     seconds: float
-    events: list = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
     mode: str = "cold"
     note: str | None = None
     oom: bool = False
-    isolation: dict = field(default_factory=dict)
+    isolation: dict[str, Any] = field(default_factory=dict)
     # what the tool_error is about: the caller's arguments, or the interpreter the target named
     tool_error_kind: Literal["caller", "interpreter"] = "caller"
+    start_error: str | None = None  # launch.py could not execute the target's interpreter
 
 
 async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
@@ -144,15 +149,16 @@ async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamR
     return reader, transport
 
 
-async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, fds: tuple[int, ...], policy: dict):
+async def _launch_cold(job: Job, python: str | None, scratch: str, env: dict[str, str], fds: tuple[int, ...],
+                       policy: Policy) -> tuple[int, asyncio.Future[int]]:
     out_w, err_w, res_w, ctl = fds
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", LAUNCH, str(ctl), json.dumps(policy), python or sys.executable, CHILD,
+        sys.executable, "-I", LAUNCH, str(ctl), policy.model_dump_json(), python or sys.executable, CHILD,
         stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
         cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)), start_new_session=True, pass_fds=(res_w, ctl),
     )
     assert proc.stdin is not None
-    proc.stdin.write(json.dumps(job).encode())
+    proc.stdin.write(job.model_dump_json().encode())
     try:
         await proc.stdin.drain()
     except (BrokenPipeError, ConnectionResetError):
@@ -161,42 +167,10 @@ async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, f
     return proc.pid, asyncio.ensure_future(proc.wait())
 
 
-def _ns(pid: int | str, name: str) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/{name}")
-    except OSError:
-        return None
+_BACKGROUND: set[asyncio.Future[None]] = set()
 
 
-def verify(pid: int, claimed: dict, cgroup_name: str | None) -> dict:
-    """What the server sees of the confined process from outside, before any user code runs in it."""
-    seen: dict[str, str] = {}
-    try:
-        lines = open(f"/proc/{pid}/status").read().splitlines()
-        cg = open(f"/proc/{pid}/cgroup").read()
-    except OSError as exc:
-        return {"error": f"could not inspect the child ({exc.strerror})"}
-    status: dict[str, list[str]] = {k: v.split() for k, _, v in (line.partition(":") for line in lines)}
-    uid = status.get("Uid", ["?"])[0]
-    capeff = int(status.get("CapEff", ["1"])[0], 16)
-    seen["identity"] = (f"uid {uid}, effective capabilities {'none' if capeff == 0 else hex(capeff)}, "
-                        f"no_new_privs {status.get('NoNewPrivs', ['?'])[0]}")
-    seen["syscalls"] = "seccomp filter active" if status.get("Seccomp", ["0"])[0] == "2" else "MISSING: no seccomp filter"
-    if claimed.get("filesystem", "").startswith("Landlock") and hasattr(os, "pidfd_open"):
-        seen["filesystem"] = "Landlock (as claimed; not visible from outside)"
-    apart = [n for n in ("mnt", "pid", "net", "ipc", "uts") if _ns(pid, n) is not None and _ns(pid, n) != _ns("self", n)]
-    seen["namespaces"] = f"own {', '.join(apart)}" if apart else "MISSING: shares the server's namespaces"
-    seen["cgroup"] = (f"in the call's cgroup {cgroup_name}" if cgroup_name and cgroup_name in cg
-                      else "MISSING: not in the call's cgroup")
-    if uid == "0" and "identity" in claimed:
-        seen["identity"] = "MISSING: " + seen["identity"]
-    return seen
-
-
-_BACKGROUND: set[asyncio.Task] = set()
-
-
-def _close_later(pending: list, transports: list, grace_s: float) -> None:
+def _close_later(pending: list[asyncio.Future[Any]], transports: list[Any], grace_s: float) -> None:
     """Close the call's pipes once its readers and exit are done (after the reply), or after the grace time."""
     async def finish() -> None:
         if pending:
@@ -231,207 +205,291 @@ def _reap_later(cgroup: CallCgroup | None, scratch: str, orphan: int | None) -> 
     threading.Thread(target=work, daemon=True, name="gradprobe-reap").start()
 
 
-async def run_child(
-    job: dict,
-    *,
-    python: str | None = None,
-    timeout_s: float = 120.0,
-    limits: Limits | None = None,
-    progress: ProgressFn | None = None,
-    warm=None,
-    allowed_roots: list[str] | None = None,
-) -> ChildOutcome:
-    """Run one job in a fresh confined child (forked from the warm worker when one is given and
-    usable, else launch.py + the named interpreter); never raises for anything the child does."""
-    limits = limits or Limits()
-    device = (job.get("target") or {}).get("device") or "cpu"
-    scratch = tempfile.mkdtemp(prefix="gradprobe-call-", dir="/tmp")
-    env = child_env(scratch)
-    cgroup: CallCgroup | None = None  # made here for a cold child; a warm one's comes made (and joined) from the worker
-    project = (job.get("target") or {}).get("project_dir")
-    policy = {
-        "enabled": limits.isolate, "require": limits.require_isolation,
-        "cgroups": [], "cgroup_state": "off",
-        "cgroup_spec": {"memory_bytes": limits.memory_bytes, "pids": limits.pids, "server": server_dir_name()} if limits.isolate else None,
-        "project_dir": project, "allowed_roots": [os.path.realpath(r) for r in allowed_roots or []],
-        "package_root": PACKAGE_ROOT, "scratch": scratch, "python": python,
-        "extra_ro": [p for p in sys.path if p and os.path.isdir(p)],
-        "scratch_bytes": limits.scratch_bytes, "shm_bytes": limits.shm_bytes,
-        "devices": _gpu_devices() if device.startswith("cuda") or device == "auto" else [],
-        "limits": limits.for_child(timeout_s, device),
-    }
-    if project:  # the child mounts the directory it opens at this path (and refuses one outside the roots)
-        job = dict(job, target=dict(job["target"], project_dir=os.path.realpath(project)))
-    pipes = [os.pipe() for _ in range(3)]
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    t0 = time.monotonic()
-    pid = None
-    transports: list[Any] = []
-    mode, warm_note = "cold", None
-    after_reply = False
-    confined: dict[str, Any] = {"pid": None, "layers": None, "refused": None, "verified": {}}
-    try:
-        if warm is not None and python is None:
-            if await warm.ensure():
-                mode = "warm"
+def make_policy(job: Job, limits: Limits, *, scratch: str, python: str | None, timeout_s: float,
+                allowed_roots: list[str] | None) -> Policy:
+    """How the confining code builds this call's boundary."""
+    device = job.target.get("device") or "cpu"
+    return Policy(
+        enabled=limits.isolate, require=limits.require_isolation,
+        cgroup_spec=CgroupSpec(memory_bytes=limits.memory_bytes, pids=limits.pids, server=server_dir_name())
+        if limits.isolate else None,
+        project_dir=job.target.get("project_dir"), allowed_roots=[os.path.realpath(r) for r in allowed_roots or []],
+        package_root=PACKAGE_ROOT, scratch=scratch, python=python,
+        extra_ro=[p for p in sys.path if p and os.path.isdir(p)],
+        scratch_bytes=limits.scratch_bytes, shm_bytes=limits.shm_bytes,
+        devices=_gpu_devices() if device.startswith("cuda") or device == "auto" else [],
+        limits=limits.for_child(timeout_s, device),
+    )
+
+
+@dataclass
+class _Confinement:
+    """What the confining code said over the control socket (before any user code), and what the server checked."""
+
+    pid: int | None = None
+    layers: dict[str, Layer] | None = None
+    refused: str | None = None
+    verified: Verified = field(default_factory=Verified)
+
+
+@dataclass
+class _Results:
+    """What the child sent on the result pipe."""
+
+    phase: Phase = Phase.STARTING
+    events: list[str] = field(default_factory=list)
+    report: dict[str, Any] | None = None
+    tool_error: str | None = None
+    tool_error_kind: Literal["caller", "interpreter"] = "caller"
+    start_error: str | None = None
+    bytes: int = 0
+
+    @property
+    def got(self) -> bool:
+        return self.report is not None or self.tool_error is not None
+
+
+class _ChildCall:
+    """One run of `run_child`: the child's start, its pipes, the wait, the outcome, the teardown."""
+
+    def __init__(self, job: Job, *, python: str | None, timeout_s: float, limits: Limits, progress: ProgressFn | None,
+                 warm: WarmWorker | None, allowed_roots: list[str] | None):
+        self.python, self.timeout_s, self.limits, self.progress, self.warm = python, timeout_s, limits, progress, warm
+        self.scratch = tempfile.mkdtemp(prefix="gradprobe-call-", dir="/tmp")
+        self.env = child_env(self.scratch)
+        self.policy = make_policy(job, limits, scratch=self.scratch, python=python, timeout_s=timeout_s,
+                                  allowed_roots=allowed_roots)
+        if self.policy.project_dir:  # the child mounts the directory it opens at this path (and refuses one outside the roots)
+            job = job.model_copy(update={"target": dict(job.target, project_dir=os.path.realpath(self.policy.project_dir))})
+        self.job = job
+        self.cgroup: CallCgroup | None = None  # made here for a cold child; a warm one's comes made (and joined) from the worker
+        self.pipes = [os.pipe() for _ in range(3)]
+        self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.t0 = time.monotonic()
+        self.pid: int | None = None
+        self.exited: asyncio.Future[int] | None = None
+        self.transports: list[Any] = []
+        self.readers: list[asyncio.Future[None]] = []
+        self.mode: str = "cold"
+        self.note: str | None = None
+        self.after_reply = False
+        self.confined = _Confinement()
+        self.results = _Results()
+        self.out, self.err = CappedStream(), CappedStream()
+
+    async def run(self) -> ChildOutcome:
+        try:
+            await self._start()
+            await self._open_pipes()
+            return await self._finish(*await self._wait())
+        except asyncio.CancelledError:
+            if self.pid is not None:
+                _kill_group(self.pid)
+            raise
+        finally:
+            self._teardown()
+
+    # ---- start -----------------------------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        w_ends = tuple(w for _, w in self.pipes) + (self.theirs.fileno(),)
+        if self.warm is not None and self.python is None:
+            if await self.warm.ensure():
+                await self._fork_warm(self.warm, w_ends)
             else:
-                warm_note = f"warm worker unavailable ({warm.error}); used a cold child"
-        w_ends = tuple(w for _, w in pipes) + (theirs.fileno(),)
-        if mode == "warm":
-            try:
-                pid, exited, made = await warm.fork(job, scratch, dict(env), w_ends, policy)
-                cgroup = CallCgroup.adopt(made) if made else None
-            except Exception as exc:
-                mode, warm_note = "cold", f"warm worker failed ({type(exc).__name__}: {exc}); used a cold child"
-        if mode == "cold":
-            if limits.isolate:
-                cgroup = CallCgroup(limits.memory_bytes, limits.pids)
-                policy.update(cgroups=cgroup.procs_files if cgroup.ok else [], cgroup_state=cgroup.describe())
+                self.note = f"warm worker unavailable ({self.warm.error}); used a cold child"
+        if self.mode == "cold":
+            if self.limits.isolate:
+                self.cgroup = CallCgroup(self.limits.memory_bytes, self.limits.pids)
+                self.policy = self.policy.model_copy(update={
+                    "cgroups": self.cgroup.procs_files if self.cgroup.ok else [], "cgroup_state": cgroup_layer(self.cgroup)})
             become_subreaper()
-            pid, exited = await _launch_cold(job, python, scratch, env, w_ends, policy)
-        cgroup_name = cgroup.name if cgroup is not None and cgroup.ok else None
-        for w in w_ends[:3]:
+            self.pid, self.exited = await _launch_cold(self.job, self.python, self.scratch, self.env, w_ends, self.policy)
+
+    async def _fork_warm(self, warm: WarmWorker, w_ends: tuple[int, ...]) -> None:
+        try:
+            self.pid, self.exited, made = await warm.fork(self.job, self.scratch, dict(self.env), w_ends, self.policy)
+            self.cgroup = CallCgroup.adopt(made) if made else None
+            self.mode = "warm"
+        except Exception as exc:
+            self.note = f"warm worker failed ({type(exc).__name__}: {exc}); used a cold child"
+
+    async def _open_pipes(self) -> None:
+        for _, w in self.pipes:
             os.close(w)
-        theirs.close()
-        pipes = [(r, -1) for r, _ in pipes]
-        (out_r, _), (err_r, _), (res_r, _) = pipes
+        self.theirs.close()
+        self.pipes = [(r, -1) for r, _ in self.pipes]
+        (out_r, _), (err_r, _), (res_r, _) = self.pipes
         out_reader, t1 = await _reader_for(out_r, 1 << 16)
         err_reader, t2 = await _reader_for(err_r, 1 << 16)
         reader, t3 = await _reader_for(res_r)
-        ctl_reader, ctl_writer = await asyncio.open_unix_connection(sock=ours)
-        transports = [t1, t2, t3, ctl_writer]
-        pipes = []
-        out, err = CappedStream(), CappedStream()
-        state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "tool_error_kind": "caller",
-                                 "events": [], "bytes": 0}
+        ctl_reader, ctl_writer = await asyncio.open_unix_connection(sock=self.ours)
+        self.transports = [t1, t2, t3, ctl_writer]
+        self.pipes = []
+        self.readers = [
+            asyncio.ensure_future(self._read_results(reader)),
+            asyncio.ensure_future(_drain(out_reader, self.out)),
+            asyncio.ensure_future(_drain(err_reader, self.err)),
+            asyncio.ensure_future(self._control(ctl_reader, ctl_writer)),
+        ]
 
-        async def control() -> None:
-            """The confining code's messages (before any user code runs), checked from outside, then "go"."""
-            while True:
-                try:
-                    line = await ctl_reader.readline()
-                    msg = json.loads(line) if line else None
-                except (ValueError, ConnectionError, asyncio.LimitOverrunError):
-                    msg = None
-                if not isinstance(msg, dict):
-                    return
-                if isinstance(msg.get("pid"), int):
-                    confined["pid"] = msg["pid"]
-                if isinstance(msg.get("refused"), str):
-                    confined["refused"] = msg["refused"][:2000]
-                    return
-                if isinstance(msg.get("layers"), dict):
-                    confined["layers"] = {str(k): str(v)[:300] for k, v in msg["layers"].items()}
-                    if confined["pid"] is None and pid is not None:  # a warm call: pid 1 of the call is the keeper's child
-                        try:
-                            confined["pid"] = int(open(f"/proc/{pid}/task/{pid}/children").read().split()[0])
-                        except (OSError, ValueError, IndexError):
-                            pass
-                    if limits.isolate and confined["pid"] is not None:
-                        confined["verified"] = verify(confined["pid"], confined["layers"], cgroup_name)
-                    bad = [k for k, v in confined["verified"].items() if v.startswith("MISSING") or k == "error"]
-                    if limits.require_isolation and bad:
-                        confined["refused"] = f"isolation required but not verified: {', '.join(bad)} ({confined['verified']})"
-                        return
+    # ---- the control socket: the confining code's messages, checked from outside, then "go" ----------------
+
+    async def _control(self, ctl_reader: asyncio.StreamReader, ctl_writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                msg = Control.model_validate_json(await ctl_reader.readline())
+            except (ValidationError, ValueError, ConnectionError, asyncio.LimitOverrunError):
+                return
+            if msg.pid is not None:
+                self.confined.pid = msg.pid
+            if msg.refused is not None:
+                self.confined.refused = msg.refused[:2000]
+                return
+            if msg.layers is not None:
+                if self._check_layers(msg.layers):
                     ctl_writer.write(b"g")
                     await ctl_writer.drain()
-                    return
+                return
 
-        async def read_results() -> None:
-            while True:
-                try:
-                    line = await reader.readline()
-                except (ValueError, asyncio.LimitOverrunError):
-                    return
-                if not line:
-                    return
-                state["bytes"] += len(line)
-                if state["bytes"] > RESULT_CAP:
-                    return
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue  # not ours: ignore, never trust
-                if not isinstance(msg, dict):
-                    continue
-                if msg.get("type") == "progress" and isinstance(msg.get("phase"), str):
-                    state["phase"] = msg["phase"][:40]
-                    state["events"].append(state["phase"])
-                    if progress is not None:
-                        await progress(state["phase"], time.monotonic() - t0)
-                elif msg.get("type") == "result" and isinstance(msg.get("report"), dict):
-                    rep = msg["report"]
-                    if "tool_error" in rep:
-                        state["tool_error"] = str(rep["tool_error"])[:2000]
-                        state["tool_error_kind"] = "interpreter" if rep.get("tool_error_kind") == "interpreter" else "caller"
-                    else:
-                        state["report"] = rep
+    def _check_layers(self, layers: dict[str, Layer]) -> bool:
+        """Verify the confined process from outside; False (and the call refused) when isolation is required and
+        a layer is not verified."""
+        confined = self.confined
+        confined.layers = {str(k): Layer(enforced=v.enforced, text=v.text[:300]) for k, v in layers.items()}
+        if confined.pid is None and self.pid is not None:  # a warm call: pid 1 of the call is the keeper's child
+            try:
+                confined.pid = int(open(f"/proc/{self.pid}/task/{self.pid}/children").read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+        if self.limits.isolate and confined.pid is not None:
+            cgroup_name = self.cgroup.name if self.cgroup is not None and self.cgroup.ok else None
+            confined.verified = verify(confined.pid, confined.layers, cgroup_name)
+        bad = confined.verified.bad()
+        if self.limits.require_isolation and bad:
+            confined.refused = f"isolation required but not verified: {', '.join(bad)} ({confined.verified.shown()})"
+            return False
+        return True
 
-        timed_out = False
-        readers = [
-            asyncio.ensure_future(read_results()),
-            asyncio.ensure_future(_drain(out_reader, out)),
-            asyncio.ensure_future(_drain(err_reader, err)),
-            asyncio.ensure_future(control()),
-        ]
-        # the call ends when the child has sent its result or exited (or its time is up), not when every inherited
-        # pipe closes: grandchildren the user's code left behind must not hold the call open; the child's exit and
-        # the teardown of its namespaces happen after the reply
-        deadline = time.monotonic() + timeout_s
-        done, _ = await asyncio.wait([exited, readers[0]], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        got = state["report"] is not None or state["tool_error"] is not None
-        if done and not exited.done() and not got:  # the result pipe closed without a result: wait for the exit
+    # ---- the result pipe: untrusted (the user's code can reach it), so a line that is not a message is dropped --
+
+    async def _read_results(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                line = await reader.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                return
+            if not line:
+                return
+            self.results.bytes += len(line)
+            if self.results.bytes > RESULT_CAP:
+                return
+            try:
+                msg = CHILD_MESSAGE.validate_json(line)
+            except ValueError:
+                continue  # not ours: ignore, never trust
+            await self._take(msg)
+
+    async def _take(self, msg: Progress | Result | StartFailed) -> None:
+        res = self.results
+        if isinstance(msg, Progress):
+            res.phase = msg.phase
+            res.events.append(msg.phase.value)
+            if self.progress is not None:
+                await self.progress(msg.phase.value, time.monotonic() - self.t0)
+        elif isinstance(msg, StartFailed):
+            res.start_error = f"{msg.error}"[:2000]
+        elif isinstance(msg.report, ToolError):
+            res.tool_error, res.tool_error_kind = msg.report.tool_error[:2000], msg.report.tool_error_kind
+        else:
+            res.report = msg.report
+
+    # ---- the end of the call ---------------------------------------------------------------------------------
+
+    async def _wait(self) -> tuple[bool, bool]:
+        """Until the child sent its result or exited, or its time is up (not until every inherited pipe closes:
+        grandchildren the user's code left behind must not hold the call open; the child's exit and the teardown
+        of its namespaces happen after the reply). Returns (timed_out, early: the result is in, the child lives)."""
+        assert self.exited is not None and self.pid is not None
+        exited = self.exited
+        deadline = time.monotonic() + self.timeout_s
+        first: list[asyncio.Future[Any]] = [exited, self.readers[0]]
+        done, _ = await asyncio.wait(first, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if done and not exited.done() and not self.results.got:  # the result pipe closed without a result: wait for the exit
             done, _ = await asyncio.wait([exited], timeout=max(0.0, deadline - time.monotonic()))
         timed_out = not done
-        early = bool(done) and not exited.done() and got
-        assert pid is not None
-        _kill_group(pid)  # anything the child left behind in its group
-        if cgroup is not None and cgroup.ok and not early:
-            cgroup.kill_now()  # ... and anything that left the group (setsid daemons)
-        after_reply = early  # with the result in, the cgroup's kill is the reaper's first act, just after the reply
+        early = bool(done) and not exited.done() and self.results.got
+        _kill_group(self.pid)  # anything the child left behind in its group
+        if self.cgroup is not None and self.cgroup.ok and not early:
+            self.cgroup.kill_now()  # ... and anything that left the group (setsid daemons)
+        self.after_reply = early  # with the result in, the cgroup's kill is the reaper's first act, just after the reply
         if early:
             for _ in range(3):  # the child flushed stdout/stderr before its result: let the drains take what is there
                 await asyncio.sleep(0)
         else:
-            await asyncio.wait(readers + [exited], timeout=limits.grace_s)
-            for t in readers:
+            await asyncio.wait(self.readers + [exited], timeout=self.limits.grace_s)
+            for t in self.readers:
                 t.cancel()
+        return timed_out, early
+
+    async def _finish(self, timed_out: bool, early: bool) -> ChildOutcome:
+        exited, res = self.exited, self.results
+        assert exited is not None
         code = exited.result() if exited.done() and not exited.cancelled() and exited.exception() is None else None
-        report = state["report"]
+        report, tool_error = res.report, res.tool_error
         if report is not None:  # the isolation facts are the server's: whatever the child wrote there is dropped
             report.setdefault("facts", {}).pop("isolation", None)
-        tool_error = state["tool_error"]
-        if confined["refused"]:
-            tool_error, report = confined["refused"], None
+        if self.confined.refused:
+            tool_error, report = self.confined.refused, None
         return ChildOutcome(
-            report=report, tool_error=tool_error, tool_error_kind=state["tool_error_kind"], phase=state["phase"],
-            returncode=code, timed_out=timed_out, stdout=out.text(), stderr=err.text(),
-            seconds=time.monotonic() - t0, events=state["events"], mode=mode, note=warm_note,
-            oom=bool(report is None and cgroup is not None and cgroup.oom_killed()),
-            isolation={"applied": confined["layers"] or {}, "verified_by_server": confined["verified"]},
+            report=report, tool_error=tool_error, tool_error_kind=res.tool_error_kind, phase=res.phase,
+            returncode=code, timed_out=timed_out, stdout=self.out.text(), stderr=self.err.text(),
+            seconds=time.monotonic() - self.t0, events=res.events, mode=self.mode, note=self.note,
+            oom=bool(report is None and self.cgroup is not None and self.cgroup.oom_killed()),
+            isolation={"applied": shown(self.confined.layers or {}), "verified_by_server": self.confined.verified.shown()},
+            start_error=res.start_error,
         )
-    except asyncio.CancelledError:
-        if pid is not None:
-            _kill_group(pid)
-        raise
-    finally:
-        if pid is not None:
-            _kill_group(pid)
-        if cgroup is not None and not after_reply:
-            cgroup.kill_now()
-        late = [t for t in locals().get("readers", []) + [locals().get("exited")] if t is not None and not t.done()]
-        _close_later(late, transports, limits.grace_s)
-        for r, w in pipes:
+
+    def _teardown(self) -> None:
+        if self.pid is not None:
+            _kill_group(self.pid)
+        if self.cgroup is not None and not self.after_reply:
+            self.cgroup.kill_now()
+        late: list[asyncio.Future[Any]] = [t for t in [*self.readers, self.exited] if t is not None and not t.done()]
+        _close_later(late, self.transports, self.limits.grace_s)
+        for r, w in self.pipes:
             for fd in (r, w):
                 if fd >= 0:
                     try:
                         os.close(fd)
                     except OSError:
                         pass
-        if not transports:
-            ours.close()
-        theirs.close()
-        _reap_later(cgroup, scratch, confined["pid"] if mode == "cold" else None)
+        if not self.transports:
+            self.ours.close()
+        self.theirs.close()
+        _reap_later(self.cgroup, self.scratch, self.confined.pid if self.mode == "cold" else None)
+
+
+async def run_child(
+    job: Job,
+    *,
+    python: str | None = None,
+    timeout_s: float = 120.0,
+    limits: Limits | None = None,
+    progress: ProgressFn | None = None,
+    warm: WarmWorker | None = None,
+    allowed_roots: list[str] | None = None,
+) -> ChildOutcome:
+    """Run one job in a fresh confined child (forked from the warm worker when one is given and
+    usable, else launch.py + the named interpreter); never raises for anything the child does."""
+    call = _ChildCall(job, python=python, timeout_s=timeout_s, limits=limits or Limits(), progress=progress, warm=warm,
+                      allowed_roots=allowed_roots)
+    return await call.run()
+
+
+def cgroup_layer(group: CallCgroup) -> Layer:
+    """A call's cgroup as a layer of the report (enforced when it was made)."""
+    return Layer.of(group.ok, group.describe().removeprefix("MISSING: "))
 
 
 def _gpu_devices() -> list[str]:
@@ -439,14 +497,3 @@ def _gpu_devices() -> list[str]:
         return [n for n in os.listdir("/dev") if n.startswith("nvidia")]
     except OSError:
         return []
-
-
-def describe_exit(rc: int | None) -> str:
-    if rc is None:
-        return "did not exit"
-    if rc < 0:
-        try:
-            return f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"exited with code {rc}"

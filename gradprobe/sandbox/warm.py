@@ -16,7 +16,9 @@ import struct
 import subprocess
 import sys
 import threading
+from typing import Any
 
+from gradprobe.sandbox.protocol import Job, Policy
 from gradprobe.sandbox.zygote import split_frames
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
@@ -143,7 +145,8 @@ class WarmWorker:
             else:
                 threading.Thread(target=work, daemon=True, name="gradprobe-spare-groups").start()
 
-    async def fork(self, job: dict, cwd: str, env: dict, fds: tuple[int, ...], policy: dict) -> tuple[int, asyncio.Future, dict | None]:
+    async def fork(self, job: Job, cwd: str, env: dict[str, str], fds: tuple[int, ...],
+                   policy: Policy) -> tuple[int, asyncio.Future[int], dict[str, Any] | None]:
         """Fork a child for `job` with stdout/stderr/result/control on `fds`, confined by `policy` (confine.py);
         returns (pid, future of its exit code, the state of the call's cgroup that the worker made and the child
         joined, for CallCgroup.adopt: the caller tears it down)."""
@@ -152,7 +155,8 @@ class WarmWorker:
         assert loop is not None and sock is not None, "fork() on a worker that was never started"
         fut = loop.create_future()
         self._forked[rid] = fut
-        data = json.dumps({"id": rid, "job": job, "cwd": cwd, "env": env, "policy": policy}).encode()
+        data = json.dumps({"id": rid, "job": job.model_dump_json(), "cwd": cwd, "env": env,
+                           "policy": policy.model_dump_json()}).encode()
         with self._lock:
             socket.send_fds(sock, [struct.pack("!I", len(data)) + data], list(fds))
         pid, cgroup = await asyncio.wait_for(fut, 30)

@@ -13,7 +13,7 @@ non-dumpable, so its children cannot read its memory or environment through /pro
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 import json
@@ -24,6 +24,10 @@ import socket
 import struct
 import sys
 import tempfile
+
+if TYPE_CHECKING:
+    from gradprobe.sandbox.cgroups import CallCgroup
+    from gradprobe.sandbox.protocol import Policy
 
 PRELOAD = (
     "transformers",
@@ -74,7 +78,7 @@ def preload() -> list[str]:
     import gradprobe.loading  # what a call imports before its check (job.run_job imports them lazily)
     import gradprobe.sandbox.child
     import gradprobe.sandbox.confine
-    import gradprobe.sandbox.job
+    import gradprobe.sandbox.run_check
     import gradprobe.userframes
 
     loaded = []
@@ -124,14 +128,15 @@ def child(req: dict, fds: list[int], sock: socket.socket) -> None:
         os.environ.update(req["env"])
         from gradprobe.sandbox import confine
         from gradprobe.sandbox.child import run
+        from gradprobe.sandbox.protocol import Control, Job, Policy
 
         control = socket.socket(fileno=ctl_fd)
         try:
-            confine.confine(req["policy"], control)
+            confine.confine(Policy.model_validate_json(req["policy"]), control)
         except confine.Refused as exc:
-            confine.send(control, {"refused": str(exc)})
+            confine.send(control, Control(refused=str(exc)))
             os._exit(71)
-        run(req["job"], res_fd)
+        run(Job.model_validate_json(req["job"]), res_fd)
     finally:
         os._exit(70)
 
@@ -139,13 +144,13 @@ def child(req: dict, fds: list[int], sock: socket.socket) -> None:
 class Spare:
     """A call forked and half-confined ahead of time (confine.spare), waiting for its job on `sock`."""
 
-    def __init__(self, base: dict, server: socket.socket):
+    def __init__(self, base: Policy, server: socket.socket):
         from gradprobe.sandbox import confine
 
-        self.base = {k: base.get(k) for k in confine.VIEW_KEYS + ("cgroup_spec",)}
+        self.base = {k: getattr(base, k) for k in confine.VIEW_KEYS + ("cgroup_spec",)}
         self.cgroup = _cgroup_for(base)  # made and joined now: the call finds itself in it
         if self.cgroup is not None:
-            base = dict(base, cgroups=self.cgroup.procs_files if self.cgroup.ok else [], cgroup_state=self.cgroup.describe())
+            base = base.model_copy(update=_joined(self.cgroup))
         self.root = tempfile.mkdtemp(prefix="gradprobe-root-", dir="/tmp")
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.pid = os.fork()
@@ -162,8 +167,8 @@ class Spare:
                 os._exit(70)
         theirs.close()
 
-    def fits(self, policy: dict) -> bool:
-        return all(policy.get(k) == v for k, v in self.base.items())
+    def fits(self, policy: Policy) -> bool:
+        return all(getattr(policy, k) == v for k, v in self.base.items())
 
     def hand(self, req: dict, fds: list[int]) -> None:
         data = json.dumps(req).encode()
@@ -173,21 +178,28 @@ class Spare:
         self.sock.close()  # the spare reads EOF and exits
 
 
-def _cgroup_for(policy: dict):
+def _cgroup_for(policy: Policy) -> CallCgroup | None:
     """The call's cgroup, made in the server's subtree with the limits the server asked for (None with isolation off)."""
-    spec = policy.get("cgroup_spec")
-    if not policy.get("enabled") or not isinstance(spec, dict):
+    spec = policy.cgroup_spec
+    if not policy.enabled or spec is None:
         return None
     from gradprobe.sandbox.cgroups import CallCgroup
 
-    return CallCgroup(spec.get("memory_bytes"), int(spec.get("pids") or 512), server=str(spec["server"]))
+    return CallCgroup(spec.memory_bytes, spec.pids or 512, server=spec.server)
 
 
-def _spares_possible(policy: dict) -> bool:
-    return bool(policy.get("enabled")) and os.geteuid() == 0
+def _joined(group: CallCgroup) -> dict[str, Any]:
+    """The policy's fields for a call that joins `group`."""
+    from gradprobe.sandbox.runner import cgroup_layer
+
+    return {"cgroups": group.procs_files if group.ok else [], "cgroup_state": cgroup_layer(group)}
 
 
-def _new_spare(policy: dict, sock: socket.socket, roots: dict, groups: dict) -> Spare:
+def _spares_possible(policy: Policy) -> bool:
+    return policy.enabled and os.geteuid() == 0
+
+
+def _new_spare(policy: Policy, sock: socket.socket, roots: dict, groups: dict) -> Spare:
     spare = Spare(policy, sock)
     roots[spare.pid] = spare.root
     if spare.cgroup is not None:
@@ -197,6 +209,8 @@ def _new_spare(policy: dict, sock: socket.socket, roots: dict, groups: dict) -> 
 
 
 def serve(sock: socket.socket) -> None:
+    from gradprobe.sandbox.protocol import Policy
+
     buf = b""
     pending: list[int] = []  # fds that arrived with a request not yet complete
     forked: set[int] = set()
@@ -255,7 +269,7 @@ def serve(sock: socket.socket) -> None:
         reqs, buf = split_frames(buf)
         for req in reqs:
             these, pending = pending[:4], pending[4:]
-            policy = req.get("policy") or {}
+            policy = Policy.model_validate_json(req["policy"])
             if _spares_possible(policy):
                 if spare is not None and not spare.fits(policy):
                     spare.drop()
@@ -269,7 +283,7 @@ def serve(sock: socket.socket) -> None:
             else:
                 group = _cgroup_for(policy)
                 if group is not None:
-                    req["policy"] = dict(policy, cgroups=group.procs_files if group.ok else [], cgroup_state=group.describe())
+                    req["policy"] = policy.model_copy(update=_joined(group)).model_dump_json()
                 pid = os.fork()
                 if pid == 0:
                     child(req, these, sock)

@@ -18,10 +18,9 @@ import anyio
 
 from gradprobe.sandbox.cgroups import clean_stale
 from gradprobe.sandbox.executor import Executor
-from gradprobe.sandbox.runner import ToolInputError
+from gradprobe.errors import ToolInputError
+from gradprobe.sandbox.protocol import PROGRESS_STEPS as PHASES
 from gradprobe.server.options import ServeOptions
-
-PHASES = ("queued", "starting", "importing", "building", "checking")
 
 
 @dataclass

@@ -14,8 +14,8 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
 from gradprobe.flowchart import flow_mermaid
 from gradprobe.render import render_text
-from gradprobe.sandbox.execute import execute
-from gradprobe.sandbox.runner import ToolInputError
+from gradprobe.sandbox.call import execute
+from gradprobe.errors import ToolInputError
 from gradprobe.server.models import Report
 from gradprobe.target import Target
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import floating_outputs
-from gradprobe.scripts.observe import Backward, ModuleCall, StepWatch
+from gradprobe.scriptmode.observe import Backward, ModuleCall, StepWatch
 from gradprobe.userframes import UserCode
 
 _PROJECTION_SEED = 1234
@@ -155,7 +155,8 @@ def loss_from_output(call: ModuleCall, roots: list[torch.Tensor]) -> tuple[Calla
         if t.numel() == 1 and t.grad_fn is not None:
             mine, _, _ = graph_leaves([t])
             if all(o is t or id(o.grad_fn) in mine for _, o in used):
-                return (lambda out, batch, _p=path: _get(out, _p)), f"the output {_describe(path)} the script's loss was computed from"
+                how = f"the output {_describe(path)} the script's loss was computed from"
+                return (lambda out, batch, _p=path: _get(out, _p)), how
     if used:
         paths = [p for p, _ in used]
 

@@ -118,10 +118,20 @@ class StepWatch:
 
     # ---- the patches ----------------------------------------------------------------------
     def install(self) -> None:
+        """Patch the module call, backward, the constructors and the optimizer step (undone by `uninstall`)."""
+        self._patch_module_call()
+        self._patch_backward()
+        self._patch_constructors()
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        handle = register_optimizer_step_pre_hook(self._pre_step)
+        self._undo.append(handle)
+
+    def _patch_module_call(self) -> None:
         watch = self
         orig_call = nn.Module.__call__
 
-        def call(module, *args, **kwargs):
+        def call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != watch.main:
                 return orig_call(module, *args, **kwargs)
             watch._stop_again()
@@ -149,10 +159,12 @@ class StepWatch:
         nn.Module.__call__ = call  # type: ignore[method-assign]
         self._undo.append((nn.Module, "__call__", orig_call))
 
+    def _patch_backward(self) -> None:
+        watch = self
         orig_tensor_backward = torch.Tensor.backward
         orig_autograd_backward = torch.autograd.backward
 
-        def run_backward(fn, root, *args, **kwargs):
+        def run_backward(fn: Callable[..., Any], root: Any, *args: Any, **kwargs: Any) -> Any:
             if watch._in_backward or threading.get_ident() != watch.main:
                 return fn(*args, **kwargs)
             watch._stop_again()
@@ -171,20 +183,23 @@ class StepWatch:
                 raise StopScript("captured the first backward (no optimizer exists)")
             return out
 
-        def tensor_backward(self, *args, **kwargs):
+        def tensor_backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             return run_backward(orig_tensor_backward, self, self, *args, **kwargs)
 
-        def autograd_backward(tensors, *args, **kwargs):
-            root = tensors if isinstance(tensors, torch.Tensor) else (tensors[0] if isinstance(tensors, (list, tuple)) and tensors else None)
+        def autograd_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            root = (tensors if isinstance(tensors, torch.Tensor)
+                    else (tensors[0] if isinstance(tensors, (list, tuple)) and tensors else None))
             return run_backward(orig_autograd_backward, root, tensors, *args, **kwargs)
 
         torch.Tensor.backward = tensor_backward  # type: ignore[method-assign]
         torch.autograd.backward = autograd_backward
         self._undo += [(torch.Tensor, "backward", orig_tensor_backward), (torch.autograd, "backward", orig_autograd_backward)]
 
+    def _patch_constructors(self) -> None:
+        watch = self
         orig_opt_init = torch.optim.Optimizer.__init__
 
-        def opt_init(opt, *args, **kwargs):
+        def opt_init(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
             watch.reached(2)
             watch.optimizers_made += 1
             watch.optimizers.append(opt)
@@ -195,7 +210,7 @@ class StepWatch:
 
         orig_module_init = nn.Module.__init__
 
-        def module_init(module, *args, **kwargs):
+        def module_init(module: nn.Module, *args: Any, **kwargs: Any) -> None:
             watch.reached(1)
             return orig_module_init(module, *args, **kwargs)
 
@@ -206,17 +221,12 @@ class StepWatch:
 
         orig_iter = DataLoader.__iter__
 
-        def loader_iter(loader):
+        def loader_iter(loader: Any) -> Any:
             watch.reached(3)
             return orig_iter(loader)
 
         DataLoader.__iter__ = loader_iter  # type: ignore[method-assign]
         self._undo.append((DataLoader, "__iter__", orig_iter))
-
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        handle = register_optimizer_step_pre_hook(self._pre_step)
-        self._undo.append(handle)
 
     def uninstall(self) -> None:
         for item in reversed(self._undo):
@@ -246,7 +256,8 @@ class StepWatch:
         rec.method_args = tuple(loc[n] for n in names[:code.co_argcount - 1] if n in loc)
         rec.method_kwargs = {n: loc[n] for n in names[code.co_argcount - 1:] if n in loc}
 
-    def _pre_step(self, opt, args, kwargs):
+    def _pre_step(self, opt: torch.optim.Optimizer, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         if self.capture is not None or threading.get_ident() != self.main:
             self._stop_again()
             return None
@@ -264,7 +275,7 @@ class StepWatch:
             raise StopScript("captured the first optimizer step")
         watch = self
 
-        def observed_closure():
+        def observed_closure() -> None:
             closure()
             watch.take(opt, loc, closure=True, how="optimizer.step")
             raise StopScript("captured the first optimizer step (after its closure)")
@@ -273,7 +284,8 @@ class StepWatch:
             return args, dict(kwargs, closure=observed_closure)
         return (args[0], observed_closure, *args[2:]), kwargs
 
-    def take(self, opt, loc: dict | None, *, closure: bool, how: str, in_script: bool = True) -> None:
+    def take(self, opt: torch.optim.Optimizer | None, loc: dict[str, Any] | None, *, closure: bool, how: str,
+             in_script: bool = True) -> None:
         """Record the step now (which parameters have a gradient, the learning rates), then run
         `on_capture` (the checks, in place, while the script's state is live)."""
         grads: dict[int, bool] = {}
@@ -288,7 +300,7 @@ class StepWatch:
             self.on_capture()
 
 
-def _lrs(opt) -> list[float]:
+def _lrs(opt: torch.optim.Optimizer | None) -> list[float]:
     out: list[float] = []
     for g in getattr(opt, "param_groups", None) or []:
         lr = g.get("lr")

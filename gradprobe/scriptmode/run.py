@@ -15,11 +15,15 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, cast
 
-from gradprobe.findings import Finding, Location, make_finding
+from gradprobe.findings import Finding, Location
+from gradprobe.outcomes import GP113
 from gradprobe.report import make_report
-from gradprobe.scripts.observe import StepWatch, StopScript
+from gradprobe.sandbox.failures import script_no_step
+from gradprobe.sandbox.protocol import Phase
+from gradprobe.scriptmode.observe import StepWatch, StopScript
 
 # the script gets this share of the call's timeout; the rest is for the checks on its step
 SCRIPT_SHARE = 0.7
@@ -81,7 +85,7 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
     budget = float(target.get("timeout_s") or 120.0) * SCRIPT_SHARE - elapsed
     t0 = time.monotonic()
 
-    def on_alarm(signum, frame):
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
         if watch.capture is None and not watch.stopping:
             run.ended = "timeout"
             run.stop_frame_loc = watch.user.innermost(frame)
@@ -96,7 +100,7 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
     os.chdir(_mirror_cwd(project_dir, scratch))
     run.t0 = t0
     watch.install()
-    progress("running the script")
+    progress(Phase.RUNNING_SCRIPT)
     try:
         if script:
             path = os.path.join(project_dir, script)
@@ -135,7 +139,7 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
     return run
 
 
-def no_step_finding(run: ScriptRun, target: dict) -> Finding:
+def no_step_finding(run: ScriptRun, target: dict[str, Any]) -> Finding:
     """GP112: the script never reached a training step; say how it ended and how far it got (GP113 when a memory
     limit stopped it: a resource limit, not the script's error)."""
     from gradprobe.checks.torchcompat import allocation_failure
@@ -144,7 +148,6 @@ def no_step_finding(run: ScriptRun, target: dict) -> Finding:
     watch = run.watch
     name = target.get("script") or f"-m {target.get('module')}"
     phase = watch.phase_name()
-    loc = run.stop_frame_loc
     evidence: dict[str, Any] = {"ended": run.ended, "furthest_phase": phase, "script_seconds": round(run.seconds, 2),
                                 "modules_called_with_grad": len(watch.calls), "backward_calls": len(watch.backwards)}
     stopped_by = run.exc if run.ended == "raised" else watch.forward_error[0] if watch.forward_error is not None else None
@@ -154,34 +157,33 @@ def no_step_finding(run: ScriptRun, target: dict) -> Finding:
             f"running {name} before its first training step ({phase})", limit,
             location=watch.user.innermost_of_traceback(stopped_by),
             evidence={**evidence, "traceback": watch.user.trimmed_traceback(stopped_by)})
+    situation, loc, fields = _how_it_ended(run, evidence)
+    return script_no_step(situation, location=cast(Location | None, loc), evidence=evidence, name=name, phase=phase,
+                          **fields)
+
+
+def _how_it_ended(run: ScriptRun, evidence: dict[str, Any]) -> tuple[str, dict[str, Any] | None, dict[str, Any]]:
+    """GP112's situation, the location and the template fields for how the script ended (adds to `evidence`)."""
+    watch = run.watch
     if run.ended == "timeout":
+        loc = run.stop_frame_loc
         where = f" at line {loc['line']} of {os.path.basename(loc['file'])}" if loc else ""
-        msg = (f"{name} ran for {run.seconds:.0f}s (gradprobe's share of the timeout) without reaching a training step; "
-               f"it was{where} when stopped (furthest: {phase}).")
-        fix = "Give the call a larger timeout_s, or arguments that reach the first step sooner (fewer eval/warm-up iterations, a smaller dataset)."
-    elif run.ended == "exited":
+        return "timeout", loc, {"seconds": run.seconds, "where": where}
+    if run.ended == "exited":
         loc = watch.user.innermost_of_traceback(run.exc) if run.exc is not None else None
-        msg = f"{name} called sys.exit({run.exit_code!r}) before any training step (furthest: {phase})."
-        fix = "Pass the arguments the script needs to start training (see its usage message in the output)."
-    elif run.ended == "raised" and run.exc is not None:
-        loc = watch.user.innermost_of_traceback(run.exc)
+        return "exited", cast("dict[str, Any] | None", loc), {"exit_code": run.exit_code}
+    if run.ended == "raised" and run.exc is not None:
         evidence.update(exception=type(run.exc).__name__, traceback=watch.user.trimmed_traceback(run.exc))
-        msg = f"{name} failed before any training step while {phase}: {type(run.exc).__name__}: {run.exc}"
-        fix = "Fix the error in the traceback (evidence.traceback); the script must reach loss.backward() and optimizer.step()."
-    elif watch.forward_error is not None:
-        exc, loc = watch.forward_error
+        loc = watch.user.innermost_of_traceback(run.exc)
+        return "raised", cast("dict[str, Any] | None", loc), {"exception": type(run.exc).__name__, "error": run.exc}
+    if watch.forward_error is not None:
+        exc, floc = watch.forward_error
         evidence.update(exception=type(exc).__name__, traceback=watch.user.trimmed_traceback(exc))
-        msg = (f"{name} {run.ended} without a training step: its forward raised {type(exc).__name__}: {exc}, "
-               "and the script caught that error and went on.")
-        fix = "Fix the error of the forward (evidence.traceback); do not catch and ignore exceptions around the training loop."
-    else:
-        msg = (f"{name} finished without calling backward() or optimizer.step() (furthest: {phase}); "
-               "an exception caught around the training loop, or arguments that skip training, end it early.")
-        fix = "Run it with arguments that train at least one step; do not catch and ignore exceptions around the loop."
-    return make_finding("GP112", msg, location=cast(Location | None, loc), evidence=evidence, fix=fix)
+        return "forward_error", floc, {"ended": run.ended, "exception": type(exc).__name__, "error": exc}
+    return "finished", run.stop_frame_loc, {}
 
 
-def no_step_report(tool: str, run: ScriptRun, target: dict) -> dict:
+def no_step_report(tool: str, run: ScriptRun, target: dict[str, Any]) -> dict[str, Any]:
     f = no_step_finding(run, target)
-    why = "a memory limit stopped it" if f["code"] == "GP113" else run.ended
+    why = "a memory limit stopped it" if f["code"] == GP113.code else run.ended
     return make_report(tool, [f], [f"The script reached no training step ({why})."])

@@ -1,31 +1,37 @@
-"""A tool call on a script target: run the script to its first step, check that step, report."""
+"""A tool call on a script target: run the script to its first step, check that step, report (the child's side)."""
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from gradprobe.findings import Finding, Location, make_finding
 from gradprobe.report import make_report
+from gradprobe.sandbox.failures import GP100, replay_failed, script_internal_error
+from gradprobe.sandbox.protocol import Phase, Result, ToolError, json_safe
+
+if TYPE_CHECKING:
+    from gradprobe.loading import BuildRecord
+    from gradprobe.scriptmode.run import ScriptRun
 
 
 @dataclass
 class _State:
     run: Any = None  # the ScriptRun, once started
-    report: dict | None = None  # the checks' report, once the step was checked in place
+    report: ToolError | dict[str, Any] | None = None  # the checks' report, once the step was checked in place
 
 
-def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[str], None]) -> dict:
+def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
+                   progress: Callable[[str], None]) -> ToolError | dict[str, Any]:
     import torch
 
     from gradprobe.loading import BuildRecord, BuildRecorder, seed_everything
-    from gradprobe.scripts.observe import StepWatch
-    from gradprobe.scripts.run import ScriptRun, run_script
+    from gradprobe.scriptmode.observe import StepWatch
+    from gradprobe.scriptmode.run import run_script
     from gradprobe.userframes import UserCode
 
     project_dir = os.path.realpath(target["project_dir"])
@@ -37,13 +43,14 @@ def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[s
     recorder = BuildRecorder(user, record)
     state = _State()
 
-    def finish(run: ScriptRun) -> dict:
+    def finish(run: ScriptRun) -> ToolError | dict[str, Any]:
         try:
             report = _check_step(tool, target, options, progress, run, record)
         except Exception as exc:  # ours; never let it reach the script's own `except`
-            report = make_report(tool, [_internal(f"gradprobe failed on the captured step: {type(exc).__name__}: {exc}",
-                                                  {"internal_traceback": traceback.format_exc()[-4000:]})])
-        report.setdefault("facts", {})["script_total_seconds"] = round(time.monotonic() - t0, 3)
+            report = make_report(tool, [script_internal_error(f"{type(exc).__name__}: {exc}",
+                                                              {"internal_traceback": traceback.format_exc()[-4000:]})])
+        if not isinstance(report, ToolError):
+            report.setdefault("facts", {})["script_total_seconds"] = round(time.monotonic() - t0, 3)
         return report
 
     def on_stuck() -> None:
@@ -52,7 +59,8 @@ def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[s
         run.restore()
         recorder.__exit__(None, None, None)
         report = state.report or finish(run)
-        report["facts"]["script_swallowed_stop"] = True
+        if not isinstance(report, ToolError):
+            report["facts"]["script_swallowed_stop"] = True
         _deliver_and_exit(report, progress)
 
     def on_capture() -> None:
@@ -72,33 +80,28 @@ def run_script_job(tool: str, target: dict, options: dict, progress: Callable[[s
     return state.report if state.report is not None else finish(run)
 
 
-def _deliver_and_exit(report: dict, progress: Callable[[str], None]) -> None:
+def _deliver_and_exit(report: ToolError | dict[str, Any], progress: Callable[[str], None]) -> None:
     """Send the report on the child's result channel and exit, without unwinding the script."""
-    from gradprobe.sandbox.job import json_safe
-
     chan = getattr(progress, "__self__", None)
-    if chan is None or not hasattr(chan, "send"):
+    if chan is None or not hasattr(chan, "finish"):
         raise SystemExit(1)  # not in a sandboxed child: nothing better to do
-    chan.send({"type": "result", "report": json_safe(report)})
-    chan.out.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    chan.finish(Result(report=report if isinstance(report, ToolError) else json_safe(report)))  # exits
 
 
-def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str], None], run, record) -> dict:
+def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], progress: Callable[[str], None],
+                run: ScriptRun, record: BuildRecord) -> ToolError | dict[str, Any]:
     import torch
 
     from gradprobe.tools import run_tool
     from gradprobe.loading import Loaded
-    from gradprobe.scripts.run import no_step_report
-    from gradprobe.scripts.step import backward_locations, replay
+    from gradprobe.scriptmode.run import no_step_report
+    from gradprobe.scriptmode.step import backward_locations, replay
 
     watch = run.watch
     cap = watch.capture
     if cap is None:
         return no_step_report(tool, run, target)
-    progress("replaying the captured step")
+    progress(Phase.REPLAYING)
     rep = replay(watch, watch.user)
     if rep is None:
         return no_step_report(tool, run, target)
@@ -114,10 +117,11 @@ def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str]
     from gradprobe.tools import BY_NAME
 
     if rep.batch is None and rep.train_step is None and BY_NAME[tool].needs_step:
-        return {"tool_error": f"{tool}: the script's step could not be replayed (the model was never called with grad enabled)"}
+        return ToolError(tool_error=f"{tool}: the script's step could not be replayed (the model was never called with "
+                                    "grad enabled)")
     loaded = Loaded(model=rep.model, batch=rep.batch, loss_fn=rep.loss_fn, optimizer=cap.optimizer, make_optimizer=None,
                     train_step=rep.train_step, user=watch.user, record=record, device=device, info=info)
-    progress("checking")
+    progress(Phase.CHECKING)
     try:
         report = run_tool(tool, loaded, options)
     except Exception as exc:  # ours: the script's own step ran
@@ -145,15 +149,11 @@ def _check_step(tool: str, target: dict, options: dict, progress: Callable[[str]
 
 
 # a step that failed, a backward that raised, a loss without grad: the script's own step did none of these
-_REPLAY_FAILURES = ("GP100", "GP308", "GP310")
+# (GP100 here is the trace's "the step failed"; GP308/GP310 are the trace's own codes)
+_REPLAY_FAILURES = (GP100.code, "GP308", "GP310")
 
 
-def _internal(message: str, evidence: dict) -> Finding:
-    return make_finding("GP000", message, evidence=evidence,
-                        fix="This is a gradprobe limitation on this script (the script's own step ran); the evidence has the details.")
-
-
-def _replay_failures_are_ours(tool: str, report: dict) -> dict:
+def _replay_failures_are_ours(tool: str, report: dict[str, Any]) -> dict[str, Any]:
     """The script's real forward and backward ran without error, so a failure of gradprobe's replay of
     that step is gradprobe's, never the user's error."""
     findings = report["findings"]
@@ -162,14 +162,14 @@ def _replay_failures_are_ours(tool: str, report: dict) -> dict:
     kept: list[Finding] = []
     for f in findings:
         if f["code"] in _REPLAY_FAILURES:
-            kept.append(_internal(f"gradprobe's replay of the captured step failed where the script's own step did not: {f['message']}",
-                                  {"replay_finding": f}))
+            kept.append(replay_failed(f))
         else:
             kept.append(f)
     return make_report(tool, kept, report["summary"].splitlines()[1:], **report.get("facts", {}))
 
 
-def _lr_zero_findings(findings: list[Finding], lrs: list, loc: dict | None, judged_on: list | None) -> list[Finding]:
+def _lr_zero_findings(findings: list[Finding], lrs: list[float], loc: dict[str, Any] | None,
+                      judged_on: list[float] | None) -> list[Finding]:
     """A first step at lr 0 (a warm-up from 0) moves nothing by design: info, not GP207/GP205.
     With `judged_on` (the lrs of a later step that was checked), updates were judged there."""
     if judged_on is None:

@@ -1,0 +1,88 @@
+"""One tool call end to end on the parent side: validate paths, run the child, turn its fate into a report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gradprobe.errors import ToolInputError
+from gradprobe.outcomes import resource_limit_finding
+from gradprobe.report import make_report
+from gradprobe.sandbox.executor import Executor, LocalExecutor
+from gradprobe.sandbox.failures import ChildFate, child_failure_finding
+from gradprobe.sandbox.protocol import Job
+from gradprobe.sandbox.runner import ChildOutcome, Limits, ProgressFn
+from gradprobe.target import Target
+
+_CHILD_KIND = {"warm": "forked from the warm worker", "ray": "a Ray task (cold interpreter on the worker)"}
+
+
+async def execute(
+    tool: str,
+    target: Target,
+    options: dict[str, Any] | None = None,
+    *,
+    progress: ProgressFn | None = None,
+    limits: Limits | None = None,
+    executor: Executor | None = None,
+) -> dict[str, Any]:
+    """Run `tool` on `target` in a fresh sandboxed child (a cold local one unless `executor` says otherwise;
+    `limits` overrides the executor's). Raises ToolInputError for caller mistakes."""
+    try:
+        target.check_paths()
+    except ValueError as exc:
+        raise ToolInputError(str(exc)) from exc
+    job = Job(tool=tool, target=target.model_dump(), options=options or {})
+    executor = executor or LocalExecutor(limits)
+    outcome = await executor.run(job, python=target.python, timeout_s=target.timeout_s, progress=progress, limits=limits)
+    sandbox = _sandbox_facts(outcome, target)
+    if outcome.tool_error is not None:
+        if outcome.tool_error_kind == "interpreter":
+            raise ToolInputError(f"python {target.python or '(server interpreter)'}: {outcome.tool_error}")
+        raise ToolInputError(outcome.tool_error)
+    if outcome.report is not None and not outcome.timed_out:
+        report = outcome.report
+        report.setdefault("facts", {})["sandbox"] = sandbox
+        return report
+    fate = _fate(outcome, target)
+    if outcome.oom and fate.cause == "died":  # a resource limit, measured by the cgroup: neither the code's error nor ours
+        cap = (limits or executor.limits).memory_bytes
+        finding = resource_limit_finding(
+            fate.phase, {"device": "cgroup", "memory_bytes": cap},
+            evidence={"returncode": outcome.returncode, "stderr_tail": outcome.stderr[-4000:],
+                      "stdout_tail": outcome.stdout[-1000:]})
+        report = make_report(tool, [finding], ["The check could not finish: the child was killed for memory (a resource limit)."])
+    else:
+        report = make_report(tool, [child_failure_finding(fate, outcome.stderr)],
+                             ["The target could not be checked."])
+    report["facts"]["sandbox"] = sandbox
+    return report
+
+
+def _fate(outcome: ChildOutcome, target: Target) -> ChildFate:
+    remote = outcome.note if outcome.mode == "ray" and outcome.note and outcome.report is None else None
+    phase = str(outcome.phase)
+    return ChildFate(
+        phase=phase, timed_out=outcome.timed_out, returncode=outcome.returncode, timeout_s=target.timeout_s,
+        script=bool(target.script or target.module), remote_note=remote, start_error=outcome.start_error,
+        python=target.python,
+        evidence={"phase": phase, "timed_out": outcome.timed_out, "returncode": outcome.returncode,
+                  "stderr_tail": outcome.stderr[-4000:], "stdout_tail": outcome.stdout[-1000:]},
+    )
+
+
+def _sandbox_facts(outcome: ChildOutcome, target: Target) -> dict[str, Any]:
+    isolation: dict[str, Any] = {
+        "process": "separate child, own process group", "environment": "allow-list",
+        "limits": "rlimits (address space on CPU, CPU time, file size, open files)", "timeout_s": target.timeout_s,
+    }
+    isolation.update(outcome.isolation)  # what the server applied and checked, never the child's word
+    return {
+        "seconds": round(outcome.seconds, 3),
+        "child": _CHILD_KIND.get(outcome.mode, "cold interpreter"),
+        "note": outcome.note,
+        "phases": outcome.events,
+        "returncode": outcome.returncode,
+        "stdout_tail": outcome.stdout[-2000:],
+        "stderr_tail": outcome.stderr[-4000:],
+        "isolation": isolation,
+    }

@@ -1,0 +1,9 @@
+"""Script mode, a loader on the child's side beside the `build_model()` loader (gradprobe/loading.py): run the
+user's own training script (or `python -m` module) until its first step, watching its real steps (optimizer,
+autograd, modules, ranks) as they happen, then check that step in place.
+
+    first_step.py  the tool call on a script target: run, check the captured step, report
+    run.py         run the script as __main__ under a timer; GP112 when it reaches no step
+    observe.py     the watch: module calls, backwards, optimizer steps, as they happen
+    step.py        replay the captured step for the checks
+"""
