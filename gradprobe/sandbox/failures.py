@@ -10,7 +10,7 @@ import traceback
 from typing import Any
 
 from gradprobe.findings import Finding, make_finding
-from gradprobe.outcomes import resource_limit_finding
+from gradprobe.outcomes import resource_limit_finding, target_failed_finding
 from gradprobe.report import make_report
 
 RULES = {
@@ -20,13 +20,6 @@ RULES = {
         "why": "The check could not finish; nothing is claimed about the user's code. The evidence holds gradprobe's traceback.",
         "example": "a check raising on an unusual model structure",
         "fix": "This is a gradprobe bug or an unsupported construct; the evidence has the traceback (please report it).",
-    },
-    "GP100": {
-        "name": "target-load-failed", "severity": "error", "rank": 1,
-        "summary": "The target could not be imported or built.",
-        "why": "Nothing can be measured on a model that does not load; the traceback shows the user's failing line.",
-        "example": "build_model() raises, a syntax error in case.py, an import of a missing package, a timeout.",
-        "fix": "Fix the error in the traceback (user frames only), then call the tool again.",
     },
     "GP106": {
         "name": "missing-super-init", "severity": "error", "rank": 2,
@@ -68,7 +61,7 @@ def load_failure_report(tool: str, exc: Any, user: Any) -> dict:
             fix="class Net(nn.Module):\n    def __init__(self):\n        super().__init__()  # first line\n        ...",
         )
     else:
-        finding = make_finding("GP100", f"The target failed while {exc.phase}: {exc}", location=loc, evidence=evidence)
+        finding = target_failed_finding(exc.phase, exc, location=loc, evidence=evidence)
     return make_report(tool, [finding], [f"The target could not be loaded ({exc.phase})."])
 
 
