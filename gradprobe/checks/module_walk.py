@@ -1,8 +1,8 @@
-"""What the registration rules (GP1xx) read: one walk over every module's `__dict__`, measured as facts.
+"""What the registration rules read: one walk over every module's `__dict__`, measured as facts.
 
 The walk sees what `named_parameters()` cannot: plain tensors that require grad, parameters and modules in Python
 containers, `module.requires_grad = ...` attributes, buffers, grad-mode decorators on forward, frozen and tied
-parameters. The rules are in checks/registration.py (and checks/unregistered.py for GP101/GP104).
+parameters. The rules are in checks/registration.py (and checks/unregistered.py for plain tensors and buffers).
 """
 
 from __future__ import annotations
