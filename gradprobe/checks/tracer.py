@@ -40,6 +40,7 @@ from gradprobe.checks.watches import (
     pickle_watch,
     warning_watch,
 )
+from gradprobe.userframes import is_gradprobe_file
 
 LEFT_OPS = {"item", "tolist", "numpy", "__array__", "__float__", "__int__", "__index__", "__complex__"}
 REWRAP_OPS = {"tensor", "as_tensor", "asarray", "from_numpy", "frombuffer"}
@@ -60,7 +61,6 @@ SHAPE_ONLY_OPS = {"zeros_like", "ones_like", "empty_like", "full_like", "rand_li
 # frames between a no_grad switch and the code that asked for it: torch's grad-mode machinery, Module.__call__
 _GRAD_MODE_FILES = ("grad_mode.py", "_contextlib.py")
 _MODULE_CALL_FILES = ("nn/modules/module.py",)
-_GRADPROBE_DIR = "/gradprobe/"
 # torch's Python functions that hand an op to the mode (handle_torch_function): the caller above them called the op
 _DISPATCH_WRAPPERS = ("torch/overrides.py", "torch/nn/functional.py", "torch/functional.py", "torch/_tensor.py",
                       "torch/_jit_internal.py")
@@ -405,7 +405,7 @@ class GradTracer(TorchFunctionMode):
         (transformers' index computations). A decorated library function the user calls (generate()) is the user's."""
         f = frame
         # torch's grad-mode frames, and gradprobe's own wrappers around them (the build recorder's set_grad_enabled)
-        while f is not None and (f.f_code.co_filename.endswith(_GRAD_MODE_FILES) or _GRADPROBE_DIR in f.f_code.co_filename) \
+        while f is not None and (f.f_code.co_filename.endswith(_GRAD_MODE_FILES) or is_gradprobe_file(f.f_code.co_filename)) \
                 and not is_grad_mode_decorator_frame(f.f_code):
             f = f.f_back
         if f is not None and is_grad_mode_decorator_frame(f.f_code):
@@ -418,7 +418,7 @@ class GradTracer(TorchFunctionMode):
         if f is None:
             return False
         name = f.f_code.co_filename
-        return not self.user.is_user_file(name) and _GRADPROBE_DIR not in name
+        return not self.user.is_user_file(name) and not is_gradprobe_file(name)
 
     def _disable_site(self, frame):
         f = frame

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from gradprobe.findings import Finding, Location, make_finding
+from gradprobe.findings import Finding, Location
 from gradprobe.report import make_report
-from gradprobe.sandbox.failures import GP100, replay_failed, script_internal_error
+from gradprobe.outcomes import GP100
+from gradprobe.sandbox.failures import replay_failed, script_internal_error
 from gradprobe.sandbox.protocol import Phase, Result, ToolError, json_safe
 
 if TYPE_CHECKING:
@@ -179,12 +180,9 @@ def _lr_zero_findings(findings: list[Finding], lrs: list[float], loc: dict[str, 
     else:
         out = list(findings)
         then = f"updates were judged on a later step (learning rates {judged_on})."
-    info = make_finding(
-        "GP205", f"The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), "
-                 f"typically a scheduler warming up from 0: that step moves nothing, as expected; {then}",
-        location=cast(Location | None, loc), evidence={"learning_rates": lrs, "first_step_lr_zero": True},
-        fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step.",
-        severity="info")  # expected of a warm-up from 0: information, not the catalogue's warning
+    from gradprobe.checks.optimizer import first_step_lr_zero_finding
+
+    info = first_step_lr_zero_finding(lrs, cast(Location | None, loc), judged_on)
     out.append(info)
     return out
 
