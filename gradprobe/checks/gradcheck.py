@@ -60,8 +60,8 @@ FnLike = Callable[..., Any]
 
 
 def _measure_structure(facts: FunctionFacts, exc: Exception, user: UserCode | None) -> list[Finding]:
-    """autograd refused the backward (count, shapes: a GP402/GP403 fact); anything else it raised is reported here:
-    a memory limit (GP113) or the backward's own error (GP308)."""
+    """autograd refused the backward (its count or shapes: a fact for the rules); anything else it raised is reported
+    here: a memory limit (resource-limit) or the backward's own error."""
     text = str(exc)
     parsed = parse_structure_error(text)
     if parsed:
@@ -211,7 +211,8 @@ def _differentiable_outputs(fn: FnLike, inputs64: tuple, info: dict[str, Any]) -
 
 def _measure(cls: type[Function], inputs64: tuple, facts: FunctionFacts, info: dict[str, Any], user: UserCode | None,
              fast_mode: bool | None, check_second_order: bool, starved: frozenset[str]) -> list[Finding]:
-    """Fill `facts` for one Function on its float64 inputs; returns what another family reports (GP113, GP308)."""
+    """Fill `facts` for one Function on its float64 inputs; returns what other families report (a memory limit, the
+    backward raising)."""
     req = [i for i, a in enumerate(inputs64) if isinstance(a, torch.Tensor) and a.requires_grad]
     if not req:
         info["skipped"] = "no input requires grad"
@@ -245,7 +246,7 @@ def _measure(cls: type[Function], inputs64: tuple, facts: FunctionFacts, info: d
 def check_function(cls: type[Function], inputs: tuple, params_at: Mapping[int, list[str]], user: UserCode | None = None,
                    atol: float = 1e-5, rtol: float = 1e-3, check_second_order: bool = False, fast_mode: bool | None = None,
                    starved: frozenset[str] = frozenset()) -> tuple[list[Finding], dict[str, Any]]:
-    """All GP40x findings for one Function on one set of inputs. `starved`: the parameters that got no gradient
+    """All GP4xx findings for one Function on one set of inputs. `starved`: the parameters that got no gradient
     in the observed step (diagnose), so that a None for a piecewise-constant input is judged by its effect."""
     def_loc, ret_loc = backward_source(cls)
     inputs64, converted = as_double(inputs)
@@ -286,7 +287,7 @@ def _user_functions(user: UserCode | None) -> list[type[Function]]:
 
 
 class DirectForwardWatch:
-    """Flags user Functions whose forward is called outside apply (GP406)."""
+    """Flags user Functions whose forward is called outside apply (forward-called-directly)."""
 
     def __init__(self, user: UserCode) -> None:
         self.user = user
@@ -319,7 +320,7 @@ class DirectForwardWatch:
 
 def discover(loaded: Loaded) -> tuple[ApplyWatch, DirectForwardWatch, str | None, Finding | None]:
     """One forward (the user's train_step when there is one) with custom Functions watched; the last item is
-    GP113 when a memory limit stopped it (the Functions it did not reach are not checked)."""
+    a resource-limit finding when a memory limit stopped it (the Functions it did not reach are not checked)."""
     names = {i: n[0] for i, n in param_names(loaded.model).items()}
     watch = ApplyWatch(loaded.user, names, capture=True)
     direct = DirectForwardWatch(loaded.user)

@@ -80,12 +80,12 @@ def _nonleaf(loaded: Loaded, attrs: list[dict[str, Any]]) -> list[NonLeafPrompt]
 
 
 def nonleaf_prompt_findings(loaded: Loaded, attrs: list[dict[str, Any]]) -> list[Finding]:
-    """GP510 for prompt attributes that are not leaves (measured on the built model, no step needed)."""
+    """prompt-not-leaf for prompt attributes that are not leaves (measured on the built model, no step needed)."""
     return run_rules((GP510,), PromptFacts(nonleaf=_nonleaf(loaded, attrs)))
 
 
 def checkpoint_findings(tracer: GradTracer | None, trace_facts: dict[str, Any], names: list[str] | None = None) -> list[Finding]:
-    """GP511 from the warnings reentrant checkpointing emits when no input requires grad."""
+    """checkpointing-without-input-grad from the warnings reentrant checkpointing emits when no input requires grad."""
     if tracer is None or not tracer.checkpoint_warnings:
         return []
     return run_rules((GP511,), PromptFacts(checkpoint_warnings=list(tracer.checkpoint_warnings),
@@ -136,7 +136,7 @@ def _measure_gradients(step: _Step, trace: TraceRun, facts: PromptFacts) -> None
     # an embedding table trained as the tuning mechanism gets gradient only in the rows of the ids this batch holds
     # (PEFT trainable tokens): an all-zero gradient there says which ids the batch lacks, not a cut path
     by_design = ("zero",) if step.found.how == "embedding" else ()
-    # a step a memory limit stopped (GP113) left the gradients incomplete: a prompt without one is not a finding then
+    # a step a memory limit stopped (resource-limit) left the gradients incomplete: a prompt without one is not a finding then
     if trace.step.resource_limit is None:
         facts.no_grad = [r["name"] for r in rows if r["grad"] in ("none", "zero") and step.prompt_params[r["name"]].requires_grad
                          and r["name"] not in by_init and r["grad"] not in by_design]
