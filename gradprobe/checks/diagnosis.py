@@ -1,4 +1,5 @@
-"""`diagnose` (this module is `diagnosis` so that the function keeps the name): every check on one load and one observed step; the root cause first.
+"""`diagnose` (this module is `diagnosis` so that the function keeps the name): every check on one load and one
+observed step; the root cause first.
 
 The step runs once with every observer active (the trace mode, gradient hooks,
 the optimizer's step and zero_grad calls, custom Function capture, the HF base
@@ -14,17 +15,20 @@ on modules is inspected again (lazy state, parameters replaced on the first call
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
+import torch.nn as nn
 
 from gradprobe.checks import gradcheck, optimizer, prompt_tuning, registration, trace
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks._step import param_names
+from gradprobe.checks.recording import GradRecorder, GradTracer
 from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.loading import BuildRecorder
 from gradprobe.report import make_report
 
-def _rank(f: Finding) -> tuple:
+def _rank(f: Finding) -> tuple[int, int, int]:
     """Severity, then the rule's root-cause rank (declared with the rule), then the widest finding first."""
     return (SEVERITY_RANK[f["severity"]], catalogue()[f["code"]]["rank"], -len(f["parameters"]))
 
@@ -36,7 +40,8 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "GP101": _CUTS, "GP102": _CUTS, "GP103": _CUTS, "GP109": _CUTS | {"GP206", "GP308", "GP510"}, "GP107": _CUTS | {"GP110"},
     "GP110": _CUTS | {"GP308", "GP311"}, "GP111": _CUTS | {"GP303", "GP308"},
     "GP201": frozenset({"GP207", "GP504"}), "GP202": frozenset({"GP201", "GP207", "GP504", "GP311"}),
-    "GP204": frozenset({"GP207"}), "GP206": frozenset({"GP207"}), "GP207": frozenset({"GP205"}), "GP208": frozenset({"GP201", "GP207", "GP504"}),
+    "GP204": frozenset({"GP207"}), "GP206": frozenset({"GP207"}), "GP207": frozenset({"GP205"}),
+    "GP208": frozenset({"GP201", "GP207", "GP504"}),
     "GP302": _CUTS, "GP303": _CUTS, "GP304": _CUTS, "GP305": _CUTS, "GP309": _CUTS, "GP307": frozenset({"GP207"}),
     "GP401": frozenset({"GP307"}), "GP402": _CUTS | {"GP308"}, "GP403": _CUTS | {"GP308"},
     "GP404": _CUTS | {"GP308"}, "GP406": _CUTS, "GP407": _CUTS,
@@ -46,8 +51,8 @@ EXPLAINS: dict[str, frozenset[str]] = {
 
 
 def _same_site(a: Finding, b: Finding) -> bool:
-    la: dict = dict(a.get("location") or {})
-    lb: dict = dict(b.get("location") or {})
+    la: dict[str, Any] = dict(a.get("location") or {})
+    lb: dict[str, Any] = dict(b.get("location") or {})
     return bool(la.get("file") and la.get("line")) and (la.get("file"), la.get("line")) == (lb.get("file"), lb.get("line"))
 
 
@@ -75,7 +80,7 @@ def fold(findings: list[Finding]) -> list[Finding]:
     return kept
 
 
-def _attribute(model, path: str):
+def _attribute(model: nn.Module, path: str) -> Any:
     owner, _, attr = path.rpartition(".")
     try:
         return getattr(model.get_submodule(owner) if owner else model, attr, None)
@@ -83,7 +88,7 @@ def _attribute(model, path: str):
         return None
 
 
-def _forward_caches(findings: list[Finding], model, nonleaf_before: dict) -> list[Finding]:
+def _forward_caches(findings: list[Finding], model: nn.Module, nonleaf_before: dict[str, Any]) -> list[Finding]:
     """A non-leaf tensor attribute that the observed forward replaced is a per-forward cache (a model diagnosed
     mid-training, after a forward already ran): info, not the lost-leaf error GP109 is for."""
     out = []
@@ -93,15 +98,16 @@ def _forward_caches(findings: list[Finding], model, nonleaf_before: dict) -> lis
             f = {**f, "severity": "info", "evidence": {**f["evidence"], "replaced_by_forward": True},
                  "message": f"`{path}` is a non-leaf tensor the forward stores on the module and replaces on every call "
                             "(a cache from the previous forward): not a parameter, and nothing is lost.",
-                 "fix": "Nothing to fix; store it detached (or not at all) if it only serves inspection, to free its graph sooner."}
+                 "fix": "Nothing to fix; store it detached (or not at all) if it only serves inspection, to free its "
+                        "graph sooner."}
         out.append(f)
     return out
 
 
-def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
+def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     model = loaded.model
     findings: list[Finding] = registration.check_registration(model, loaded.record, loaded.info, user=loaded.user)
-    facts: dict = {"checks": ["registration"]}
+    facts: dict[str, Any] = {"checks": ["registration"]}
     coverage: list[Finding] = []
     if loaded.optimizer_error is not None or loaded.optimizer is not None:
         coverage, ofacts = optimizer.optimizer_findings(loaded, step=False)
@@ -127,8 +133,8 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     base = prompt_tuning.find_base(model) if prompt_on else None
     opt = loaded.optimizer if isinstance(loaded.optimizer, torch.optim.Optimizer) else None
     before = optimizer.snapshot(model) if opt is not None else None
-    tracer = trace.GradTracer(model, loaded.user, provenance=prompt_on)
-    grads = trace.GradRecorder(model)
+    tracer = GradTracer(model, loaded.user, provenance=prompt_on)
+    grads = GradRecorder(model)
     tracer.watch_plain(registration.plain_tensor_attributes(model))
     buffers = registration.float_buffers(model)
     tracer.watch_plain({n: b for n, (b, _) in buffers.items()})
@@ -175,14 +181,15 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
     if not prompt_on:
         findings += prompt_tuning.checkpoint_findings(tracer, tfacts)
     if prompt_on:
-        pfindings, pfacts = prompt_tuning.prompt_findings(loaded, trace.TraceRun(tfindings, tfacts, tracer, grads, step), base_obs, found)
+        run = trace.TraceRun(tfindings, tfacts, tracer, grads, step)
+        pfindings, pfacts = prompt_tuning.prompt_findings(loaded, run, base_obs, found)
         findings += pfindings
         facts["prompt_tuning"] = pfacts
         facts["checks"].append("prompt_tuning")
     return findings, facts
 
 
-def _after_step(loaded, opt, before: list[Finding]) -> list[Finding]:
+def _after_step(loaded: Any, opt: Any, before: list[Finding]) -> list[Finding]:
     """Inspect again after the observed step: state the forward created or replaced is invisible before it."""
     seen = {(f["code"], tuple(f["parameters"])) for f in before}
     new: list[Finding] = []
@@ -197,7 +204,7 @@ def _after_step(loaded, opt, before: list[Finding]) -> list[Finding]:
     return new
 
 
-def _unregistered_rows(findings: list[Finding]) -> list[dict]:
+def _unregistered_rows(findings: list[Finding]) -> list[dict[str, Any]]:
     rows = []
     for f in findings:
         if f["code"] in ("GP101", "GP102", "GP103", "GP109", "GP107") and f["severity"] == "error":
@@ -205,7 +212,7 @@ def _unregistered_rows(findings: list[Finding]) -> list[dict]:
     return rows
 
 
-def diagnose_report(loaded) -> dict:
+def diagnose_report(loaded: Any) -> dict[str, Any]:
     findings, facts = diagnose_findings(loaded)
     kept = fold(findings)
     table = facts.get("per_parameter", [])
@@ -229,7 +236,8 @@ def diagnose_report(loaded) -> dict:
     return make_report("diagnose", kept, summary, **facts)
 
 
-def diagnose(model, batch=None, loss_fn=None, optimizer=None, train_step=None, project_dir=None) -> dict:
+def diagnose(model: nn.Module, batch: Any = None, loss_fn: Any = None, optimizer: Any = None, train_step: Any = None,
+             project_dir: str | None = None) -> dict[str, Any]:
     """Library entry: every applicable check on live objects."""
     from gradprobe.loading import live_target
 
