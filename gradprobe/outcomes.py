@@ -25,6 +25,10 @@ GP100: Rule[Any] = Rule(
         "optimizer": Situation(
             when="make_optimizer (the target's optimizer callable) raised; the model loaded, so the other checks still ran",
             message="make_optimizer failed: {error}"),
+        "step": Situation(
+            when="the model built, then the user's step raised before backward() (the forward, the loss or a train_step)",
+            message="{error}",
+            fix="Fix the error in the traceback; the forward must run before gradients can be traced."),
     },
 )
 

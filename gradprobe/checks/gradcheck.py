@@ -45,7 +45,8 @@ from gradprobe.checks.jacobians import (
 from gradprobe.checks.jacobians import backward_lines as backward_source
 from gradprobe.checks.torchcompat import GradcheckError, allocation_failure
 from gradprobe.checks.watches import patched
-from gradprobe.findings import Finding, make_finding, run_rules
+from gradprobe.checks.backward_rules import GP308
+from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import GP113, resource_limit_finding
 from gradprobe.report import make_report
 from gradprobe.userframes import UserCode, location
@@ -75,11 +76,8 @@ def _measure_structure(facts: FunctionFacts, exc: Exception, user: UserCode | No
             f"running {name}.backward on float64 copies of its captured inputs (gradcheck)", limit, location=where,
             evidence={"function": name, "traceback": user.trimmed_traceback(exc) if user else text})]
     tb = user.trimmed_traceback(exc) if user else text
-    # TODO(integrator): GP308 rule object (declared in trace's family)
-    return [make_finding(
-        "GP308", f"{name}.backward raised: {type(exc).__name__}: {text[:300]}", parameters=[name], location=where,
-        evidence={"function": name, "traceback": tb}, fix="Fix the error in the traceback of the custom backward.",
-    )]
+    return [GP308.finding("custom_backward", parameters=[name], location=where, evidence={"function": name, "traceback": tb},
+                          function=name, error=f"{type(exc).__name__}: {text[:300]}")]
 
 
 def _wrong_line(cls: type[Function], facts: FunctionFacts, inputs64: tuple, req: list[int], worst: int) -> Loc | None:

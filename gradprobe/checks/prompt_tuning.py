@@ -48,7 +48,7 @@ from gradprobe.report import make_report
 
 if TYPE_CHECKING:
     from gradprobe.checks.trace import TraceRun
-    from gradprobe.checks.tracer import GradTracer
+    from gradprobe.checks.recording import GradTracer
     from gradprobe.loading import Loaded
 
 __all__ = ["PROMPT_NAME", "BaseObserver", "FoundPrompt", "PromptSource", "checkpoint_findings", "find_base", "find_prompt",
