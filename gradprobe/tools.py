@@ -39,6 +39,8 @@ TOOLS: tuple[Tool, ...] = (
          help="gradcheck of the custom autograd Functions the model calls"),
     Tool("verify_prompt_tuning", "gradprobe.checks.prompt_tuning:prompt_report", needs_step=True, allows_meta=False,
          help="soft prompt / PEFT prompt-tuning checks"),
+    Tool("audit_training", "gradprobe.checks.steps:audit_report", needs_step=True, allows_meta=False,
+         help="several real steps of the user's loop: LR as applied, gradients at step time, updates, EMA copies (GP6xx)"),
 )
 
 BY_NAME: dict[str, Tool] = {t.name: t for t in TOOLS}
