@@ -15,8 +15,8 @@ def _span(values: list[float]) -> str:
     vs = [v for v in values if v is not None]
     if not vs:
         return "-"
-    lo, hi = min(vs), max(vs)
-    return f"{lo:.3g}" if lo == hi else f"{lo:.3g}-{hi:.3g}"
+    lo, hi = f"{min(vs):.3g}", f"{max(vs):.3g}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _groups(facts: AuditFacts) -> dict[tuple[int, int], list[GroupStep]]:
@@ -39,11 +39,12 @@ def group_rows(facts: AuditFacts) -> list[dict[str, Any]]:
 
 
 def headline(facts: AuditFacts) -> str:
-    trainable = [v for v in facts.verdicts.values() if v.requires_grad]
+    ema = [v for v in facts.verdicts.values() if v.requires_grad and not v.in_optimizer and v.moved_outside]
+    trainable = [v for v in facts.verdicts.values() if v.requires_grad and v not in ema]
     good = [v for v in trainable if v.in_optimizer and v.grad_at_step and v.moved_by_step]
     return (f"Over {facts.calls} step(s) ({len(facts.opt_steps)} optimizer step(s)): {len(good)} of {len(trainable)} "
             "trainable parameter tensors are in the optimizer, had a finite non-zero gradient when optimizer.step() ran, "
-            "and moved.")
+            "and moved" + (f"; {len(ema)} more, outside the optimizer, were moved by an EMA-like update." if ema else "."))
 
 
 def verified(facts: AuditFacts) -> list[str]:
