@@ -25,7 +25,7 @@ def make_optimizer(model):
 
 def train_step(model, batch, optimizer):
     optimizer.zero_grad()
-    for x, y in zip(batch["x"].chunk(ACCUM), batch["y"].chunk(ACCUM)):
+    for x, y in zip(batch["x"].chunk(ACCUM), batch["y"].chunk(ACCUM), strict=True):
         loss = F.cross_entropy(model(x), y)
         loss.backward()
     optimizer.step()

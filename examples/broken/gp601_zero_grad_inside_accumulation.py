@@ -24,7 +24,7 @@ def make_optimizer(model):
 
 
 def train_step(model, batch, optimizer):
-    for x, y in zip(batch["x"].chunk(ACCUM), batch["y"].chunk(ACCUM)):
+    for x, y in zip(batch["x"].chunk(ACCUM), batch["y"].chunk(ACCUM), strict=True):
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y) / ACCUM
         loss.backward()

@@ -31,7 +31,7 @@ def make_inputs():
 
 
 def make_optimizer(model):
-    return torch.optim.SGD(list(model.online.parameters()) + list(model.predictor.parameters()), lr=0.1)
+    return torch.optim.SGD(list(model.online.parameters(), strict=True) + list(model.predictor.parameters()), lr=0.1)
 
 
 def train_step(model, x, optimizer):
@@ -43,5 +43,5 @@ def train_step(model, x, optimizer):
     loss.backward()
     optimizer.step()
     with torch.no_grad():
-        for t, s in zip(model.momentum_encoder.parameters(), model.online.parameters()):
+        for t, s in zip(model.momentum_encoder.parameters(), model.online.parameters(), strict=True):
             t = TAU * t + (1 - TAU) * s  # rebinds the name: the parameter is unchanged

@@ -42,5 +42,5 @@ def train_step(model, batch, optimizer):
     loss.backward()
     optimizer.step()
     with torch.no_grad():
-        for tp, sp in zip(model.ema_teacher.parameters(), model.student.parameters()):
+        for tp, sp in zip(model.ema_teacher.parameters(), model.student.parameters(), strict=True):
             tp.mul_(DECAY).add_(sp, alpha=1 - DECAY)

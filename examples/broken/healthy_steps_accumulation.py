@@ -22,7 +22,7 @@ def make_optimizer(model):
 
 def train_step(model, batch, optimizer):
     optimizer.zero_grad()
-    for x, y in zip(batch["x"].chunk(ACCUM), batch["y"].chunk(ACCUM)):
+    for x, y in zip(batch["x"].chunk(ACCUM), batch["y"].chunk(ACCUM), strict=True):
         loss = F.cross_entropy(model(x), y) / ACCUM
         loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -38,5 +38,5 @@ def train_step(model, batch, optimizer):
     loss.backward()
     optimizer.step()
     with torch.no_grad():
-        for tp, sp in zip(model.ema_teacher.parameters(), model.student.parameters()):
+        for tp, sp in zip(model.ema_teacher.parameters(), model.student.parameters(), strict=True):
             tp.lerp_(sp, 1 - DECAY)

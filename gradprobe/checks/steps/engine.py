@@ -8,6 +8,7 @@ kept) -> `run_rules(RULES, facts)` -> rank (by each rule's rank) and summarise.
 from __future__ import annotations
 
 import gc
+import math
 import re
 from typing import Any
 
@@ -48,7 +49,7 @@ def _schedule_site(sched: Any, user: Any) -> dict | None:
 
 def _weights(params: dict[int, torch.Tensor]) -> dict[int, float]:
     ids = list(params)
-    return dict(zip(ids, norms([params[i] for i in ids])))
+    return dict(zip(ids, norms([params[i] for i in ids]), strict=True))
 
 
 def _pair_ema(model: nn.Module, in_opt: set[int], names: dict[int, str], record: Any) -> list[EmaCopy]:
@@ -96,10 +97,9 @@ class _Run:
         self.schedulers = _schedulers_of(loaded.optimizer) if loaded.train_step is None and loaded.optimizer else []
 
     def _params(self) -> dict[int, torch.Tensor]:
-        out = {}
+        out: dict[int, torch.Tensor] = {}
         for pid, ns in param_names(self.model).items():
             self.names.setdefault(pid, ns[0])
-            out[pid] = None
         for p in self.model.parameters():
             out[id(p)] = p
             self.requires_grad[id(p)] = p.requires_grad
@@ -119,8 +119,8 @@ class _Run:
         s1 = [by_id[i].detach() for i in copy.students if i in by_id]
         if len(t1) != len(before) or len(s1) != len(t1):
             return
-        gap1 = sum(v * v for v in norms(torch._foreach_sub(t1, s1))) ** 0.5
-        gap0 = sum(v * v for v in norms(torch._foreach_sub(before, s1))) ** 0.5
+        gap1 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(t1, s1))))
+        gap0 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(before, s1))))
         if gap0 > 0:
             copy.kept.append(gap1 / gap0)
 

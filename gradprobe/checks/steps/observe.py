@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from types import TracebackType
 from typing import Any
@@ -33,7 +33,7 @@ from gradprobe.userframes import UserCode
 _SCALING = {"DivBackward0", "DivBackward1", "MulBackward0", "MulBackward1"}
 
 
-def norms(tensors: list[torch.Tensor]) -> list[float]:
+def norms(tensors: Sequence[torch.Tensor]) -> list[float]:
     """One float norm per tensor, one device sync per (device, dtype) group."""
     out: list[float] = [0.0] * len(tensors)
     groups: dict[tuple[Any, Any], list[int]] = {}
@@ -45,7 +45,7 @@ def norms(tensors: list[torch.Tensor]) -> list[float]:
             values = torch.stack([n.float() for n in torch._foreach_norm(ts)]).tolist()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse or odd layouts: one at a time
             values = [float(t.coalesce().values().norm() if t.is_sparse else t.float().norm()) for t in ts]
-        for i, v in zip(idx, values):
+        for i, v in zip(idx, values, strict=True):
             out[i] = v
     return out
 
@@ -56,7 +56,7 @@ def grad_norms(params: Iterable[torch.Tensor]) -> dict[int, float | None]:
     with_grad = [p for p in ps if p.grad is not None]
     values = norms([p.grad for p in with_grad if p.grad is not None])
     out: dict[int, float | None] = {id(p): None for p in ps}
-    out.update({id(p): v for p, v in zip(with_grad, values)})
+    out.update({id(p): v for p, v in zip(with_grad, values, strict=True)})
     return out
 
 
@@ -162,8 +162,9 @@ class StepObserver:
             before = grad_norms(self._optimizer_params())
             stale = any(v for v in before.values())
         scale = getattr(getattr(loss, "grad_fn", None), "name", lambda: None)()
+        stale_norm = math.sqrt(sum(v * v for v in before.values() if v))
         self.backwards.append(BackwardCall(call=self.call, location=self.where_outer(), scaled=scale in _SCALING,
-                                           top=scale, stale=stale, stale_norm=math.sqrt(sum(v * v for v in before.values() if v))))
+                                           top=scale, stale=stale, stale_norm=stale_norm))
         self.events.append(Event(self.call, "backward", self.backwards[-1].location))
 
     def where_outer(self) -> dict | None:
@@ -312,8 +313,8 @@ class StepObserver:
         self._snap = None
         updates = norms(torch._foreach_sub([p.detach() for p in moving], copies)) if moving else []
         del copies
-        upd = {id(p): u for p, u in zip(moving, updates)}
-        weights = dict(zip((id(p) for p in moving), norms(list(moving)))) if moving else {}
+        upd = {id(p): u for p, u in zip(moving, updates, strict=True)}
+        weights = dict(zip((id(p) for p in moving), norms(list(moving)), strict=True)) if moving else {}
         for pid, ps in step.params.items():
             ps.update = upd.get(pid)
             ps.weight = weights.get(pid)

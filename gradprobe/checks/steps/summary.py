@@ -69,8 +69,8 @@ def verified(facts: AuditFacts) -> list[str]:
     frozen = [v for v in facts.verdicts.values() if not v.requires_grad]
     if frozen:
         moved = [v for v in frozen if v.moved_outside]
-        out.append(f"{len(frozen) - len(moved)} frozen tensor(s) unchanged over the steps"
-                   + (f"; {len(moved)} frozen tensor(s) changed outside the optimizer (EMA/buffers-like updates)" if moved else ""))
+        also = f"; {len(moved)} frozen tensor(s) changed outside the optimizer (EMA-like updates)" if moved else ""
+        out.append(f"{len(frozen) - len(moved)} frozen tensor(s) unchanged over the steps" + also)
     for copy in facts.ema:
         if any(copy.moved):
             out.append(f"EMA copy {copy.prefix} of {copy.student or 'the model'} ({len(copy.params)} tensors) moved at "

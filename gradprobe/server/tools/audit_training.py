@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
@@ -33,12 +33,12 @@ Script mode (`script`/`module`) is not supported by this tool yet.
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}, "steps": 4}}"""
 
 
-def register(server, runtime) -> None:
+def register(server: Any, runtime: Any) -> None:
     @server.tool(name="audit_training", title="Audit several training steps", description=DESCRIPTION, annotations=READ_ONLY)
     async def audit_training(
         target: Target,
         ctx: Context,
-        steps: Annotated[int, Field(ge=1, le=32, description="How many times to run the step (each call of train_step is one).")] = 4,
+        steps: Annotated[int, Field(ge=1, le=32, description="How many steps to run (one call of train_step each).")] = 4,
     ) -> Annotated[CallToolResult, Report]:
         if target.script or target.module:
             raise ToolError("audit_training runs the build_model()/train_step form only (script mode is not supported "
