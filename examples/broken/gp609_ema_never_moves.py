@@ -31,7 +31,7 @@ def make_inputs():
 
 
 def make_optimizer(model):
-    return torch.optim.SGD(list(model.online.parameters(), strict=True) + list(model.predictor.parameters()), lr=0.1)
+    return torch.optim.SGD(list(model.online.parameters()) + list(model.predictor.parameters()), lr=0.1)
 
 
 def train_step(model, x, optimizer):

@@ -22,6 +22,7 @@ from gradprobe.checks.steps.observe import StepObserver, norms
 from gradprobe.checks.steps.summary import facts_table, summary_lines
 from gradprobe.checks.steps.updates import UPDATE_RULES
 from gradprobe.findings import Finding, run_rules
+from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
 
 RULES = GRADIENT_RULES + UPDATE_RULES
@@ -94,6 +95,10 @@ class _Run:
         self.outside: dict[int, list[bool]] = {}
         self.ema: list[EmaCopy] = []
         self.error: str | None = None
+        self.error_call = -1
+        self.ran = 0
+        self.error_location: dict | None = None
+        self.limit: dict[str, Any] | None = None
         self.schedulers = _schedulers_of(loaded.optimizer) if loaded.train_step is None and loaded.optimizer else []
 
     def _params(self) -> dict[int, torch.Tensor]:
@@ -126,6 +131,7 @@ class _Run:
 
     def _call(self, k: int, moved_last: set[int]) -> set[int]:
         params = self._params()
+        self.ran = k + 1
         before = _weights(params)
         copies = self._ema_copies(moved_last)
         n_steps = len(self.observer.opt_steps)
@@ -152,6 +158,8 @@ class _Run:
             copy.moved.append(any(pid in moved for pid in copy.params))
         if result.failed:
             self.error = (result.error_traceback or result.loss_problem or "the step failed")[-2000:]
+            self.error_call, self.limit = k, result.resource_limit
+            self.error_location = result.error_location
         return moved
 
     def run(self) -> None:
@@ -176,7 +184,7 @@ class _Run:
         scheduled = {e.optimizer for e in obs.events if e.kind == "scheduler_step" and e.optimizer is not None}
         scheduled |= {id(s.optimizer) for s in self.schedulers}
         sites = {id(s.optimizer): _schedule_site(s, self.loaded.user) for s in [*self.schedulers, *obs.schedulers.values()]}
-        facts = AuditFacts(calls=self.steps, mode="train_step" if self.loaded.train_step is not None else "default",
+        facts = AuditFacts(calls=self.ran, mode="train_step" if self.loaded.train_step is not None else "default",
                            names=self.names, requires_grad=self.requires_grad, opt_steps=obs.opt_steps, events=obs.events,
                            grad_calls=obs.grad_calls, built=obs.built, attached=obs.attached,
                            initial_optimizer=id(opt) if opt is not None else None, optimizer_site=site[1] if site else None,
@@ -191,18 +199,25 @@ def _no_optimizer_report() -> dict:
                                               "or a `train_step` that steps one."], note="no optimizer")
 
 
-def measure(loaded: Any, steps: int) -> AuditFacts:
-    run = _Run(loaded, steps)
-    torch.set_grad_enabled(True)
-    run.run()
-    return run.facts()
-
-
 def audit_report(loaded: Any, steps: int = 4) -> dict:
     """audit_training: run the user's step `steps` times, observed; GP6xx findings and a measured all-clear."""
     steps = max(1, min(int(steps), MAX_STEPS))
     if loaded.train_step is None and loaded.optimizer is None:
         return _no_optimizer_report()
-    facts = measure(loaded, steps)
+    run = _Run(loaded, steps)
+    torch.set_grad_enabled(True)
+    run.run()
+    facts = run.facts()
     findings: list[Finding] = sorted(run_rules(RULES, facts), key=lambda f: _RANK.get(f["code"], 99))
-    return make_report("audit_training", findings, summary_lines(facts, findings), **facts_table(facts, findings))
+    if run.limit is not None:  # a memory limit stopped the step: a resource limit, not the code
+        findings.append(resource_limit_finding(f"running step {run.error_call + 1}", run.limit,
+                                               location=run.error_location))
+    report = make_report("audit_training", findings, summary_lines(facts, findings), **facts_table(facts, findings))
+    if run.error and run.limit is None:
+        first, _, rest = report["summary"].partition("\n")
+        last = run.error.strip().splitlines()[-1]
+        head = (f"Step {run.error_call + 1} of {steps} raised ({last}); " + ("the steps before it were audited: "
+                if run.error_call else "nothing was audited: ") + first)
+        report["summary"] = head + ("\n" + rest if rest else "")
+        report["facts"]["step_error_location"] = run.error_location
+    return report

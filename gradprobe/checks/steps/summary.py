@@ -84,8 +84,6 @@ def verified(facts: AuditFacts) -> list[str]:
 
 def summary_lines(facts: AuditFacts, findings: list[Finding]) -> list[str]:
     lines = [headline(facts)]
-    if facts.step_error:
-        lines.append("The step raised; the steps before it were audited: " + facts.step_error.splitlines()[-1])
     if not facts.opt_steps and not facts.step_error:
         lines.append("No optimizer.step() ran in the observed steps: nothing was updated.")
     if not any(f["severity"] in ("error", "warning") for f in findings):
