@@ -110,3 +110,22 @@ async def test_script_mode_and_bad_steps_are_tool_errors(client):
     r = await client.call_tool("audit_training", {"target": {"project_dir": str(EXAMPLES), "model": "healthy_cnn.py"},
                                                   "steps": 0})
     assert r.is_error
+
+
+@pytest.mark.anyio
+async def test_a_step_that_raises_heads_the_summary_and_earlier_steps_stay_audited(client, tmp_path):
+    (tmp_path / "flaky.py").write_text(
+        "import torch\nimport torch.nn as nn\n\nCALLS = [0]\n\n"
+        "def build_model():\n    return nn.Linear(3, 2)\n\n"
+        "def make_inputs():\n    return torch.randn(4, 3)\n\n"
+        "def make_optimizer(model):\n    return torch.optim.SGD(model.parameters(), lr=0.1)\n\n"
+        "def train_step(model, x, opt):\n"
+        "    CALLS[0] += 1\n"
+        "    if CALLS[0] == 3:\n"
+        "        raise ValueError('bad batch')\n"
+        "    opt.zero_grad()\n    model(x).square().mean().backward()\n    opt.step()\n")
+    result = await client.call_tool("audit_training", {"target": {"project_dir": str(tmp_path), "model": "flaky.py"}, "steps": 4})
+    report = result.structured_content
+    assert report["summary"].startswith("Step 3 of 4 raised (ValueError: bad batch); the steps before it were audited")
+    assert report["facts"]["step_error_location"]["line"] == 18
+    assert len(report["facts"]["optimizer_steps"]) == 2 and report["facts"]["steps"] == 3
