@@ -91,7 +91,8 @@ def main() -> None:
               f"ratio {a / p:.2f}x")
     n = sum(p.numel() for p in GPT2LMHeadModel(cfg).parameters())
     print(f"audit_overhead: GPT-2 {args.layers}x{args.width} ({n / 1e6:.1f} M parameters), batch 4x64, {args.steps} steps, "
-          f"{args.device}, {'wall' if cuda else 'CPU'} time, {args.threads} thread(s): median ratio {statistics.median(ratios):.2f}x (min {min(ratios):.2f}x, max {max(ratios):.2f}x; "
+          f"{args.device}, {'wall' if cuda else 'CPU'} time, {args.threads} thread(s): "
+          f"median ratio {statistics.median(ratios):.2f}x (min {min(ratios):.2f}x, max {max(ratios):.2f}x; "
           f"plain median {statistics.median(plains):.3f} s, audit median {statistics.median(audits):.3f} s; target <= 1.3x)")
 
 

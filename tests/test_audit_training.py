@@ -129,3 +129,28 @@ async def test_a_step_that_raises_heads_the_summary_and_earlier_steps_stay_audit
     assert report["summary"].startswith("Step 3 of 4 raised (ValueError: bad batch); the steps before it were audited")
     assert report["facts"]["step_error_location"]["line"] == 18
     assert len(report["facts"]["optimizer_steps"]) == 2 and report["facts"]["steps"] == 3
+
+
+@pytest.mark.anyio
+async def test_grad_scaler_scale_unscale_and_skipped_steps_are_measured(client, tmp_path):
+    (tmp_path / "amp.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "def build_model():\n    return nn.Linear(3, 2)\n\n"
+        "def make_inputs():\n    return torch.randn(4, 3)\n\n"
+        "def make_optimizer(model):\n    return torch.optim.SGD(model.parameters(), lr=0.1)\n\n"
+        "SCALER = torch.amp.GradScaler('cpu', init_scale=1024.0)\n\n"
+        "def train_step(model, x, opt):\n"
+        "    opt.zero_grad()\n"
+        "    SCALER.scale(model(x).square().mean()).backward()\n"
+        "    SCALER.unscale_(opt)\n"
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "    SCALER.step(opt)\n"
+        "    SCALER.update()\n")
+    result = await client.call_tool("audit_training", {"target": {"project_dir": str(tmp_path), "model": "amp.py"}, "steps": 2})
+    report = result.structured_content
+    assert report["ok"] and not report["findings"], report["findings"]
+    assert [(s["scale"], s["skipped"]) for s in report["facts"]["grad_scaler"]] == [(1024.0, False), (1024.0, False)]
+    changed = report["facts"]["changed_between_backward_and_step"]
+    # unscale_ divides the gradient by the scale, then clipping scales it: both writes, with their lines
+    assert changed and all(c["writes"][0].startswith("amp.py:18 ") and c["by"] == "amp.py:19" for c in changed), changed
+    assert any(v.startswith("GradScaler: scale 1.02e+03, 0 of 2") for v in report["facts"]["verified"])

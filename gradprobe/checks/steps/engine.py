@@ -189,7 +189,8 @@ class _Run:
                            grad_calls=obs.grad_calls, built=obs.built, attached=obs.attached,
                            initial_optimizer=id(opt) if opt is not None else None, optimizer_site=site[1] if site else None,
                            scheduled=scheduled, schedule_sites={k: v for k, v in sites.items() if v},
-                           outside_moves=self.outside, ema=self.ema, step_error=self.error)
+                           outside_moves=self.outside, ema=self.ema, step_error=self.error,
+                           scaler_steps=obs.scaler_steps)
         derive(facts)
         return facts
 

@@ -39,8 +39,9 @@ class GradChange:
     param: int
     before: float
     after: float | None  # None: set to None
-    location: dict | None  # the user line that wrote it, when seen
+    location: dict | None  # the user line that wrote it last, when seen
     op: str
+    writers: list[str] = field(default_factory=list)  # every write seen, in order: "file.py:LINE op"
 
 
 @dataclass
@@ -90,6 +91,16 @@ class GradCall:
     inputs_are_parameters: bool
     probes: list[Any] = field(default_factory=list)  # tensors it returned, marked to see whether a loss used them
     used_in_backward: bool = False
+
+
+@dataclass
+class ScalerStep:
+    """One GradScaler.step(optimizer): the scale it ran with, and whether it skipped the optimizer step (inf/nan)."""
+
+    call: int
+    location: dict | None
+    scale: float | None
+    skipped: bool
 
 
 @dataclass
@@ -156,6 +167,7 @@ class AuditFacts:
     outside_moves: dict[int, list[bool]]  # id -> per call: changed outside the optimizer
     ema: list[EmaCopy]
     step_error: str | None = None
+    scaler_steps: list[ScalerStep] = field(default_factory=list)
     verdicts: dict[int, Verdict] = field(default_factory=dict)
 
     def name(self, pid: int) -> str:

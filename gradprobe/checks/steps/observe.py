@@ -26,7 +26,7 @@ import torch.optim.optimizer as optimizer_mod
 from torch.overrides import TorchFunctionMode
 
 from gradprobe.checks.steps.facts import (
-    AttachSite, BackwardCall, Event, GradCall, GradChange, GroupStep, OptimizerBuilt, OptStep, ParamStep,
+    AttachSite, BackwardCall, Event, GradCall, GradChange, GroupStep, OptimizerBuilt, OptStep, ParamStep, ScalerStep, at,
 )
 from gradprobe.userframes import UserCode
 
@@ -96,11 +96,12 @@ class StepObserver:
         self.grad_calls: list[GradCall] = []
         self.built: list[OptimizerBuilt] = []
         self.attached: list[AttachSite] = []
+        self.scaler_steps: list[ScalerStep] = []
         self.schedulers: dict[int, Any] = {}  # id(optimizer) -> a scheduler seen stepping it
         self.backwards: list[BackwardCall] = []  # since the last optimizer step
         self.zero_grads_between: list[tuple[dict | None, int]] = []
         self.after_backward: dict[int, float | None] = {}
-        self.writes: dict[int, tuple[dict | None, str]] = {}
+        self.writes: dict[int, list[tuple[dict | None, str]]] = {}
         self.window: _GradWrites | None = None
         self.last_step_location: dict | None = None
         self._snap: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
@@ -132,7 +133,7 @@ class StepObserver:
         return list(seen.values())
 
     def note_write(self, pid: int, op: str) -> None:
-        self.writes[pid] = (self.user.innermost(sys._getframe(2)), op)
+        self.writes.setdefault(pid, []).append((self.user.innermost(sys._getframe(2)), op))
 
     def _open_window(self) -> None:
         if self.window is not None:
@@ -275,6 +276,19 @@ class StepObserver:
 
         return setattr_
 
+    def _wrap_scaler_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        observer = self
+
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            before = len(observer.opt_steps)
+            scale = float(scaler.get_scale()) if scaler.is_enabled() else None
+            result = orig(scaler, optimizer, *args, **kwargs)
+            observer.scaler_steps.append(ScalerStep(call=observer.call, location=observer.where(), scale=scale,
+                                                    skipped=len(observer.opt_steps) == before))
+            return result
+
+        return step
+
     # ---- optimizer step hooks --------------------------------------------------------------------------------------
 
     def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> None:
@@ -288,8 +302,10 @@ class StepObserver:
         for p in params:
             before, after = self.after_backward.get(id(p)), at_step.get(id(p))
             if before is not None and before != after:
-                site, op = self.writes.get(id(p), (None, ""))
-                changes.append(GradChange(param=id(p), before=before, after=after, location=site, op=op))
+                writers = self.writes.get(id(p)) or [(None, "")]
+                site, op = writers[-1]
+                changes.append(GradChange(param=id(p), before=before, after=after, location=site, op=op,
+                                          writers=[f"{at(loc)} {name}" for loc, name in writers if name]))
         moving = [p for p in params if p.grad is not None]
         self._snap = (moving, [p.detach().clone() for p in moving])
         step = OptStep(call=self.call, optimizer=id(opt), location=loc, backwards=self.backwards,
@@ -347,6 +363,9 @@ class StepObserver:
             self._patch(lr_scheduler.ReduceLROnPlateau, "step", self._wrap_sched(lr_scheduler.ReduceLROnPlateau.step))
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_opt_init(torch.optim.Optimizer.__init__))
         self._patch(nn.Module, "__setattr__", self._wrap_setattr(nn.Module.__setattr__))
+        scaler = getattr(torch.amp, "GradScaler", None)
+        if scaler is not None and "step" in scaler.__dict__:
+            self._patch(scaler, "step", self._wrap_scaler_step(scaler.step))
         self._stack.callback(optimizer_mod.register_optimizer_step_pre_hook(self._pre_step).remove)
         self._stack.callback(optimizer_mod.register_optimizer_step_post_hook(self._post_step).remove)
         self._stack.callback(self.close_window)

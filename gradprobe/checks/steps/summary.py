@@ -56,7 +56,7 @@ def verified(facts: AuditFacts) -> list[str]:
     changed = [c for s in facts.opt_steps for c in s.changes]
     if changed:
         ratios = [c.after / c.before for c in changed if c.after and c.before]
-        out.append(f"gradients changed between backward() and step() (clipping or hooks) by a factor {_span(ratios)}, "
+        out.append(f"gradients changed between backward() and step() (unscale_, clipping or hooks) by a factor {_span(ratios)}, "
                    "never to zero")
     else:
         out.append("no gradient changed between backward() and optimizer.step()")
@@ -76,6 +76,10 @@ def verified(facts: AuditFacts) -> list[str]:
             out.append(f"EMA copy {copy.prefix} of {copy.student or 'the model'} ({len(copy.params)} tensors) moved at "
                        f"{sum(copy.moved)} of {len(copy.moved)} steps; it kept {_span(copy.kept)} of its gap to the "
                        "student per step (an EMA keeps its decay)")
+    if facts.scaler_steps:
+        skipped = sum(s.skipped for s in facts.scaler_steps)
+        out.append(f"GradScaler: scale {_span([s.scale for s in facts.scaler_steps if s.scale is not None])}, "
+                   f"{skipped} of {len(facts.scaler_steps)} optimizer steps skipped for inf/nan gradients")
     counts = [s.state_step for s in facts.opt_steps if s.state_step is not None]
     if counts:
         out.append(f"optimizer state step count {_span(counts)} over the steps (never reset)")
@@ -85,7 +89,9 @@ def verified(facts: AuditFacts) -> list[str]:
 def summary_lines(facts: AuditFacts, findings: list[Finding]) -> list[str]:
     lines = [headline(facts)]
     if not facts.opt_steps and not facts.step_error:
-        lines.append("No optimizer.step() ran in the observed steps: nothing was updated.")
+        lines.append("No optimizer.step() ran in the observed steps: nothing was updated"
+                     + (" (the GradScaler skipped every step: the scaled gradients were inf or nan)."
+                        if facts.scaler_steps else "."))
     if not any(f["severity"] in ("error", "warning") for f in findings):
         lines += ["Verified: " + v for v in verified(facts)]
     return lines
@@ -114,7 +120,8 @@ def facts_table(facts: AuditFacts, findings: list[Finding]) -> dict[str, Any]:
         "order": [{"step": e.call + 1, "event": e.kind, "at": at(e.location)} for e in facts.events[:120]],
         "changed_between_backward_and_step": [
             {"step": s.call + 1, "parameter": facts.name(c.param), "before": c.before, "after": c.after,
-             "by": at(c.location), "op": c.op} for s in facts.opt_steps for c in s.changes][:MAX_ROWS],
+             "by": at(c.location), "op": c.op, "writes": c.writers[:8]}
+            for s in facts.opt_steps for c in s.changes][:MAX_ROWS],
         "moved_outside_optimizer": listed(moved_outside, 20) if moved_outside else "",
         "ema_copies": [{"copy": c.prefix, "of": c.student, "tensors": len(c.params), "moved_per_step": c.moved,
                         "kept_gap_per_step": c.kept} for c in facts.ema],
@@ -124,6 +131,8 @@ def facts_table(facts: AuditFacts, findings: list[Finding]) -> dict[str, Any]:
         "optimizers_built_during_steps": [{"step": b.call + 1, "at": at(b.location)} for b in facts.built if b.call >= 0],
         "attached_during_steps": [{"step": a.call + 1, "at": at(a.location), "tensors": len(a.params)}
                                   for a in facts.attached if a.call >= 0][:64],
+        "grad_scaler": [{"step": s.call + 1, "at": at(s.location), "scale": s.scale, "skipped": s.skipped}
+                        for s in facts.scaler_steps[:64]],
         "verified": verified(facts) if ok else [],
         "step_error": facts.step_error,
     }
