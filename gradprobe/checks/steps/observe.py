@@ -368,6 +368,8 @@ class StepObserver:
             self._patch(scaler, "step", self._wrap_scaler_step(scaler.step))
         self._stack.callback(optimizer_mod.register_optimizer_step_pre_hook(self._pre_step).remove)
         self._stack.callback(optimizer_mod.register_optimizer_step_post_hook(self._post_step).remove)
+        # the window between a backward and the step closes at the next forward too (accumulation): no mode in a forward
+        self._stack.callback(self.model.register_forward_pre_hook(lambda module, args: self.close_window()).remove)
         self._stack.callback(self.close_window)
         return self
 
