@@ -238,8 +238,10 @@ class StepObserver:
             result = orig(outputs, inputs, *args, **kwargs)
             call = GradCall(call=observer.call, location=observer.where(), create_graph=create_graph,
                             inputs_are_parameters=on_params)
-            if not create_graph and not on_params:
-                # a probe: if what this returned feeds a loss that is backpropagated, its .grad fills in
+            direct = observer.user.is_user_file(sys._getframe(1).f_code.co_filename)
+            if not create_graph and not on_params and direct:
+                # a probe: if what this returned feeds a loss that is backpropagated, its .grad fills in. Only for the
+                # user's own direct call (never inside a library); the returned tensor then requires grad
                 for g in result if isinstance(result, tuple) else (result,):
                     if isinstance(g, torch.Tensor) and g.is_floating_point() and not g.requires_grad and g.grad_fn is None:
                         g.requires_grad_(True)
