@@ -103,9 +103,11 @@ class _Run:
 
     def _params(self) -> dict[int, torch.Tensor]:
         out: dict[int, torch.Tensor] = {}
-        for pid, ns in param_names(self.model).items():
-            self.names.setdefault(pid, ns[0])
-        for p in self.model.parameters():
+        params = list(self.model.parameters())
+        if any(id(p) not in self.names for p in params):  # names once, again only when a parameter appears
+            for pid, ns in param_names(self.model).items():
+                self.names.setdefault(pid, ns[0])
+        for p in params:
             out[id(p)] = p
             self.requires_grad[id(p)] = p.requires_grad
         return out
