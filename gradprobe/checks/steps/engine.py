@@ -205,6 +205,10 @@ def _no_optimizer_report() -> dict:
 def audit_report(loaded: Any, steps: int = 4) -> dict:
     """audit_training: run the user's step `steps` times, observed; GP6xx findings and a measured all-clear."""
     steps = max(1, min(int(steps), MAX_STEPS))
+    if isinstance(getattr(loaded, "info", None), dict) and "script_step" in loaded.info:  # a replayed script step
+        return make_report("audit_training", [], ["audit_training does not run script mode yet (it would audit a replay, "
+                                                  "not the script's own steps): give `model` and `train_step` instead."],
+                           note="script mode not supported")
     if loaded.train_step is None and loaded.optimizer is None:
         return _no_optimizer_report()
     run = _Run(loaded, steps)
