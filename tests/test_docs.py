@@ -37,13 +37,18 @@ def _rule_names(trees: dict[Path, ast.Module]) -> dict[str, str]:
 
 
 def emitted_codes() -> dict[str, set[str]]:
-    """Code -> the modules that build a finding of it: `GP302.finding(...)`, the rule unit's one way.
-    """
+    """Code -> the modules that emit it: a `GP302.finding(...)` call, or a detector registered with `@GP302.detector`
+    (whose findings a shared helper may build through the rule object it is handed)."""
     trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in _sources()}
     names = _rule_names(trees)
     out: dict[str, set[str]] = {}
     for path, tree in trees.items():
         for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for deco in node.decorator_list:
+                    if isinstance(deco, ast.Attribute) and deco.attr == "detector" and isinstance(deco.value, ast.Name):
+                        if deco.value.id in names:
+                            out.setdefault(names[deco.value.id], set()).add(str(path.relative_to(ROOT)))
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
