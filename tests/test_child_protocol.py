@@ -119,7 +119,8 @@ def test_the_child_side_needs_only_the_standard_library_and_torch(tmp_path):
         "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
         "from gradprobe.sandbox.protocol import Job\n"
         "from gradprobe.sandbox.run_check import run_job\n"
-        "rep = run_job(Job(tool='diagnose', target={'project_dir': sys.argv[3], 'model': 'gp101_temperature_tensor.py'}), lambda p: None)\n"
+        "target = {'project_dir': sys.argv[3], 'model': 'gp101_temperature_tensor.py'}\n"
+        "rep = run_job(Job(tool='diagnose', target=target), lambda p: None)\n"
         "print(sorted({f['code'] for f in rep['findings']}), 'pydantic' in sys.modules, 'mcp' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(site), str(ROOT), str(EXAMPLES)],

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import json
 import types
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from typing_extensions import dataclass_transform
 
 M = TypeVar("M", bound="WireModel")
 T = TypeVar("T")
@@ -27,18 +28,23 @@ class WireError(ValueError):
     """A message that does not fit its model."""
 
 
-def Field(*, default_factory: Callable[[], Any]) -> Any:  # noqa: N802 - reads like the pydantic field it replaces
+def Field(*, default_factory: Callable[[], Any]) -> Any:  # reads like the pydantic field it replaces
     return dataclasses.field(default_factory=default_factory)
 
 
+@dataclass_transform(kw_only_default=True, field_specifiers=(Field, dataclasses.field))
 def model(cls: type[T]) -> type[T]:
     """Make a WireModel subclass a keyword-only dataclass."""
     return dataclasses.dataclass(kw_only=True)(cls)
 
 
-@functools.cache
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def _is_model(tp: Any) -> bool:
