@@ -121,7 +121,8 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
         return ToolError(tool_error=f"{tool}: the script's step could not be replayed (the model was never called with "
                                     "grad enabled)")
     loaded = Loaded(model=rep.model, batch=rep.batch, loss_fn=rep.loss_fn, optimizer=cap.optimizer, make_optimizer=None,
-                    train_step=rep.train_step, user=watch.user, record=record, device=device, info=info)
+                    train_step=rep.train_step, user=watch.user, record=record, device=device, info=info,
+                    wrapper=rep.wrapper)
     progress(Phase.CHECKING)
     try:
         report = run_tool(tool, loaded, options)
