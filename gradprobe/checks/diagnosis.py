@@ -17,7 +17,7 @@ import contextlib
 
 import torch
 
-from gradprobe.checks import gradcheck, optimizer, prompt_tuning, registration, trace
+from gradprobe.checks import compiled, gradcheck, optimizer, prompt_tuning, registration, trace
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks._step import param_names
 from gradprobe.flowchart import flow_graph, flow_mermaid
@@ -179,6 +179,10 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         findings += pfindings
         facts["prompt_tuning"] = pfacts
         facts["checks"].append("prompt_tuning")
+    cfindings, cfacts = compiled.compiled_findings(loaded)  # GP701: a torch.compile'd module against eager
+    if cfacts is not None:
+        findings, facts["compiled"] = findings + cfindings, cfacts
+        facts["checks"].append("compiled")
     return findings, facts
 
 
