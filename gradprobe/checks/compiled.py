@@ -17,7 +17,7 @@ import inspect
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -156,7 +156,7 @@ def measure(loaded: Any) -> CompiledFacts | None:
     wrapper = compiled_wrapper(getattr(loaded, "wrapper", None), loaded.model)
     if wrapper is None:
         return None
-    eager: nn.Module = getattr(wrapper, "_orig_mod")
+    eager = cast(nn.Module, wrapper._orig_mod)
     facts = CompiledFacts(wrapper=f"{type(wrapper).__name__} of {type(eager).__name__}")
     if loaded.batch is None or loaded.train_step is not None:
         facts.skipped = "needs a batch and the default step (a train_step is not replayed twice)"
@@ -170,7 +170,7 @@ def measure(loaded: Any) -> CompiledFacts | None:
         facts.skipped = f"{type(exc).__name__}: {str(exc)[:300]}"
         return facts
     facts.compared = len(named)
-    facts.diffs = [d for (n, _), e, c in zip(named, ge, gc) if (d := _compare(n, e, c)) is not None]
+    facts.diffs = [d for (n, _), e, c in zip(named, ge, gc, strict=True) if (d := _compare(n, e, c)) is not None]
     return facts
 
 

@@ -92,6 +92,7 @@ def _deliver_and_exit(report: ToolError | dict[str, Any], progress: Callable[[st
 def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], progress: Callable[[str], None],
                 run: ScriptRun, record: BuildRecord) -> ToolError | dict[str, Any]:
     import torch
+    import torch.nn as nn
 
     from gradprobe.tools import run_tool
     from gradprobe.loading import Loaded
@@ -126,7 +127,7 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
         # the script compiled its model while gradprobe's observers were patched in (they are in its graphs and in
         # the wrapper's forward): the checks compare eager with a fresh compile (aot_eager, the portable backend)
         torch._dynamo.reset()
-        wrapper = torch.compile(rep.model, backend="aot_eager")
+        wrapper = cast(nn.Module, torch.compile(rep.model, backend="aot_eager"))
         step_facts["compiled_afresh"] = "aot_eager"
     loaded = Loaded(model=rep.model, batch=rep.batch, loss_fn=rep.loss_fn, optimizer=cap.optimizer, make_optimizer=None,
                     train_step=rep.train_step, user=watch.user, record=record, device=device, info=info,

@@ -25,7 +25,7 @@ class MLP(nn.Module):
 
 model = torch.compile(MLP(), backend="aot_eager")
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-for step in range(args.steps):
+for _ in range(args.steps):
     x, y = torch.randn(8, 16), torch.randn(8)
     loss = F.mse_loss(model(x), y)
     optimizer.zero_grad()
