@@ -17,7 +17,7 @@ import contextlib
 
 import torch
 
-from gradprobe.checks import compiled, gradcheck, optimizer, prompt_tuning, registration, trace
+from gradprobe.checks import compiled, gradcheck, optimizer, precision, prompt_tuning, registration, trace
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks._step import param_names
 from gradprobe.flowchart import flow_graph, flow_mermaid
@@ -42,6 +42,7 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "GP404": _CUTS | {"GP308"}, "GP406": _CUTS, "GP407": _CUTS,
     "GP502": _CUTS | {"GP305"}, "GP505": _CUTS | {"GP303", "GP305", "GP308"}, "GP510": _CUTS | {"GP504", "GP109"},
     "GP511": _CUTS | {"GP303", "GP308"}, "GP508": frozenset({"GP503"}),
+    "GP702": frozenset({"GP207", "GP306"}),  # fp16 weights: underflowed gradients are zero, tiny updates are lost
 }
 
 
@@ -179,10 +180,11 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         findings += pfindings
         facts["prompt_tuning"] = pfacts
         facts["checks"].append("prompt_tuning")
-    cfindings, cfacts = compiled.compiled_findings(loaded)  # GP701: a torch.compile'd module against eager
-    if cfacts is not None:
-        findings, facts["compiled"] = findings + cfindings, cfacts
-        facts["checks"].append("compiled")
+    for name, scale in (("compiled", compiled.compiled_findings), ("precision", precision.precision_findings)):
+        sfindings, sfacts = scale(loaded)  # GP701 (torch.compile against eager), GP702 (fp16/bf16 parameters)
+        if sfacts is not None:
+            findings, facts[name] = findings + sfindings, sfacts
+            facts["checks"].append(name)
     return findings, facts
 
 
