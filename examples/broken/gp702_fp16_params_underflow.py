@@ -2,8 +2,10 @@
 mean over many pixels of small residuals, so most gradient entries fall below fp16's smallest subnormal (about 6e-8)
 and flush to zero, and the optimizer updates fp16 weights with no fp32 master copy.
 
-After the fp16 underflow reports that motivated loss scaling (pytorch/pytorch#40497, "fp16 gradients become zero
-without GradScaler"); the mixed-precision recipe keeps weights in fp32 and runs the forward under torch.autocast.
+After engichang1467/Open-Rig3R#35 ("autocast defaults to fp16 with no GradScaler: gradients can silently underflow
+to zero") and pytorch/pytorch#74739 (a pure fp16 model: its fp16 weights are what the optimizer updates, and GradScaler
+refuses to unscale fp16 gradients); the mixed-precision recipe keeps weights in fp32 and runs the forward under
+torch.autocast.
 """
 import torch
 import torch.nn as nn
