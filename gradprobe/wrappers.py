@@ -31,7 +31,7 @@ def unwrap_library(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
         inner = _inner(m)
         if inner is None:
             break
-        outer, m = outer or model, inner
+        outer, m = (model if outer is None else outer), inner
     return m, outer
 
 

@@ -22,8 +22,10 @@ def _names_unprefixed(report: dict) -> None:
 
 
 @pytest.mark.anyio
-async def test_compiled_script_is_healthy(client):
-    target = {"project_dir": str(SCRIPTS / "compiled"), "script": "train.py", "args": ["--steps=2"], "timeout_s": 240}
+@pytest.mark.parametrize("project,count", [("compiled", 6), ("ddp_compiled", 4)])
+async def test_compiled_script_is_healthy(client, project, count):
+    """A compiled script (and a compiled DDP one, world size 1): no GP000, no error or warning, names unprefixed."""
+    target = {"project_dir": str(SCRIPTS / project), "script": "train.py", "args": ["--steps=2"], "timeout_s": 240}
     result = await client.call_tool("diagnose", {"target": target})
     assert not result.is_error, result.content
     report = result.structured_content
@@ -31,7 +33,7 @@ async def test_compiled_script_is_healthy(client):
     _names_unprefixed(report)
     assert report["facts"]["script_step"]["wrapper"] == "OptimizedModule"
     compiled = report["facts"]["compiled"]
-    assert compiled["compared"] == 6 and not compiled["differing"] and compiled["skipped"] is None, compiled
+    assert compiled["compared"] == count and not compiled["differing"] and compiled["skipped"] is None, compiled
 
 
 @pytest.mark.anyio

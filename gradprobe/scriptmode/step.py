@@ -25,6 +25,7 @@ import torch.nn as nn
 from gradprobe.checks._step import floating_outputs
 from gradprobe.scriptmode.observe import Backward, ModuleCall, StepWatch
 from gradprobe.userframes import UserCode
+from gradprobe.wrappers import unwrap_library
 
 _PROJECTION_SEED = 1234
 
@@ -257,7 +258,8 @@ def _call_of(watch: StepWatch, model: nn.Module) -> ModuleCall | None:
     """The model's last recorded top-level call (or a wrapper's whose child it is)."""
     hit = watch.calls.get(id(model))
     for c in watch.calls.values():
-        if any(ch is model for ch in c.module.children()) and (hit is None or c.seq > hit.seq):
+        wraps = any(ch is model for ch in c.module.children()) or unwrap_library(c.module)[0] is model  # compiled(DDP(m))
+        if wraps and (hit is None or c.seq > hit.seq):
             if not c.module._parameters or not [p for p in c.module._parameters.values() if p is not None]:
                 hit = c
     return hit
