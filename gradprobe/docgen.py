@@ -20,6 +20,7 @@ FAMILIES = {
     "GP3": "The traced step (GP3xx)",
     "GP4": "Custom autograd Functions (GP4xx)",
     "GP5": "Prompt tuning (GP5xx)",
+    "GP7": "Compiled graphs and mixed precision (GP7xx)",
 }
 
 
