@@ -21,6 +21,7 @@ FAMILIES = {
     "GP4": "Custom autograd Functions (GP4xx)",
     "GP5": "Prompt tuning (GP5xx)",
     "GP6": "Several training steps (GP6xx)",
+    "GP7": "Compiled graphs and mixed precision (GP7xx)",
 }
 
 

@@ -25,6 +25,7 @@ from gradprobe.errors import TargetError, TargetRefError
 from gradprobe.phases import Phase
 from gradprobe.checks.torchcompat import requires_grad_descriptor
 from gradprobe.userframes import SETUP_FILENAME, UserCode
+from gradprobe.wrappers import unwrap_library
 
 CONVENTIONAL = {
     "model": "build_model",
@@ -192,6 +193,7 @@ class Loaded:
     device: str
     optimizer_error: TargetError | None = None
     info: dict = field(default_factory=dict)
+    wrapper: nn.Module | None = None  # a library wrapper (compiled, DDP) around `model`, see gradprobe/wrappers.py
 
 
 def _import_file(path: str) -> Any:
@@ -386,8 +388,10 @@ def load_target(target: dict[str, Any], progress: Callable[[str], None] = lambda
         _resolve_references(target, Resolver(project_dir), found)
 
     progress(Phase.BUILDING)
-    model = _build_model(found.get("model"), user, record, meta)
+    model, wrapper = unwrap_library(_build_model(found.get("model"), user, record, meta))
     info: dict[str, Any] = {"device": device, "grad_enabled_after_build": torch.is_grad_enabled()}
+    if wrapper is not None:
+        info["wrapper"] = type(wrapper).__name__
     if not meta:
         from gradprobe.frameworks import lightning_defaults
 
@@ -404,7 +408,7 @@ def load_target(target: dict[str, Any], progress: Callable[[str], None] = lambda
         optimizer, make_optimizer, optimizer_error = _make_optimizer(make_optimizer, model, user, record)
     return Loaded(model=model, batch=batch, loss_fn=found.get("loss"), optimizer=optimizer, make_optimizer=make_optimizer,
                   train_step=found.get("train_step"), user=user, record=record, device=device,
-                  optimizer_error=optimizer_error, info=info)
+                  optimizer_error=optimizer_error, info=info, wrapper=wrapper)
 
 
 def live_target(model: nn.Module, batch: Any = None, loss_fn: Callable | None = None, optimizer: Any = None,
@@ -416,6 +420,7 @@ def live_target(model: nn.Module, batch: Any = None, loss_fn: Callable | None = 
     """
     import inspect
 
+    model, wrapper = unwrap_library(model)
     if project_dir is None:
         try:
             project_dir = os.path.dirname(inspect.getfile(type(model)))
@@ -423,4 +428,4 @@ def live_target(model: nn.Module, batch: Any = None, loss_fn: Callable | None = 
             project_dir = os.getcwd()
     return Loaded(model=model, batch=batch, loss_fn=loss_fn, optimizer=optimizer, make_optimizer=None,
                   train_step=train_step, user=UserCode(project_dir), record=BuildRecord(), device="cpu",
-                  info={"grad_enabled_after_build": torch.is_grad_enabled()})
+                  info={"grad_enabled_after_build": torch.is_grad_enabled()}, wrapper=wrapper)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks import gradcheck, optimizer, prompt_tuning, registration, trace
+from gradprobe.checks import compiled, gradcheck, optimizer, precision, prompt_tuning, registration, trace
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks._step import StepResult, param_names
 from gradprobe.checks.recording import GradRecorder, GradTracer
@@ -48,6 +48,7 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "GP404": _CUTS | {"GP308"}, "GP406": _CUTS, "GP407": _CUTS,
     "GP502": _CUTS | {"GP305"}, "GP505": _CUTS | {"GP303", "GP305", "GP308"}, "GP510": _CUTS | {"GP504", "GP109"},
     "GP511": _CUTS | {"GP303", "GP308"}, "GP508": frozenset({"GP503"}),
+    "GP702": frozenset({"GP207", "GP306"}),  # fp16 weights: underflowed gradients are zero, tiny updates are lost
 }
 
 
@@ -233,6 +234,11 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
         findings += pfindings
         facts["prompt_tuning"] = pfacts
         facts["checks"].append("prompt_tuning")
+    for name, scale in (("compiled", compiled.compiled_findings), ("precision", precision.precision_findings)):
+        sfindings, sfacts = scale(loaded)  # GP701 (torch.compile against eager), GP702 (fp16/bf16 parameters)
+        if sfacts is not None:
+            findings, facts[name] = findings + sfindings, sfacts
+            facts["checks"].append(name)
     return findings, facts
 
 

@@ -92,11 +92,13 @@ def _deliver_and_exit(report: ToolError | dict[str, Any], progress: Callable[[st
 def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], progress: Callable[[str], None],
                 run: ScriptRun, record: BuildRecord) -> ToolError | dict[str, Any]:
     import torch
+    import torch.nn as nn
 
     from gradprobe.tools import run_tool
     from gradprobe.loading import Loaded
     from gradprobe.scriptmode.run import no_step_report
     from gradprobe.scriptmode.step import backward_locations, replay
+    from gradprobe.wrappers import compiled_wrapper
 
     watch = run.watch
     cap = watch.capture
@@ -120,8 +122,16 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
     if rep.batch is None and rep.train_step is None and BY_NAME[tool].needs_step:
         return ToolError(tool_error=f"{tool}: the script's step could not be replayed (the model was never called with "
                                     "grad enabled)")
+    wrapper = rep.wrapper
+    if compiled_wrapper(wrapper) is not None:
+        # the script compiled its model while gradprobe's observers were patched in (they are in its graphs and in
+        # the wrapper's forward): the checks compare eager with a fresh compile (aot_eager, the portable backend)
+        torch._dynamo.reset()
+        wrapper = cast(nn.Module, torch.compile(rep.model, backend="aot_eager"))
+        step_facts["compiled_afresh"] = "aot_eager"
     loaded = Loaded(model=rep.model, batch=rep.batch, loss_fn=rep.loss_fn, optimizer=cap.optimizer, make_optimizer=None,
-                    train_step=rep.train_step, user=watch.user, record=record, device=device, info=info)
+                    train_step=rep.train_step, user=watch.user, record=record, device=device, info=info,
+                    wrapper=wrapper)
     progress(Phase.CHECKING)
     try:
         report = run_tool(tool, loaded, options)

@@ -25,6 +25,7 @@ import torch.nn as nn
 from gradprobe.checks._step import floating_outputs
 from gradprobe.scriptmode.observe import Backward, ModuleCall, StepWatch
 from gradprobe.userframes import UserCode
+from gradprobe.wrappers import unwrap_library
 
 _PROJECTION_SEED = 1234
 
@@ -36,6 +37,7 @@ class Replay:
     loss_fn: Callable | None
     train_step: Callable | None
     facts: dict
+    wrapper: nn.Module | None = None  # the library wrapper (compiled, DDP) the script called, if any
 
 
 def graph_leaves(roots: list[torch.Tensor], limit: int = 200_000) -> tuple[set[int], set[int], dict[int, torch.Tensor]]:
@@ -88,7 +90,9 @@ def unwrap(m: nn.Module, user: UserCode) -> nn.Module:
 
 
 def outermost_modules() -> list[nn.Module]:
-    mods = [o for o in gc.get_objects() if isinstance(o, nn.Module)]
+    # type(), not isinstance(): a dead weakref.proxy among gc's objects (torch.compile leaves some)
+    # raises ReferenceError on any attribute access, __class__ included
+    mods = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]
     inner: set[int] = set()
     for m in mods:
         for c in m.children():
@@ -118,7 +122,7 @@ def choose_model(watch: StepWatch, in_opt: set[int], in_graph: set[int], user: U
     if best is None:
         return None, {}
     root, m = best
-    return m, {"wrapper": type(root).__name__ if root is not m else None}
+    return m, {"wrapper": type(root).__name__ if root is not m else None, "_root": root}
 
 
 def _paths(out: Any, prefix: tuple = (), depth: int = 0) -> list[tuple[tuple, torch.Tensor]]:
@@ -214,6 +218,8 @@ def replay(watch: StepWatch, user: UserCode) -> Replay | None:
     model, facts = choose_model(watch, in_opt, leaf_ids, user)
     if model is None:
         return None
+    root = facts.pop("_root")
+    wrapper = root if root is not model else None
     call = _call_of(watch, model)
     notes: list[str] = []
     if call is not None:
@@ -223,10 +229,10 @@ def replay(watch: StepWatch, user: UserCode) -> Replay | None:
                      call_location=call.location)
         if notes:
             facts["detached_inputs"] = notes
-        return Replay(model, batch, loss_fn, None, facts)
+        return Replay(model, batch, loss_fn, None, facts, wrapper)
     method = _method_of(watch, model)
     if method is None:
-        return Replay(model, None, None, None, dict(facts, replay=None))
+        return Replay(model, None, None, None, dict(facts, replay=None), wrapper)
     args = _detached(method.method_args, notes)
     kwargs = _detached(method.method_kwargs, notes)
     fn = method.method
@@ -245,14 +251,15 @@ def replay(watch: StepWatch, user: UserCode) -> Replay | None:
 
     facts.update(replay=f"the user's method {getattr(fn, '__qualname__', '?')}, with the arguments it got",
                  call_location=method.location)
-    return Replay(model, None, None, train_step, facts)
+    return Replay(model, None, None, train_step, facts, wrapper)
 
 
 def _call_of(watch: StepWatch, model: nn.Module) -> ModuleCall | None:
     """The model's last recorded top-level call (or a wrapper's whose child it is)."""
     hit = watch.calls.get(id(model))
     for c in watch.calls.values():
-        if any(ch is model for ch in c.module.children()) and (hit is None or c.seq > hit.seq):
+        wraps = any(ch is model for ch in c.module.children()) or unwrap_library(c.module)[0] is model  # compiled(DDP(m))
+        if wraps and (hit is None or c.seq > hit.seq):
             if not c.module._parameters or not [p for p in c.module._parameters.values() if p is not None]:
                 hit = c
     return hit

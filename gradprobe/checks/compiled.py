@@ -1,0 +1,182 @@
+"""Compiled against eager (GP701): for a model wrapped by `torch.compile` (an OptimizedModule), the gradient of
+every parameter from the compiled module and from the eager module it wraps, on the same batch and seed.
+
+A compiled graph is traced once and replayed: what dynamo did not guard on is baked in (a forward hook
+registered after the first compiled call, pytorch/pytorch#117758; a backward hook, #115750), and a backend
+can compute a different derivative (#183602). Eager is the reference: a parameter whose compiled gradient
+is missing, or differs beyond a tolerance, is named. The compiled module runs as the user built it (its own
+backend); nothing is recompiled, so what it traced earlier is what is compared.
+
+Three stages: `measure` runs both steps (RNG and buffers restored around each), `run_rules((GP701,), facts)`,
+and the caller ranks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+import torch.nn as nn
+
+from gradprobe.checks._step import call_model, compute_loss
+from gradprobe.findings import Finding, Rule, Situation, run_rules
+from gradprobe.wrappers import compiled_wrapper
+
+RTOL = 1e-3  # relative L2 difference of a gradient beyond which compiled and eager disagree (fp32, aot_eager: ~1e-7)
+_SEED = 1234
+
+
+@dataclass
+class GradDiff:
+    name: str
+    status: str  # "missing" (compiled gave none, eager did), "differs", "extra" (compiled gave one, eager none)
+    eager_norm: float | None
+    compiled_norm: float | None
+    rel_diff: float | None
+
+
+@dataclass
+class CompiledFacts:
+    wrapper: str
+    compared: int = 0
+    diffs: list[GradDiff] = field(default_factory=list)
+    skipped: str | None = None
+
+    def of(self, status: str) -> list[GradDiff]:
+        return [d for d in self.diffs if d.status == status]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"wrapper": self.wrapper, "compared": self.compared, "skipped": self.skipped, "tolerance": RTOL,
+                "differing": [vars(d) for d in self.diffs[:20]]}
+
+
+GP701: Rule[CompiledFacts] = Rule(
+    code="GP701", name="compiled-grad-differs", severity="error", rank=38,
+    summary="A compiled module (torch.compile) gives a parameter a gradient that is missing or differs from eager.",
+    why="A compiled graph is traced once and replayed: Python-side state it did not guard on (a hook registered after "
+        "the first compiled call, a module attribute changed later) is baked in, and a backend can compute a different "
+        "derivative. Training then follows gradients that the eager model, the one you read and test, would not give.",
+    example="model = torch.compile(net); model(x)  # traced here\n"
+            "net.encoder.register_forward_hook(lambda m, i, o: o * m.gate)  # never runs in the compiled graph",
+    message="The compiled module ({wrapper}) gives {count} parameter(s) a gradient that differs from eager on the same "
+            "batch and seed ({names}; largest relative difference {worst:.3g}, tolerance {tol:g}).",
+    fix="Register hooks and set module state before the first compiled call (or call torch._dynamo.reset() after "
+        "changing them); if the difference remains, compare backends (backend=\"aot_eager\" vs \"inductor\") and report "
+        "the op to PyTorch.",
+    situations={
+        "missing": Situation(
+            when="the compiled module gives no gradient at all to parameters that get one in eager",
+            message="The compiled module ({wrapper}) gives {count} parameter(s) no gradient that eager gives one on the "
+                    "same batch and seed: {names}. The compiled graph does not use them the way the eager code does.",
+            fix="Something the eager forward does with these parameters was not captured when the graph was traced: a "
+                "hook registered or an attribute changed after the first compiled call (register it before compiling, or "
+                "call torch._dynamo.reset() after the change), or a graph break that detaches."),
+    },
+)
+
+
+def _names(diffs: list[GradDiff]) -> str:
+    shown = ", ".join(d.name for d in diffs[:6])
+    return shown + (f" and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+
+
+@GP701.detector
+def detect_compiled_differs(facts: CompiledFacts) -> Iterator[Finding]:
+    missing, differs = facts.of("missing"), facts.of("differs")
+    ev = facts.as_dict()
+    if missing:
+        yield GP701.finding("missing", parameters=[d.name for d in missing], evidence=ev, wrapper=facts.wrapper,
+                            count=len(missing), names=_names(missing))
+    if differs:
+        worst = max(d.rel_diff or 0.0 for d in differs)
+        yield GP701.finding(parameters=[d.name for d in differs], evidence=ev, wrapper=facts.wrapper, count=len(differs),
+                            names=_names(differs), worst=worst, tol=RTOL)
+
+
+def _inputs_for(eager: nn.Module, batch: Any) -> Any:
+    """A dict batch reduced to what the eager forward takes (the compiled wrapper's forward takes **kwargs)."""
+    if not isinstance(batch, dict):
+        return batch
+    try:
+        params = inspect.signature(eager.forward).parameters.values()
+    except (TypeError, ValueError):
+        return batch
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return batch
+    names = {p.name for p in params}
+    return {k: v for k, v in batch.items() if k in names}
+
+
+def _grads(module: nn.Module, eager: nn.Module, params: list[nn.Parameter], batch: Any,
+           loss_fn: Any) -> list[torch.Tensor | None]:
+    """Each parameter's gradient of one forward and loss, on a fixed seed; RNG and buffers left as they were."""
+    buffers = [(b, b.detach().clone()) for b in module.buffers()]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_SEED)
+        try:
+            with torch.enable_grad():
+                out = call_model(module, _inputs_for(eager, batch))
+                loss = compute_loss(loss_fn, out, batch)
+                if loss is None or loss.numel() != 1 or not loss.requires_grad:
+                    raise ValueError("no scalar loss that requires grad")
+                got = torch.autograd.grad(loss.reshape(()), params, allow_unused=True)
+        finally:
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+    return [None if g is None else g.detach().float() for g in got]
+
+
+def _norm(g: torch.Tensor | None) -> float | None:
+    return None if g is None else float(g.norm())
+
+
+def _compare(name: str, ge: torch.Tensor | None, gc: torch.Tensor | None) -> GradDiff | None:
+    ne, nc = _norm(ge), _norm(gc)
+    if ge is None and gc is None:
+        return None
+    if gc is None:
+        return GradDiff(name, "missing", ne, None, None) if ne else None
+    if ge is None:
+        return GradDiff(name, "extra", None, nc, None) if nc else None
+    rel = float((gc - ge).norm()) / max(ne or 0.0, 1e-12)
+    if (ne or 0.0) < 1e-12 and (nc or 0.0) < 1e-12:
+        return None
+    if not math.isfinite(rel) or rel > RTOL:
+        return GradDiff(name, "missing" if (nc or 0.0) == 0.0 and (ne or 0.0) > 0 else "differs", ne, nc, rel)
+    return None
+
+
+def measure(loaded: Any) -> CompiledFacts | None:
+    """None when the target has no compiled module; else the per-parameter comparison (or why it was skipped)."""
+    wrapper = compiled_wrapper(getattr(loaded, "wrapper", None), loaded.model)
+    if wrapper is None:
+        return None
+    eager = cast(nn.Module, wrapper._orig_mod)
+    facts = CompiledFacts(wrapper=f"{type(wrapper).__name__} of {type(eager).__name__}")
+    if loaded.batch is None or loaded.train_step is not None:
+        facts.skipped = "needs a batch and the default step (a train_step is not replayed twice)"
+        return facts
+    named = [(n, p) for n, p in eager.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    try:
+        ge = _grads(eager, eager, params, loaded.batch, loaded.loss_fn)
+        gc = _grads(wrapper, eager, params, loaded.batch, loaded.loss_fn)
+    except Exception as exc:  # the eager step's own failure is the trace's finding; here it only skips the comparison
+        facts.skipped = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return facts
+    facts.compared = len(named)
+    facts.diffs = [d for (n, _), e, c in zip(named, ge, gc, strict=True) if (d := _compare(n, e, c)) is not None]
+    return facts
+
+
+def compiled_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any] | None]:
+    """GP701 findings and the facts; ([], None) when the target has no compiled module."""
+    facts = measure(loaded)
+    if facts is None:
+        return [], None
+    return run_rules((GP701,), facts), facts.as_dict()

@@ -1,0 +1,47 @@
+"""Library wrappers around a user's model: a compiled module (`torch.compile`'s OptimizedModule),
+DistributedDataParallel, DataParallel. The checks run on the wrapped module, so parameter names
+come without the wrapper's prefix (`_orig_mod.`, `module.`); the wrapper is kept for the checks
+that need it (compiled against eager)."""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+_INNER = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module", "DataParallel": "module"}
+
+
+def is_compiled(m: object) -> bool:
+    """A torch.compile'd module (checked by type name: torch._dynamo is not imported for it)."""
+    return any(k.__name__ == "OptimizedModule" and k.__module__.startswith("torch.") for k in type(m).__mro__)
+
+
+def _inner(m: nn.Module) -> nn.Module | None:
+    for k in type(m).__mro__:
+        attr = _INNER.get(k.__name__)
+        if attr is not None and k.__module__.startswith("torch."):
+            inner = getattr(m, attr, None)
+            return inner if isinstance(inner, nn.Module) else None
+    return None
+
+
+def unwrap_library(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
+    """(the innermost user module, the outermost wrapper or None); wrappers may nest (DDP of compiled)."""
+    outer, m = None, model
+    for _ in range(4):
+        inner = _inner(m)
+        if inner is None:
+            break
+        outer, m = (model if outer is None else outer), inner
+    return m, outer
+
+
+def compiled_wrapper(*mods: nn.Module | None) -> nn.Module | None:
+    """The first compiled module among `mods` and the wrappers they hold."""
+    for m in mods:
+        for _ in range(4):
+            if m is None:
+                break
+            if is_compiled(m):
+                return m
+            m = _inner(m)
+    return None
