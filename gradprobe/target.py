@@ -24,9 +24,9 @@ class Target(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    project_dir: str = Field(description=(
+    project_dir: str = Field(default="", description=(
         "The user's project root (absolute path); put first on the child's sys.path. "
-        "May be left out when `model` is an absolute file path: its directory is then the project."))
+        "May be left out when `model` or `script` is an absolute file path: its directory is then the project."))
     model: Ref = Field(
         default=None,
         description=(
@@ -48,7 +48,10 @@ class Target(BaseModel):
     )
     device: str = Field(default="cpu", description='"cpu", "cuda", "cuda:N", "auto" (CUDA when the child sees a GPU), or "meta" (inspect_parameters only: no weights allocated).')
     seed: int = Field(default=0, description="Random seed set before anything is built, so runs repeat.")
-    python: str | None = Field(default=None, description="Optional interpreter for the child (the project's virtualenv); it needs a compatible torch.")
+    python: str | None = Field(default=None, description=(
+        "Interpreter that runs the code (absolute path, e.g. the project's .venv/bin/python; it needs torch). Default: the "
+        "project's own environment (.venv, venv, env, .pixi, conda environment.yml) found in project_dir or its parents, "
+        'else the server\'s interpreter; "server" forces the server\'s.'))
     script: str | None = Field(default=None, description="A training script (path relative to project_dir) run as __main__ until its first optimizer step, which is captured and checked (instead of model/inputs/...).")
     module: str | None = Field(default=None, description="Like `script`, for a `python -m` entry point (a dotted module name importable from project_dir).")
     args: list[str] = Field(default_factory=list, description="The script's command-line arguments (sys.argv[1:]).")
@@ -81,6 +84,18 @@ class Target(BaseModel):
             raise ValueError(f"{v!r} is not a reference: use {REF_HELP}")
         return v
 
+    @field_validator("python")
+    @classmethod
+    def _python_shape(cls, v: str | None) -> str | None:
+        if v is None or v == "server":
+            return v
+        if not v.strip():
+            raise ValueError('empty interpreter: write an absolute path, or "server" for the server\'s own')
+        if not os.path.isabs(v):
+            raise ValueError(f"{v!r} is a relative path: write the interpreter's absolute path, e.g. "
+                             '"/home/ana/proj/.venv/bin/python" (the server cannot know which directory it is relative to)')
+        return v
+
     @field_validator("device")
     @classmethod
     def _device_shape(cls, v: str) -> str:
@@ -96,6 +111,8 @@ class Target(BaseModel):
             raise ValueError("a `script`/`module` target brings its own model: drop `model`/`setup`")
         if not self.model and not self.setup and not self.script and not self.module:
             raise ValueError('give `model` (e.g. "train.py:build_model" or "case.py") or `setup` code that defines `model`')
+        if not self.project_dir:
+            raise ValueError("`project_dir` is missing: " + _FIELD_HINTS["project_dir"])
         return self
 
     def check_paths(self) -> None:
@@ -119,14 +136,12 @@ class Target(BaseModel):
                 raise ValueError(f"script {self.script!r} is outside project_dir {self.project_dir!r}")
             if not os.path.isfile(path):
                 raise ValueError(f"script: file {self.script!r} not found in project_dir {self.project_dir!r}")
-        if self.python is not None and not (os.path.isfile(self.python) and os.access(self.python, os.X_OK)):
-            raise ValueError(f"python {self.python!r} is not an executable file")
 
 
 DOCS_HINT = "see docs/targets.md"
 _FIELD_HINTS = {
     "target": 'pass {"target": {"model": "/home/ana/proj/train.py"}} (the fields are in docs/targets.md)',
-    "project_dir": 'write the absolute path of your project, e.g. "/home/ana/proj" (or give `model` as an absolute file path)',
+    "project_dir": 'write the absolute path of your project, e.g. "/home/ana/proj" (or give `model` or `script` as an absolute file path)',
     "model": f"write {REF_HELP}, or just the file, e.g. \"train.py\"",
     "inputs": f"write {REF_HELP.replace('build_model', 'make_batch')}",
     "loss": f"write {REF_HELP.replace('build_model', 'loss_fn')}",
@@ -135,7 +150,7 @@ _FIELD_HINTS = {
     "setup": "write inline Python source that defines `model` (and `inputs`, ...)",
     "device": 'write "cpu", "cuda", "cuda:N", "auto" or "meta"',
     "seed": "write an integer, e.g. 0",
-    "python": 'write the absolute path of an interpreter, e.g. "/home/ana/proj/.venv/bin/python"',
+    "python": 'write the absolute path of an interpreter, e.g. "/home/ana/proj/.venv/bin/python", or "server"',
     "timeout_s": "write a number of seconds between 0 and 3600, e.g. 120",
     "script": 'write the training script\'s path relative to project_dir, e.g. "train.py"',
     "module": 'write a dotted module name run like python -m, e.g. "mypkg.train"',

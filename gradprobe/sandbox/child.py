@@ -51,9 +51,11 @@ def run(job: dict, fd: int) -> None:
 
     faulthandler.enable()
     chan.progress("starting")
-    from gradprobe.sandbox.job import run_job
+    from gradprobe.sandbox.job import run_job, runtime_facts
 
     report = run_job(job, chan.progress)  # the isolation facts are the server's to report (runner.py), not ours
+    if isinstance(report.get("facts"), dict):
+        report["facts"]["runtime"] = runtime_facts()
     sys.stdout.flush()  # before the result: the server may stop reading once the result is in
     sys.stderr.flush()
     chan.send({"type": "result", "report": report})

@@ -163,16 +163,20 @@ def _place(root: str, path: str, is_dir: bool) -> str:
     return target
 
 
-def python_trees(python: str | None) -> list[str]:
-    """Directories an interpreter needs: its installation prefix (a dir holding lib/python3* or pyvenv.cfg),
-    for both the named path and its target; a non-Python program gets only its own file."""
-    out = [sys.prefix, sys.base_prefix, sys.exec_prefix]
-    if python:
-        for p in (os.path.abspath(python), os.path.realpath(python)):
-            prefix = os.path.dirname(os.path.dirname(p))
-            looks = prefix not in ("/", "") and (os.path.exists(os.path.join(prefix, "pyvenv.cfg")) or any(
-                n.startswith("python3") for n in _listdir(os.path.join(prefix, "lib"))))
-            out.append(prefix if looks else p)
+def python_trees(policy: dict) -> list[str]:
+    """Directories an interpreter needs: the server's installation prefixes, and those derived from the interpreter
+    the target runs, which the server resolved once and opened (sandbox/interpreter.py; a program it did not
+    recognise as an installation is one file)."""
+    trees = ((policy.get("python_exec") or {}).get("trees")) or []
+    return [sys.prefix, sys.base_prefix, sys.exec_prefix] + [str(real) for real, _fd in trees]
+
+
+def clone_python_trees(policy: dict) -> dict[str, int]:
+    """Detached copies of the interpreter's opened trees, made before unshare (as for the project): the exact
+    directories the server opened are what gets bound, whatever their names point to by now."""
+    out: dict[str, int] = {}
+    for real, fd in ((policy.get("python_exec") or {}).get("trees")) or []:
+        out[str(real)] = _clone_tree(int(fd))
     return out
 
 
@@ -206,7 +210,7 @@ def open_project(policy: dict) -> tuple[int, str]:
         os.close(fd)
 
 
-def prepare_view(policy: dict, newroot: str) -> tuple[list[str], list[bool]]:
+def prepare_view(policy: dict, newroot: str, opened: dict[str, int] | None = None) -> tuple[list[str], list[bool]]:
     """In a new mount namespace, the part of the view every call shares: a tmpfs root at `newroot` (an empty dir,
     shadowed in this namespace only) with private /tmp, /dev, /dev/shm, /proc, /sys and the read-only binds.
     Returns the read-only paths (for Landlock) and which binds took the id mapping."""
@@ -217,21 +221,29 @@ def prepare_view(policy: dict, newroot: str) -> tuple[list[str], list[bool]]:
     _mount("tmpfs", newroot + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy['scratch_bytes']},mode=1777")
     ro: list[str] = []
     mapped: list[bool] = []
-    trees = list(SYSTEM_DIRS) + python_trees(policy.get("python")) + [policy["package_root"]] + list(policy.get("extra_ro") or [])
+    opened = dict(opened or {})
+    # gradprobe's own package directory only (never the folder holding it: a checkout's other files, a working dir)
+    own = os.path.join(policy["package_root"], "gradprobe")
+    trees = list(SYSTEM_DIRS) + python_trees(policy) + [own] + list(policy.get("extra_ro") or [])
     seen: list[str] = []
     for path in sorted({os.path.abspath(p) for p in trees if p}, key=len):
-        if not os.path.lexists(path) or path == "/":
+        tree = opened.pop(path, None)
+        if tree is None and (not os.path.lexists(path) or path == "/"):
             continue
-        if os.path.islink(path) and os.path.dirname(path) == "/":
+        if tree is None and os.path.islink(path) and os.path.dirname(path) == "/":
             _place(newroot, path, True)  # /bin -> usr/bin on merged-/usr systems
             continue
-        real = os.path.realpath(path)
+        real = path if tree is not None else os.path.realpath(path)
         if _inside(real, seen):
+            if tree is not None:
+                os.close(tree)
             continue
         seen.append(real)
-        _place(newroot, real, os.path.isdir(real))
-        mapped.append(_bind(real, newroot + real, IDMAP_FD))
+        _place(newroot, real, os.path.isdir(f"/proc/self/fd/{tree}") if tree is not None else os.path.isdir(real))
+        mapped.append(_bind(tree if tree is not None else real, newroot + real, IDMAP_FD))
         ro.append(real)
+    for tree in opened.values():
+        os.close(tree)
     _place(newroot, "/etc", True)
     for name in ETC_FILES:
         src = os.path.join("/etc", name)
@@ -266,6 +278,8 @@ def finish_view(policy: dict, newroot: str, project_tree: int | None, ro: list[s
             ro.append(proj)
         else:
             os.close(project_tree)
+    if not _inside(policy["package_root"], ro):  # the sys.path entry holding gradprobe: in the view it holds only that
+        ro.append(policy["package_root"])  # (and the project when it lives there), so Python may list it
     if not scratch.startswith("/tmp/"):
         raise Refused("the scratch dir must live under /tmp")
     os.makedirs(newroot + scratch, 0o700)
@@ -395,10 +409,11 @@ def confine(policy: dict, control: socket.socket) -> None:
         project_tree, policy["project_dir_real"] = open_project(policy)
     err = isolation.join_cgroups(policy.get("cgroups") or [])
     report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
+    opened = clone_python_trees(policy) if os.geteuid() == 0 else {}
     if os.geteuid() == 0 and enter_namespaces(lambda pid: send(control, {"pid": pid})):
         report["namespaces"], report["network"] = NS_REPORT, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT
         try:
-            ro, mapped = prepare_view(policy, policy["scratch"])
+            ro, mapped = prepare_view(policy, policy["scratch"], opened)
             finish_view(policy, policy["scratch"], project_tree, ro, mapped, report)
             report["identity"] = drop_identity()
             isolation.die_with_parent()  # a uid change clears the parent-death signal: set it again
@@ -414,7 +429,7 @@ def confine(policy: dict, control: socket.socket) -> None:
         ok, how = isolation.drop_privileges()
         report["identity"] = f"MISSING: same uid as the server ({os.getuid()}); {how}"
         ro = isolation.readable_roots(policy.get("project_dir_real") or policy["scratch"], policy["package_root"],
-                                      python_trees(policy.get("python")))
+                                      python_trees(policy))
         os.chdir(policy["scratch"])
     lock_down(policy, ro, report, control)
 

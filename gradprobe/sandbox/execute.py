@@ -8,6 +8,8 @@ from gradprobe.findings import make_finding
 from gradprobe.report import make_report
 from gradprobe.sandbox.executor import Executor, LocalExecutor
 from gradprobe.sandbox.failures import resource_limit_finding
+from gradprobe.sandbox.interpreter import (HOW_TO_NAME, SUPPORTED, Interpreter, InterpreterPolicy, choose, describe,
+                                          missing_module_hint)
 from gradprobe.sandbox.runner import Limits, ProgressFn, ToolInputError, describe_exit
 from gradprobe.target import Target
 
@@ -20,16 +22,59 @@ async def execute(
     progress: ProgressFn | None = None,
     limits: Limits | None = None,
     executor: Executor | None = None,
+    interpreters: InterpreterPolicy | None = None,
 ) -> dict:
     """Run `tool` on `target` in a fresh sandboxed child (a cold local one unless `executor` says otherwise;
-    `limits` overrides the executor's). Raises ToolInputError for caller mistakes."""
+    `limits` overrides the executor's; `interpreters` is what the server accepts). Raises ToolInputError for caller
+    mistakes."""
     try:
         target.check_paths()
+        interp = choose(target.python, target.project_dir, interpreters)
     except ValueError as exc:
         raise ToolInputError(str(exc)) from exc
+    try:
+        report = await _execute(tool, target, options, interp, progress, limits, executor)
+    finally:
+        interp.close()
+    return report
+
+
+def _note_interpreter(report: dict, interp: Interpreter) -> dict:
+    """Every report says which interpreter ran, its versions (the child's word) and why it was chosen."""
+    facts = report.setdefault("facts", {})
+    runtime = facts.pop("runtime", None)
+    info = interp.facts()
+    if isinstance(runtime, dict):
+        info.update({k: runtime.get(k) for k in ("python_version", "torch_version")})
+    facts["interpreter"] = info
+    lines = [str(report.get("summary") or ""), describe(info)]
+    missing = _missing_module(report)
+    if missing:
+        lines.append(missing_module_hint(missing, info))
+    report["summary"] = "\n".join(x for x in lines if x)
+    return report
+
+
+def _missing_module(report: dict) -> str | None:
+    for f in report.get("findings") or []:
+        ev = f.get("evidence") or {}
+        if f.get("code") in ("GP100", "GP112") and ev.get("exception") == "ModuleNotFoundError":
+            text = f"{f.get('message', '')} {ev.get('traceback', '')}"
+            i = text.find("No module named ")
+            if i >= 0:
+                return text[i + 16:].split()[0].strip("'\".,:;)")
+            return "?"
+    return None
+
+
+async def _execute(tool: str, target: Target, options: dict | None, interp: Interpreter, progress: ProgressFn | None,
+                   limits: Limits | None, executor: Executor | None) -> dict:
     job = {"tool": tool, "target": target.model_dump(), "options": options or {}}
     executor = executor or LocalExecutor(limits)
-    outcome = await executor.run(job, python=target.python, timeout_s=target.timeout_s, progress=progress, limits=limits)
+    # a local child runs exactly the file resolved here; a remote one (Ray) resolves the path again on its machine
+    python: Interpreter | str | None = (None if interp.is_server else interp) if isinstance(executor, LocalExecutor) else (
+        None if interp.is_server else interp.path)
+    outcome = await executor.run(job, python=python, timeout_s=target.timeout_s, progress=progress, limits=limits)  # type: ignore[arg-type]
     sandbox: dict[str, Any] = {
         "seconds": round(outcome.seconds, 3),
         "child": {"warm": "forked from the warm worker", "ray": "a Ray task (cold interpreter on the worker)"}.get(outcome.mode, "cold interpreter"),
@@ -45,12 +90,12 @@ async def execute(
     sandbox["isolation"].update(outcome.isolation)  # what the server applied and checked, never the child's word
     if outcome.tool_error is not None:
         if outcome.tool_error_kind == "interpreter":
-            raise ToolInputError(f"python {target.python or '(server interpreter)'}: {outcome.tool_error}")
+            raise ToolInputError(f"python {interp.path} ({interp.reason}): {outcome.tool_error}; {HOW_TO_NAME}")
         raise ToolInputError(outcome.tool_error)
     if outcome.report is not None and not outcome.timed_out:
         report = outcome.report
         report.setdefault("facts", {})["sandbox"] = sandbox
-        return report
+        return _note_interpreter(report, interp)
     if outcome.timed_out:
         msg = f"The target did not finish within {target.timeout_s:g} s (it was in phase '{outcome.phase}'); its process tree was killed."
         fix = "Look for an endless loop or a very slow step in that phase, or raise target.timeout_s."
@@ -64,7 +109,11 @@ async def execute(
             evidence={"returncode": outcome.returncode, "stderr_tail": outcome.stderr[-4000:], "stdout_tail": outcome.stdout[-1000:]})
         report = make_report(tool, [finding], ["The check could not finish: the child was killed for memory (a resource limit)."])
         report["facts"]["sandbox"] = sandbox
-        return report
+        return _note_interpreter(report, interp)
+    elif outcome.phase == "starting" and not interp.is_server:  # no user code ran: the interpreter could not start ours
+        msg = (f"The interpreter {interp.path} ({interp.reason}) {describe_exit(outcome.returncode)} before gradprobe's child "
+               f"started: it is not a Python that can run gradprobe ({SUPPORTED}), or it failed at start. No user code ran.")
+        fix = f"See evidence.stderr_tail for what it printed; {HOW_TO_NAME}."
     else:
         msg = f"The child process {describe_exit(outcome.returncode)} in phase '{outcome.phase}' without a result."
         fix = "See evidence.stderr_tail for the crash (a segfault in an extension, os._exit, an out-of-memory kill)."
@@ -82,4 +131,4 @@ async def execute(
     )
     report = make_report(tool, [finding], ["The target could not be checked."])
     report["facts"]["sandbox"] = sandbox
-    return report
+    return _note_interpreter(report, interp)

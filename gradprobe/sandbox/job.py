@@ -37,6 +37,9 @@ def run_job(job: dict, progress: Callable[[str], None]) -> dict:
     spec = BY_NAME.get(tool) if isinstance(tool, str) else None
     if spec is None:
         return {"tool_error": f"unknown tool {tool!r}"}
+    unusable = _unusable_interpreter()
+    if unusable:
+        return {"tool_error": unusable, "tool_error_kind": "interpreter"}
     try:
         from gradprobe.loading import TargetError, TargetRefError, load_target
         from gradprobe.userframes import UserCode
@@ -85,6 +88,36 @@ def run_job(job: dict, progress: Callable[[str], None]) -> dict:
             "max_memory_allocated_mb": round(torch.cuda.max_memory_allocated(dev) / 2**20, 1),
         }
     return json_safe(report)
+
+
+def _unusable_interpreter() -> str | None:
+    """Why this interpreter cannot run the checks (no torch, a torch or Python too old), or None."""
+    import sys
+
+    from gradprobe.sandbox.interpreter import MIN_PYTHON, MIN_TORCH, SUPPORTED
+
+    here = f"Python {sys.version.split()[0]}"
+    if sys.version_info[:2] < MIN_PYTHON:
+        return f"this interpreter is {here}, older than gradprobe supports ({SUPPORTED})"
+    try:
+        import torch
+    except ImportError as exc:
+        return f"this interpreter ({here}) has no torch ({type(exc).__name__}: {exc}); gradprobe needs {SUPPORTED}"
+    version = str(getattr(torch, "__version__", "0"))
+    parts = tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
+    if parts < MIN_TORCH:
+        return f"this interpreter's torch is {version} ({here}), older than gradprobe supports ({SUPPORTED})"
+    return None
+
+
+def runtime_facts() -> dict:
+    """What this interpreter is (reported by the child; the server adds how it was chosen)."""
+    import platform
+    import sys
+
+    torch = sys.modules.get("torch")
+    return {"python_version": platform.python_version(), "torch_version": str(getattr(torch, "__version__", "")) or None,
+            "executable": sys.executable}
 
 
 def _peak_rss_mb() -> float:

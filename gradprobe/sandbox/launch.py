@@ -32,11 +32,31 @@ def main() -> None:
     except confine.Refused as exc:
         confine.send(control, {"refused": str(exc)})
         os._exit(71)
+    spec = policy.get("python_exec") or {}
+    for _real, fd in spec.get("trees") or []:  # bound already (or read through Landlock): the user's code holds none
+        os.close(int(fd))
     try:
+        if spec.get("fd") is not None:  # exactly the file the server resolved and opened, never a name looked up again
+            exe, argv = f"/proc/self/fd/{int(spec['fd'])}", [str(spec.get("argv0") or python), "-I", child]
+            os.set_inheritable(int(spec["fd"]), _is_script(exe))  # a `#!` script's interpreter opens it by that name
+            os.execve(exe, argv, dict(os.environ))
         os.execve(python, [python, "-I", child], dict(os.environ))
     except OSError as exc:
         os.write(2, f"gradprobe: cannot start {python}: {exc.strerror}\n".encode())
         os._exit(127)
+
+
+def _is_script(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        return os.read(fd, 2) == b"#!"
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from gradprobe.sandbox.cgroups import CallCgroup, server_dir_name
+from gradprobe.sandbox.interpreter import Interpreter, InterpreterError, resolve
 from gradprobe.sandbox.isolation import become_subreaper
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
@@ -144,12 +145,12 @@ async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamR
     return reader, transport
 
 
-async def _launch_cold(job: dict, python: str | None, scratch: str, env: dict, fds: tuple[int, ...], policy: dict):
+async def _launch_cold(job: dict, python: Interpreter | None, scratch: str, env: dict, fds: tuple[int, ...], policy: dict):
     out_w, err_w, res_w, ctl = fds
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", LAUNCH, str(ctl), json.dumps(policy), python or sys.executable, CHILD,
-        stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
-        cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)), start_new_session=True, pass_fds=(res_w, ctl),
+        sys.executable, "-I", LAUNCH, str(ctl), json.dumps(policy), python.real if python else sys.executable, CHILD,
+        stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w, cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)),
+        start_new_session=True, pass_fds=(res_w, ctl, *(python.fds() if python else ())),
     )
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(job).encode())
@@ -234,7 +235,7 @@ def _reap_later(cgroup: CallCgroup | None, scratch: str, orphan: int | None) -> 
 async def run_child(
     job: dict,
     *,
-    python: str | None = None,
+    python: str | Interpreter | None = None,
     timeout_s: float = 120.0,
     limits: Limits | None = None,
     progress: ProgressFn | None = None,
@@ -244,6 +245,18 @@ async def run_child(
     """Run one job in a fresh confined child (forked from the warm worker when one is given and
     usable, else launch.py + the named interpreter); never raises for anything the child does."""
     limits = limits or Limits()
+    if isinstance(python, str):  # a path (a Ray worker, a library caller): resolved once, here
+        try:
+            python = resolve(python, "named by the target's `python`", "target")
+        except InterpreterError as exc:
+            return ChildOutcome(None, str(exc), "starting", None, False, "", "", 0.0, tool_error_kind="interpreter")
+        try:
+            return await run_child(job, python=python, timeout_s=timeout_s, limits=limits, progress=progress, warm=warm,
+                                   allowed_roots=allowed_roots)
+        finally:
+            python.close()
+    if python is not None and python.is_server:
+        python = None
     device = (job.get("target") or {}).get("device") or "cpu"
     scratch = tempfile.mkdtemp(prefix="gradprobe-call-", dir="/tmp")
     env = child_env(scratch)
@@ -254,8 +267,11 @@ async def run_child(
         "cgroups": [], "cgroup_state": "off",
         "cgroup_spec": {"memory_bytes": limits.memory_bytes, "pids": limits.pids, "server": server_dir_name()} if limits.isolate else None,
         "project_dir": project, "allowed_roots": [os.path.realpath(r) for r in allowed_roots or []],
-        "package_root": PACKAGE_ROOT, "scratch": scratch, "python": python,
-        "extra_ro": [p for p in sys.path if p and os.path.isdir(p)],
+        "package_root": PACKAGE_ROOT, "scratch": scratch,
+        # the interpreter, resolved once: the launcher executes exactly that open file, and only the installation
+        # prefixes derived from it are bound (never the server's working directory or other sys.path entries)
+        "python": python.real if python else None, "python_exec": python.exec_spec() if python else None,
+        "extra_ro": [],
         "scratch_bytes": limits.scratch_bytes, "shm_bytes": limits.shm_bytes,
         "devices": _gpu_devices() if device.startswith("cuda") or device == "auto" else [],
         "limits": limits.for_child(timeout_s, device),

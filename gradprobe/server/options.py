@@ -52,6 +52,14 @@ class ServeOptions:
             return [os.path.realpath(r) for r in self.allowed_roots]
         return [os.path.realpath(os.getcwd())] if self.http is not None else []
 
+    def interpreter_policy(self):
+        """Which interpreters targets may run (sandbox/interpreter.py): with allowed roots (always over HTTP), a named
+        one only when listed with --allow-python, a project's own only inside a root or listed."""
+        from gradprobe.sandbox.interpreter import InterpreterPolicy
+
+        roots = self.roots
+        return InterpreterPolicy.make(roots, self.allowed_pythons, strict=bool(roots))
+
     def make_executor(self):
         """The Executor (sandbox/executor.py) these options ask for."""
         if self.executor == "ray":

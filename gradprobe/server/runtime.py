@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 import os
-import sys
 from dataclasses import dataclass, field
 
 import anyio
@@ -45,6 +44,7 @@ class Runtime:
         self.limits = options.limits
         self.allowed_roots = options.roots
         self.allowed_pythons = [os.path.realpath(p) for p in options.allowed_pythons]
+        self.interpreters = options.interpreter_policy()
         self.executor: Executor = executor or options.make_executor()
         self.phase_total = float(len(PHASES))
         clean_stale()  # cgroup subtrees of gradprobe servers that are gone
@@ -77,10 +77,7 @@ class Runtime:
         for path in [target.project_dir, *files]:
             if not os.path.isabs(target.project_dir) or not self._inside(path):
                 raise ToolInputError(f"{path!r} is outside the roots this server may read: {', '.join(self.allowed_roots)}")
-        if target.python is not None:  # only interpreters the operator listed (--allow-python), wherever they are
-            py = os.path.realpath(target.python)
-            if py not in self.allowed_pythons and py != os.path.realpath(sys.executable):
-                raise ToolInputError(f"python {target.python!r} is not an interpreter this server allows (--allow-python)")
+        # the interpreter (named or found) is checked where it is resolved, once: sandbox/interpreter.py
 
     def _can_run(self, caller: str) -> bool:
         return self.running < self.max_concurrent and self._running.get(caller, 0) < self.per_caller

@@ -63,7 +63,8 @@ async def call_tool(runtime, tool: str, target: Target, options: dict[str, Any],
     try:
         runtime.check_target(target)
         async with runtime.slot(ctx, caller):
-            report = await execute(tool, target, options, progress=progress, executor=runtime.executor)
+            report = await execute(tool, target, options, progress=progress, executor=runtime.executor,
+                                   interpreters=runtime.interpreters)
         if post is not None:
             extra_content = post(report)
         outcome = "ok" if report.get("ok") else "findings"
