@@ -24,7 +24,7 @@ def _target_from_args(args) -> dict:
         return f"{rel}:{name}"
 
     target = {"project_dir": project, "model": ref(args.model) if args.model else rel, "device": args.device,
-              "seed": args.seed, "timeout_s": args.timeout, "setup": args.setup, "python": args.python}
+              "seed": args.seed, "timeout_s": args.timeout, "setup": args.setup, **_common(args)}
     for field in ("inputs", "loss", "optimizer", "train_step"):
         target[field] = ref(getattr(args, field))
     if not (args.project_dir or args.file) and args.model and os.path.isabs(args.model):
@@ -38,12 +38,23 @@ def _script_target(args) -> dict:
 
     project = os.path.abspath(args.project_dir or (os.path.dirname(os.path.abspath(args.script)) if args.script else "."))
     target = {"project_dir": project, "args": list(args.script_args), "device": args.device, "seed": args.seed,
-              "timeout_s": args.timeout, "python": args.python}
+              "timeout_s": args.timeout, **_common(args)}
     if args.script:
         target["script"] = os.path.relpath(os.path.abspath(args.script), project)
     else:
         target["module"] = args.module
     return {k: v for k, v in target.items() if v is not None}
+
+
+def _common(args: argparse.Namespace) -> dict:
+    """Fields every target form shares. A relative --python is made absolute against this directory (the server,
+    which has no directory of the caller's, refuses one)."""
+    import os
+
+    python = args.python
+    if python and python != "server":
+        python = os.path.abspath(python)
+    return {"python": python}
 
 
 def _fail(args, kind: str, message: str, code: int) -> int:
@@ -134,6 +145,43 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line; a reader that goes away (`gradprobe diagnose ... | head`) ends it quietly."""
+    try:
+        _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
+        sys.exit(1)
+
+
+def server_command() -> dict:
+    """How a host starts this server: the console script next to this interpreter (it never puts the working
+    directory on sys.path), else this interpreter with -P (same, Python 3.11+), else plain -m."""
+    import os
+
+    script = os.path.join(os.path.dirname(sys.executable), "gradprobe")
+    if os.path.isfile(script) and os.access(script, os.X_OK) and _script_runs_this_interpreter(script):
+        return {"command": script, "args": ["serve"]}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    return {"command": sys.executable, "args": [*safe, "-m", "gradprobe", "serve"]}
+
+
+def _script_runs_this_interpreter(script: str) -> bool:
+    import os
+
+    try:
+        with open(script, "rb") as f:
+            first = f.readline(4096)
+    except OSError:
+        return False
+    exe = first[2:].strip().decode(errors="replace") if first.startswith(b"#!") else ""
+    return bool(exe) and os.path.realpath(exe) == os.path.realpath(sys.executable)
+
+
+def _main(argv: list[str] | None = None) -> None:
     _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     parser = _Parser(prog="gradprobe", description="Measure why gradients do not flow in PyTorch code.")
     sub = parser.add_subparsers(dest="command")
@@ -180,7 +228,9 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--setup", default=None, help="inline Python defining model/inputs/...")
         p.add_argument("--script", default=None, help="a training script run to its first step (its own arguments after --)")
         p.add_argument("--module", default=None, help="like --script, for a `python -m` entry point")
-        p.add_argument("--python", default=None)
+        p.add_argument("--python", default=None, metavar="PATH",
+                       help="interpreter that runs the code (default: the project's .venv/venv/env/.pixi/conda environment "
+                            "found from the project up, else this one); 'server' forces this one")
         p.add_argument("--device", default="cpu")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--timeout", type=float, default=120.0)
@@ -210,8 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.command == "mcp-config":
         # hosts start servers without the user's PATH or virtualenv: name this interpreter by its full path
-        server = {"command": sys.executable, "args": ["-m", "gradprobe", "serve"]}
-        print(json.dumps({"mcpServers": {"gradprobe": server}}, indent=2))
+        print(json.dumps({"mcpServers": {"gradprobe": server_command()}}, indent=2))
         return
     if args.command == "demo":
         from gradprobe.demo import run_demo

@@ -130,12 +130,54 @@ class Target(BaseModel):
                 path = os.path.join(self.project_dir, mod)
                 if not os.path.isfile(path):
                     raise ValueError(f"{field}: file {mod!r} not found in project_dir {self.project_dir!r}")
+        self._suggest_script_mode()
         if self.script:
             path = os.path.realpath(os.path.join(self.project_dir, self.script))
             if not path.startswith(os.path.realpath(self.project_dir) + os.sep):
                 raise ValueError(f"script {self.script!r} is outside project_dir {self.project_dir!r}")
             if not os.path.isfile(path):
                 raise ValueError(f"script: file {self.script!r} not found in project_dir {self.project_dir!r}")
+
+
+    def _suggest_script_mode(self) -> None:
+        """The short form on a file without build_model (an ordinary training script): say how to run it as one."""
+        if not self.model or ":" in self.model or not self.model.endswith(".py") or self.setup:
+            return
+        names = _top_level_names(os.path.join(self.project_dir, self.model))
+        if names is None or "build_model" in names:
+            return
+        raise ValueError(
+            f"{self.model} defines no build_model(), so the short form has no model to build. If it is a training script, "
+            f'run it as one: {{"script": "{self.model}", "args": [...]}} (command line: gradprobe diagnose --script '
+            f'{self.model} -- ARGS); it runs to its first optimizer step, which is checked. Or name the callable that '
+            f'returns the model: "model": "{self.model}:CALLABLE"')
+
+
+def _top_level_names(path: str) -> set[str] | None:
+    """Names a file defines at module level (None when it cannot be told: unreadable, a syntax error, `import *`)."""
+    import ast
+
+    try:
+        tree = ast.parse(open(path, encoding="utf-8", errors="replace").read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo.extend(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+                        + [s for h in getattr(node, "handlers", []) for s in h.body])
+    return names
 
 
 DOCS_HINT = "see docs/targets.md"

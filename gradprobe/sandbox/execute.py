@@ -39,8 +39,9 @@ async def execute(
     return report
 
 
-def _note_interpreter(report: dict, interp: Interpreter) -> dict:
-    """Every report says which interpreter ran, its versions (the child's word) and why it was chosen."""
+def _annotate(report: dict, interp: Interpreter) -> dict:
+    """Every report says which interpreter ran, its versions (the child's word) and why it was chosen; a module the
+    interpreter lacked is named with it; a script that reached no step shows its own last output (its usage message)."""
     facts = report.setdefault("facts", {})
     runtime = facts.pop("runtime", None)
     info = interp.facts()
@@ -51,8 +52,19 @@ def _note_interpreter(report: dict, interp: Interpreter) -> dict:
     missing = _missing_module(report)
     if missing:
         lines.append(missing_module_hint(missing, info))
+    if any(f.get("code") == "GP112" for f in report.get("findings") or []):
+        lines.append(_script_output(facts.get("sandbox") or {}))
     report["summary"] = "\n".join(x for x in lines if x)
     return report
+
+
+def _script_output(sandbox: dict, keep: int = 12) -> str:
+    shown = []
+    for stream in ("stderr_tail", "stdout_tail"):
+        tail = [line for line in str(sandbox.get(stream) or "").splitlines() if line.strip()][-keep:]
+        if tail:
+            shown.append(f"The script's last output ({stream.split('_')[0]}):\n  " + "\n  ".join(tail))
+    return "\n".join(shown)
 
 
 def _missing_module(report: dict) -> str | None:
@@ -95,7 +107,7 @@ async def _execute(tool: str, target: Target, options: dict | None, interp: Inte
     if outcome.report is not None and not outcome.timed_out:
         report = outcome.report
         report.setdefault("facts", {})["sandbox"] = sandbox
-        return _note_interpreter(report, interp)
+        return _annotate(report, interp)
     if outcome.timed_out:
         msg = f"The target did not finish within {target.timeout_s:g} s (it was in phase '{outcome.phase}'); its process tree was killed."
         fix = "Look for an endless loop or a very slow step in that phase, or raise target.timeout_s."
@@ -109,7 +121,7 @@ async def _execute(tool: str, target: Target, options: dict | None, interp: Inte
             evidence={"returncode": outcome.returncode, "stderr_tail": outcome.stderr[-4000:], "stdout_tail": outcome.stdout[-1000:]})
         report = make_report(tool, [finding], ["The check could not finish: the child was killed for memory (a resource limit)."])
         report["facts"]["sandbox"] = sandbox
-        return _note_interpreter(report, interp)
+        return _annotate(report, interp)
     elif outcome.phase == "starting" and not interp.is_server:  # no user code ran: the interpreter could not start ours
         msg = (f"The interpreter {interp.path} ({interp.reason}) {describe_exit(outcome.returncode)} before gradprobe's child "
                f"started: it is not a Python that can run gradprobe ({SUPPORTED}), or it failed at start. No user code ran.")
@@ -131,4 +143,4 @@ async def _execute(tool: str, target: Target, options: dict | None, interp: Inte
     )
     report = make_report(tool, [finding], ["The target could not be checked."])
     report["facts"]["sandbox"] = sandbox
-    return _note_interpreter(report, interp)
+    return _annotate(report, interp)
