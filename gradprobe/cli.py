@@ -54,7 +54,9 @@ def _common(args: argparse.Namespace) -> dict:
     python = args.python
     if python and python != "server":
         python = os.path.abspath(python)
-    return {"python": python}
+    env = dict(item.partition("=")[::2] for item in args.env or [])
+    reads = [os.path.abspath(os.path.expanduser(p)) for p in args.read_path or []]
+    return {"python": python, "read_paths": reads or None, "env": env or None, "memory_gb": args.memory_gb}
 
 
 def _fail(args, kind: str, message: str, code: int) -> int:
@@ -85,8 +87,11 @@ def _run_check(args) -> int:
     options = {}
     if args.command == "check_optimizer_coverage":
         options["step"] = not args.no_step
+    from gradprobe.sandbox.runner import Limits
+    from gradprobe.server.options import default_memory_bytes
+
     try:
-        report = anyio.run(execute, args.command, target, options)
+        report = anyio.run(lambda: execute(args.command, target, options, limits=Limits(memory_bytes=default_memory_bytes())))
     except ToolInputError as exc:
         return _fail(args, "bad-target", str(exc), 2)
     except Exception as exc:  # a gradprobe bug: exit 3, never mistaken for a finding (1); JSON with --json
@@ -119,8 +124,10 @@ def serve_options(args):
                            max_body=args.max_body, public_url=args.public_url, issuer_url=args.issuer_url,
                            max_connections=args.max_connections, header_timeout_s=args.header_timeout,
                            body_timeout_s=args.body_timeout)
-    limits = Limits(memory_bytes=int(args.memory_gb * 1024**3), isolate=not args.no_isolation,
-                    require_isolation=args.require_isolation)
+    from gradprobe.server.options import default_memory_bytes
+
+    memory = int(args.memory_gb * 1024**3) if args.memory_gb else default_memory_bytes()
+    limits = Limits(memory_bytes=memory, isolate=not args.no_isolation, require_isolation=args.require_isolation)
     if args.executor == "ray":
         try:
             import ray  # noqa: F401
@@ -128,6 +135,8 @@ def serve_options(args):
             sys.exit("gradprobe: --executor ray needs Ray: pip install 'gradprobe[ray]'")
     return ServeOptions(max_concurrent=args.max_concurrent, per_caller=args.per_caller, warm=not args.cold,
                         allowed_roots=tuple(args.allow_root or ()), allowed_pythons=tuple(args.allow_python), limits=limits,
+                        allowed_env=tuple(args.allow_env),
+                        max_memory_bytes=int(args.max_memory_gb * 1024**3) if args.max_memory_gb else None,
                         executor=args.executor, ray_address=args.ray_address, http=http)
 
 
@@ -193,7 +202,13 @@ def _main(argv: list[str] | None = None) -> None:
     serve.add_argument("--require-isolation", action="store_true",
                        help="refuse to run user code when an isolation layer (namespaces, Landlock, capabilities, cgroups) is missing")
     serve.add_argument("--no-isolation", action="store_true", help="only the process boundary, limits and a scrubbed environment")
-    serve.add_argument("--memory-gb", type=float, default=8.0, help="memory limit of each check (cgroup; address space on CPU runs)")
+    serve.add_argument("--memory-gb", type=float, default=None,
+                       help="memory limit of each check (cgroup; address space on CPU runs); default: the machine's (or this "
+                            "server's cgroup's) memory less a tenth for the server")
+    serve.add_argument("--max-memory-gb", type=float, default=None,
+                       help="the most a target may ask for with memory_gb (default: the machine's memory less a tenth)")
+    serve.add_argument("--allow-env", action="append", default=[], metavar="NAME",
+                       help="an environment variable a target's `env` may set over HTTP (repeatable; over stdio any may)")
     serve.add_argument("--executor", choices=["local", "ray"], default="local", help="where sandboxed jobs run")
     serve.add_argument("--ray-address", default="local", help="Ray cluster address ('auto', 'ray://host:10001'); 'local' starts one here")
     serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name (repeatable); with --allow-root or over HTTP, no other is accepted")
@@ -231,6 +246,12 @@ def _main(argv: list[str] | None = None) -> None:
         p.add_argument("--python", default=None, metavar="PATH",
                        help="interpreter that runs the code (default: the project's .venv/venv/env/.pixi/conda environment "
                             "found from the project up, else this one); 'server' forces this one")
+        p.add_argument("--read-path", action="append", default=None, metavar="PATH",
+                       help="a file or directory the code may read besides the project (data, caches), read-only; repeatable")
+        p.add_argument("--env", action="append", default=None, metavar="NAME=VALUE",
+                       help="an environment variable for the code, e.g. WANDB_MODE=disabled; repeatable")
+        p.add_argument("--memory-gb", type=float, default=None,
+                       help="memory limit of the check (default: this machine's memory less a tenth)")
         p.add_argument("--device", default="cpu")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--timeout", type=float, default=120.0)

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 REF_HELP = '"FILE_OR_MODULE:CALLABLE", e.g. "train.py:build_model" or "mypkg.models:Net"'
 _DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|auto|meta)$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_ENV_FIXED = frozenset({"HOME", "TMPDIR", "TMP", "TEMP", "PATH"})
 
 Ref = Annotated[str | None, Field(default=None, description=f"{REF_HELP}")]
 
@@ -56,6 +58,14 @@ class Target(BaseModel):
     module: str | None = Field(default=None, description="Like `script`, for a `python -m` entry point (a dotted module name importable from project_dir).")
     args: list[str] = Field(default_factory=list, description="The script's command-line arguments (sys.argv[1:]).")
     timeout_s: float = Field(default=120.0, gt=0, le=3600, description="Wall-clock limit for the call in the child; past it the child is killed and GP100 is reported.")
+    read_paths: list[str] = Field(default_factory=list, description=(
+        "Absolute paths (files or directories) the code may read besides the project, read-only: data sets, caches "
+        '(e.g. "/data/cifar", "/home/ana/.cache/huggingface"). A server over HTTP accepts only paths inside its allowed roots.'))
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        'Environment variables for the child (never the server\'s own), e.g. {"WANDB_MODE": "disabled"}. '
+        "A server over HTTP accepts only the names its operator allowed (--allow-env)."))
+    memory_gb: float | None = Field(default=None, gt=0, description=(
+        "Memory limit of this check in GB (default: the server's, sized to the machine); up to the server's ceiling (--max-memory-gb)."))
 
     @model_validator(mode="before")
     @classmethod
@@ -96,6 +106,26 @@ class Target(BaseModel):
                              '"/home/ana/proj/.venv/bin/python" (the server cannot know which directory it is relative to)')
         return v
 
+    @field_validator("read_paths")
+    @classmethod
+    def _read_paths_shape(cls, v: list[str]) -> list[str]:
+        for path in v:
+            if not os.path.isabs(path):
+                raise ValueError(f"read_paths: {path!r} is a relative path: write absolute paths, e.g. \"/data/cifar\"")
+            if os.path.realpath(path) == "/":
+                raise ValueError("read_paths: '/' would show the child the whole machine: name the data's own directory")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_shape(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"env: {name!r} is not a variable name (letters, digits and _)")
+            if name in _ENV_FIXED or name.startswith(("GRADPROBE_", "LD_", "PYTHON")):
+                raise ValueError(f"env: {name} is set by gradprobe's sandbox and cannot be given")
+        return v
+
     @field_validator("device")
     @classmethod
     def _device_shape(cls, v: str) -> str:
@@ -131,6 +161,9 @@ class Target(BaseModel):
                 if not os.path.isfile(path):
                     raise ValueError(f"{field}: file {mod!r} not found in project_dir {self.project_dir!r}")
         self._suggest_script_mode()
+        for path in self.read_paths:
+            if not os.path.exists(path):
+                raise ValueError(f"read_paths: {path!r} does not exist")
         if self.script:
             path = os.path.realpath(os.path.join(self.project_dir, self.script))
             if not path.startswith(os.path.realpath(self.project_dir) + os.sep):
@@ -197,6 +230,9 @@ _FIELD_HINTS = {
     "script": 'write the training script\'s path relative to project_dir, e.g. "train.py"',
     "module": 'write a dotted module name run like python -m, e.g. "mypkg.train"',
     "args": 'write a list of strings, e.g. ["--max_iters=1", "--device=cpu"]',
+    "read_paths": 'write a list of absolute paths, e.g. ["/data/cifar", "/home/ana/.cache/huggingface"]',
+    "env": 'write an object of names to strings, e.g. {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}',
+    "memory_gb": "write a number of GB, e.g. 16",
 }
 
 

@@ -210,6 +210,32 @@ def open_project(policy: dict) -> tuple[int, str]:
         os.close(fd)
 
 
+def open_read_paths(policy: dict) -> list[tuple[str, int]]:
+    """The target's read_paths, each opened and checked like the project (inside the allowed roots when the server
+    has roots), as detached trees to bind read-only (root), or their real paths only (fd -1; Landlock reads them)."""
+    out: list[tuple[str, int]] = []
+    try:
+        for want in policy.get("read_paths") or []:
+            try:
+                fd = os.open(want, os.O_PATH | os.O_CLOEXEC)
+            except OSError as exc:
+                raise Refused(f"read_paths: {want!r} cannot be opened: {exc.strerror}") from None
+            try:
+                real = os.readlink(f"/proc/self/fd/{fd}")
+                roots = policy.get("allowed_roots") or []
+                if (roots and not _inside(real, roots)) or real == "/":
+                    raise Refused(f"read_paths: {want!r} is outside the roots this server may read")
+                out.append((real, _clone_tree(fd) if os.geteuid() == 0 else -1))
+            finally:
+                os.close(fd)
+    except BaseException:
+        for _, tree in out:
+            if tree >= 0:
+                os.close(tree)
+        raise
+    return out
+
+
 def prepare_view(policy: dict, newroot: str, opened: dict[str, int] | None = None) -> tuple[list[str], list[bool]]:
     """In a new mount namespace, the part of the view every call shares: a tmpfs root at `newroot` (an empty dir,
     shadowed in this namespace only) with private /tmp, /dev, /dev/shm, /proc, /sys and the read-only binds.
@@ -268,9 +294,18 @@ def prepare_view(policy: dict, newroot: str, opened: dict[str, int] | None = Non
     return ro, mapped
 
 
-def finish_view(policy: dict, newroot: str, project_tree: int | None, ro: list[str], mapped: list[bool], report: dict) -> None:
-    """The call's own part: the project (the tree opened and checked), the scratch dir, then pivot_root."""
+def finish_view(policy: dict, newroot: str, project_tree: int | None, ro: list[str], mapped: list[bool], report: dict,
+                reads: list[tuple[str, int]] | None = None) -> None:
+    """The call's own part: the project and the read_paths (the trees opened and checked), the scratch dir, then
+    pivot_root."""
     scratch = policy["scratch"]
+    for real, tree in reads or []:
+        if tree < 0 or _inside(real, ro) or not real.startswith("/"):
+            if tree >= 0:
+                os.close(tree)
+            continue
+        mapped.append(_bind(tree, _place(newroot, real, os.path.isdir(f"/proc/self/fd/{tree}")), IDMAP_FD))  # closes it
+        ro.append(real)
     if project_tree is not None:
         proj = policy["project_dir_real"]
         if not _inside(proj, ro):
@@ -407,6 +442,7 @@ def confine(policy: dict, control: socket.socket) -> None:
     project_tree = None
     if policy.get("project_dir"):
         project_tree, policy["project_dir_real"] = open_project(policy)
+    reads = open_read_paths(policy)
     err = isolation.join_cgroups(policy.get("cgroups") or [])
     report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
     opened = clone_python_trees(policy) if os.geteuid() == 0 else {}
@@ -414,7 +450,7 @@ def confine(policy: dict, control: socket.socket) -> None:
         report["namespaces"], report["network"] = NS_REPORT, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT
         try:
             ro, mapped = prepare_view(policy, policy["scratch"], opened)
-            finish_view(policy, policy["scratch"], project_tree, ro, mapped, report)
+            finish_view(policy, policy["scratch"], project_tree, ro, mapped, report, reads)
             report["identity"] = drop_identity()
             isolation.die_with_parent()  # a uid change clears the parent-death signal: set it again
         except (OSError, Refused) as exc:
@@ -429,7 +465,7 @@ def confine(policy: dict, control: socket.socket) -> None:
         ok, how = isolation.drop_privileges()
         report["identity"] = f"MISSING: same uid as the server ({os.getuid()}); {how}"
         ro = isolation.readable_roots(policy.get("project_dir_real") or policy["scratch"], policy["package_root"],
-                                      python_trees(policy))
+                                      python_trees(policy) + [real for real, _ in reads])
         os.chdir(policy["scratch"])
     lock_down(policy, ro, report, control)
 
@@ -463,9 +499,10 @@ def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
             project_tree = None
             if policy.get("project_dir"):
                 project_tree, policy["project_dir_real"] = open_project(policy)
+            reads = open_read_paths(policy)
             report["cgroup"] = base.get("cgroup_state", "off") if not cgroup_err else f"MISSING: {cgroup_err}"
             report["namespaces"], report["network"] = NS_REPORT, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT
-            finish_view(policy, newroot, project_tree, ro, mapped, report)
+            finish_view(policy, newroot, project_tree, ro, mapped, report, reads)
             report["identity"] = drop_identity()
             isolation.die_with_parent()
         except (OSError, Refused) as exc:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
+import re
 from typing import Any
 
 from gradprobe.findings import make_finding
@@ -32,11 +36,60 @@ async def execute(
         interp = choose(target.python, target.project_dir, interpreters)
     except ValueError as exc:
         raise ToolInputError(str(exc)) from exc
+    if target.memory_gb:  # the target's own cap (the server checked it against its ceiling)
+        base = limits or (executor.limits if executor is not None else Limits())
+        limits = dataclasses.replace(base, memory_bytes=int(target.memory_gb * _GIB))
     try:
         report = await _execute(tool, target, options, interp, progress, limits, executor)
     finally:
         interp.close()
+    cap = (limits or (executor.limits if executor is not None else Limits())).memory_bytes
+    lines = [_outside_view(report, target, interpreters.roots if interpreters else ()), _memory_hint(report, cap)]
+    report["summary"] = "\n".join([str(report.get("summary") or ""), *(x for x in lines if x)])
     return report
+
+
+_GIB = 1024**3
+_PATH_ERROR = re.compile(r"(?:No such file or directory|Permission denied|Not a directory): '(/[^']*)'")
+
+
+def _outside_view(report: dict, target: Target, roots: tuple[str, ...]) -> str | None:
+    """A path the user's code failed on that exists outside the sandbox's view: say so, and how to allow it."""
+    seen = [target.project_dir, *target.read_paths]
+    for f in report.get("findings") or []:
+        ev = f.get("evidence") or {}
+        match = _PATH_ERROR.search(f"{f.get('message', '')} {ev.get('traceback', '')}")
+        if not match or _under(match.group(1), seen):
+            continue
+        path = match.group(1)
+        if roots and not _under(path, list(roots)):
+            return (f"{path!r} is not in the sandbox's view: this server lets a call read only inside its allowed roots "
+                    f"({', '.join(roots)}) and names no other path.")
+        if os.path.exists(path):
+            allow = path if os.path.isdir(path) else os.path.dirname(path)
+            return (f"{path!r} exists on this machine, outside the sandbox's view (the child sees the project, the Python "
+                    f'installation and the paths the target names). Allow it read-only with "read_paths": ["{allow}"] in '
+                    f"the target (command line: --read-path {allow}).")
+    return None
+
+
+def _under(path: str, dirs: list[str]) -> bool:
+    real = os.path.realpath(path)
+    return any(d and (real == os.path.realpath(d) or real.startswith(os.path.realpath(d).rstrip("/") + "/")) for d in dirs)
+
+
+def _memory_hint(report: dict, cap: int | None) -> str | None:
+    """GP113: how much the check had and the exact option that gives it more."""
+    for f in report.get("findings") or []:
+        limit = (f.get("evidence") or {}).get("limit") or {}
+        if f.get("code") != "GP113" or not cap or limit.get("device") in ("cuda", "mps"):
+            continue
+        asked = limit.get("requested_bytes")
+        need = math.ceil((cap + asked) / _GIB) + 1 if isinstance(asked, int) and asked > 0 else math.ceil(2 * cap / _GIB)
+        what = f"; the step asked for {asked / _GIB:.1f} GB more" if isinstance(asked, int) and asked > 0 else ""
+        return (f"This check was capped at {cap / _GIB:.1f} GB{what}. Give it more: \"memory_gb\": {need} in the target "
+                f"(command line: gradprobe diagnose --memory-gb {need}), up to the server's ceiling (--max-memory-gb).")
+    return None
 
 
 def _annotate(report: dict, interp: Interpreter) -> dict:

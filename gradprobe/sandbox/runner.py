@@ -260,6 +260,7 @@ async def run_child(
     device = (job.get("target") or {}).get("device") or "cpu"
     scratch = tempfile.mkdtemp(prefix="gradprobe-call-", dir="/tmp")
     env = child_env(scratch)
+    env.update({str(k): str(v) for k, v in ((job.get("target") or {}).get("env") or {}).items()})  # the target's own (checked)
     cgroup: CallCgroup | None = None  # made here for a cold child; a warm one's comes made (and joined) from the worker
     project = (job.get("target") or {}).get("project_dir")
     policy = {
@@ -272,6 +273,7 @@ async def run_child(
         # prefixes derived from it are bound (never the server's working directory or other sys.path entries)
         "python": python.real if python else None, "python_exec": python.exec_spec() if python else None,
         "extra_ro": [],
+        "read_paths": [str(p) for p in (job.get("target") or {}).get("read_paths") or []],  # bound per call, like the project
         "scratch_bytes": limits.scratch_bytes, "shm_bytes": limits.shm_bytes,
         "devices": _gpu_devices() if device.startswith("cuda") or device == "auto" else [],
         "limits": limits.for_child(timeout_s, device),

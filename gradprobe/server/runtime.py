@@ -70,6 +70,9 @@ class Runtime:
         """Refuse, before any child starts and before anything about the path is looked at, a project or a model
         file outside every allowed root (symlinks and .. resolved): one answer whether it exists or not. The child
         checks the project again on the directory it opens (confine.py)."""
+        refused = self.options.refuse(target)  # the target's read_paths, env and memory_gb
+        if refused:
+            raise ToolInputError(refused)
         if not self.allowed_roots:
             return
         refs = [getattr(target, f) for f in ("model", "inputs", "loss", "optimizer", "train_step")]
