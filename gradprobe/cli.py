@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
 from gradprobe.tools import TOOLS
 
+if TYPE_CHECKING:
+    from gradprobe.server.options import ServeOptions
 
-def _target_from_args(args) -> dict:
+
+def _target_from_args(args: argparse.Namespace) -> dict:
     """Flags to a target: FILE's directory is the project unless --project-dir says otherwise."""
     import os
 
@@ -32,7 +36,7 @@ def _target_from_args(args) -> dict:
     return {k: v for k, v in target.items() if v is not None}
 
 
-def _script_target(args) -> dict:
+def _script_target(args: argparse.Namespace) -> dict:
     """--script FILE / --module MOD, and the script's own arguments after `--`."""
     import os
 
@@ -59,7 +63,7 @@ def _common(args: argparse.Namespace) -> dict:
     return {"python": python, "read_paths": reads or None, "env": env or None, "memory_gb": args.memory_gb}
 
 
-def _fail(args, kind: str, message: str, code: int) -> int:
+def _fail(args: argparse.Namespace, kind: str, message: str, code: int) -> int:
     """An error the user can act on: one line on stderr (terminal control characters removed: the text may come from
     the user's code, e.g. a tool error its child wrote), or a JSON error object on stdout with --json."""
     if getattr(args, "json", False):
@@ -71,7 +75,7 @@ def _fail(args, kind: str, message: str, code: int) -> int:
     return code
 
 
-def _run_check(args) -> int:
+def _run_check(args: argparse.Namespace) -> int:
     import anyio
     from pydantic import ValidationError
 
@@ -112,7 +116,7 @@ def _run_check(args) -> int:
     return 0 if report.get("ok") else 1
 
 
-def serve_options(args):
+def serve_options(args: argparse.Namespace) -> ServeOptions:
     """The one place serving flags become typed options (gradprobe.server.options.ServeOptions)."""
     from gradprobe.sandbox.runner import Limits
     from gradprobe.server.options import HttpOptions, ServeOptions
@@ -145,7 +149,7 @@ class _Parser(argparse.ArgumentParser):
 
     json_errors = False
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
         if _Parser.json_errors:
             tool = self.prog.split()[-1]
             print(json.dumps({"ok": False, "tool": tool, "error": {"kind": "usage", "message": message}}, indent=1))
@@ -200,7 +204,8 @@ def _main(argv: list[str] | None = None) -> None:
     serve.add_argument("--allow-root", action="append", default=None, metavar="DIR",
                        help="only targets under DIR (repeatable); default over HTTP: the working directory; over stdio: no limit")
     serve.add_argument("--require-isolation", action="store_true",
-                       help="refuse to run user code when an isolation layer (namespaces, Landlock, capabilities, cgroups) is missing")
+                       help="refuse to run user code when an isolation layer (namespaces, Landlock, capabilities, cgroups) "
+                            "is missing")
     serve.add_argument("--no-isolation", action="store_true", help="only the process boundary, limits and a scrubbed environment")
     serve.add_argument("--memory-gb", type=float, default=None,
                        help="memory limit of each check (cgroup; address space on CPU runs); default: the machine's (or this "
@@ -210,25 +215,32 @@ def _main(argv: list[str] | None = None) -> None:
     serve.add_argument("--allow-env", action="append", default=[], metavar="NAME",
                        help="an environment variable a target's `env` may set over HTTP (repeatable; over stdio any may)")
     serve.add_argument("--executor", choices=["local", "ray"], default="local", help="where sandboxed jobs run")
-    serve.add_argument("--ray-address", default="local", help="Ray cluster address ('auto', 'ray://host:10001'); 'local' starts one here")
-    serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name (repeatable); with --allow-root or over HTTP, no other is accepted")
+    serve.add_argument("--ray-address", default="local",
+                       help="Ray cluster address ('auto', 'ray://host:10001'); 'local' starts one here")
+    serve.add_argument("--allow-python", action="append", default=[], metavar="PATH",
+                       help="an interpreter targets may name (repeatable; its environment and file must match); with "
+                            "--allow-root or over HTTP, no other is accepted, and a project's own only inside a root")
     http = serve.add_argument_group("Streamable HTTP (for teams)")
     http.add_argument("--http", action="store_true", help="serve Streamable HTTP instead of stdio")
     http.add_argument("--host", default="127.0.0.1")
     http.add_argument("--port", type=int, default=8765)
     http.add_argument("--token-file", default=None, help="one user:token per line (else GRADPROBE_TOKENS=user:token,...)")
     http.add_argument("--insecure-no-auth", action="store_true", help="allow a non-loopback bind without tokens")
-    http.add_argument("--allowed-host", action="append", default=[], help="Host header values to accept (DNS-rebinding protection)")
+    http.add_argument("--allowed-host", action="append", default=[],
+                      help="Host header values to accept (DNS-rebinding protection)")
     http.add_argument("--allowed-origin", action="append", default=[], help="Origin header values to accept")
-    http.add_argument("--per-caller", type=int, default=None, help="running checks per caller (default: half the pool, at least 1)")
+    http.add_argument("--per-caller", type=int, default=None,
+                      help="running checks per caller (default: half the pool, at least 1)")
     http.add_argument("--max-body", type=int, default=1024 * 1024, help="request body limit in bytes")
     http.add_argument("--max-connections", type=int, default=256, help="open connections at once (beyond: 503)")
     http.add_argument("--header-timeout", type=float, default=10.0, help="seconds a connection may take to send a request head")
-    http.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request may take to send its body, from its head")
+    http.add_argument("--body-timeout", type=float, default=30.0,
+                      help="seconds a request may take to send its body, from its head")
     http.add_argument("--public-url", default=None, help="the URL clients use (behind a TLS proxy), for the auth metadata")
-    http.add_argument("--issuer-url", default=None, help="the authorization server advertised to clients (default: the public URL)")
+    http.add_argument("--issuer-url", default=None,
+                      help="the authorization server advertised to clients (default: the public URL)")
     sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")
-    sub.add_parser("mcp-config", help="print a host config (claude_desktop_config.json) with this interpreter's full path")
+    sub.add_parser("mcp-config", help="print a host config (claude_desktop_config.json) with the console script's full path")
     tool_parsers = {}
     for spec in TOOLS:
         tool = spec.name

@@ -39,25 +39,35 @@ class Target(BaseModel):
     )
     inputs: Ref = Field(
         default=None,
-        description="Callable returning one batch: a tensor, a tuple (positional args), a dict (keyword args) or an (args, kwargs) pair.",
+        description=("Callable returning one batch: a tensor, a tuple (positional args), a dict (keyword args) "
+                     "or an (args, kwargs) pair."),
     )
-    loss: Ref = Field(default=None, description="Optional callable (output, batch) -> scalar loss. Default: HF .loss, else a fixed random projection of the outputs.")
+    loss: Ref = Field(default=None, description=(
+        "Optional callable (output, batch) -> scalar loss. Default: HF .loss, else a fixed random projection of the outputs."))
     optimizer: Ref = Field(default=None, description="Optional callable (model) -> torch.optim.Optimizer.")
-    train_step: Ref = Field(default=None, description="Optional callable (model, batch, optimizer) doing the user's real step; observed instead of a step of our own.")
+    train_step: Ref = Field(default=None, description=(
+        "Optional callable (model, batch, optimizer) doing the user's real step; observed instead of a step of our own."))
     setup: str | None = Field(
         default=None,
-        description="Optional inline Python run in the child before the references; it may define model, inputs, loss_fn, optimizer, train_step.",
+        description=("Optional inline Python run in the child before the references; it may define model, inputs, "
+                     "loss_fn, optimizer, train_step."),
     )
-    device: str = Field(default="cpu", description='"cpu", "cuda", "cuda:N", "auto" (CUDA when the child sees a GPU), or "meta" (inspect_parameters only: no weights allocated).')
+    device: str = Field(default="cpu", description=(
+        '"cpu", "cuda", "cuda:N", "auto" (CUDA when the child sees a GPU), or "meta" (inspect_parameters only: '
+        "no weights allocated)."))
     seed: int = Field(default=0, description="Random seed set before anything is built, so runs repeat.")
     python: str | None = Field(default=None, description=(
         "Interpreter that runs the code (absolute path, e.g. the project's .venv/bin/python; it needs torch). Default: the "
         "project's own environment (.venv, venv, env, .pixi, conda environment.yml) found in project_dir or its parents, "
         'else the server\'s interpreter; "server" forces the server\'s.'))
-    script: str | None = Field(default=None, description="A training script (path relative to project_dir) run as __main__ until its first optimizer step, which is captured and checked (instead of model/inputs/...).")
-    module: str | None = Field(default=None, description="Like `script`, for a `python -m` entry point (a dotted module name importable from project_dir).")
+    script: str | None = Field(default=None, description=(
+        "A training script (path relative to project_dir) run as __main__ until its first optimizer step, which is "
+        "captured and checked (instead of model/inputs/...)."))
+    module: str | None = Field(default=None, description=(
+        "Like `script`, for a `python -m` entry point (a dotted module name importable from project_dir)."))
     args: list[str] = Field(default_factory=list, description="The script's command-line arguments (sys.argv[1:]).")
-    timeout_s: float = Field(default=120.0, gt=0, le=3600, description="Wall-clock limit for the call in the child; past it the child is killed and GP100 is reported.")
+    timeout_s: float = Field(default=120.0, gt=0, le=3600, description=(
+        "Wall-clock limit for the call in the child; past it the child is killed and GP100 is reported."))
     read_paths: list[str] = Field(default_factory=list, description=(
         "Absolute paths (files or directories) the code may read besides the project, read-only: data sets, caches "
         '(e.g. "/data/cifar", "/home/ana/.cache/huggingface"). A server over HTTP accepts only paths inside its allowed roots.'))
@@ -65,7 +75,8 @@ class Target(BaseModel):
         'Environment variables for the child (never the server\'s own), e.g. {"WANDB_MODE": "disabled"}. '
         "A server over HTTP accepts only the names its operator allowed (--allow-env)."))
     memory_gb: float | None = Field(default=None, gt=0, description=(
-        "Memory limit of this check in GB (default: the server's, sized to the machine); up to the server's ceiling (--max-memory-gb)."))
+        "Memory limit of this check in GB (default: the server's, sized to the machine); up to the server's ceiling "
+        "(--max-memory-gb)."))
 
     @model_validator(mode="before")
     @classmethod
@@ -216,7 +227,8 @@ def _top_level_names(path: str) -> set[str] | None:
 DOCS_HINT = "see docs/targets.md"
 _FIELD_HINTS = {
     "target": 'pass {"target": {"model": "/home/ana/proj/train.py"}} (the fields are in docs/targets.md)',
-    "project_dir": 'write the absolute path of your project, e.g. "/home/ana/proj" (or give `model` or `script` as an absolute file path)',
+    "project_dir": ('write the absolute path of your project, e.g. "/home/ana/proj" '
+                    "(or give `model` or `script` as an absolute file path)"),
     "model": f"write {REF_HELP}, or just the file, e.g. \"train.py\"",
     "inputs": f"write {REF_HELP.replace('build_model', 'make_batch')}",
     "loss": f"write {REF_HELP.replace('build_model', 'loss_fn')}",
@@ -258,6 +270,9 @@ def _sentence(err: Any, prefix: str) -> str:
                 '{"model": "/home/ana/proj/train.py"} or {"project_dir": "/home/ana/proj", "model": "train.py"}.')
     msg = str(err.get("msg", "")).removeprefix("Value error, ")
     if kind == "value_error":
+        named = re.match(r"`(\w+)`(.*)", msg, re.S)  # a whole-target check about one field: name it as the field
+        if not loc and named and named.group(1) in Target.model_fields:
+            return f"`{_field_name((prefix, named.group(1)) if prefix else (named.group(1),))}`{named.group(2)}."
         return f"`{where}`: {msg}." if loc else f"{prefix or 'target'}: {msg}."
     return f"`{where}` is not valid ({msg[:1].lower() + msg[1:]}): {hint or DOCS_HINT}."
 

@@ -100,7 +100,8 @@ def assert_expected(report: dict, expect: dict, name: str) -> None:
     if not expect["codes"]:
         return
     hits = [f for f in findings if f["code"] in expect["codes"] and all(names_culprit(f, c) for c in expect["culprits"])]
-    assert hits, f"{name}: expected {expect['codes']} naming {expect['culprits']}, got {[(f['code'], f['parameters'][:4]) for f in findings]}"
+    got = [(f["code"], f["parameters"][:4]) for f in findings]
+    assert hits, f"{name}: expected {expect['codes']} naming {expect['culprits']}, got {got}"
     if expect.get("severity"):
         assert any(f["severity"] == expect["severity"] for f in hits), f"{name}: severity {[f['severity'] for f in hits]}"
     if expect.get("line"):

@@ -74,7 +74,8 @@ def venv_project(tmp_path_factory) -> dict:
 def cli(*args: str, cwd: str | Path = ROOT) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
     env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "gradprobe", *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+    return subprocess.run([sys.executable, "-m", "gradprobe", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env=env)
 
 
 def assert_names_project_env(sc: dict, text: str, py: str) -> None:
@@ -120,7 +121,8 @@ def test_a_relative_python_on_the_command_line_is_made_absolute_against_the_call
 
 @pytest.mark.anyio
 async def test_a_relative_python_over_mcp_is_refused_saying_so(client, venv_project):
-    r = await client.call_tool("diagnose", {"target": {"model": str(venv_project["dir"] / "model.py"), "python": ".venv/bin/python"}})
+    target = {"model": str(venv_project["dir"] / "model.py"), "python": ".venv/bin/python"}
+    r = await client.call_tool("diagnose", {"target": target})
     assert r.is_error and "relative path" in r.content[0].text and "absolute path" in r.content[0].text, r.content[0].text
 
 
@@ -153,7 +155,8 @@ async def test_a_dangling_bin_python_is_a_clear_tool_error(client, tmp_path):
 
 @pytest.mark.anyio
 async def test_an_interpreter_that_is_not_python_is_not_blamed_on_the_users_code(client, venv_project):
-    r = await client.call_tool("inspect_parameters", {"target": {"model": str(venv_project["dir"] / "model.py"), "python": "/bin/true"}})
+    target = {"model": str(venv_project["dir"] / "model.py"), "python": "/bin/true"}
+    r = await client.call_tool("inspect_parameters", {"target": target})
     f = r.structured_content["findings"][0]
     assert "The interpreter /bin/true" in f["message"] and "No user code ran" in f["message"], f
     assert "not a Python" in f["message"] and "`python`" in f["fix"], f
@@ -231,7 +234,8 @@ async def test_a_symlinked_interpreter_flipped_during_calls_never_runs_a_planted
         thread.start()
         try:
             for _ in range(16):
-                r = await c.call_tool("inspect_parameters", {"target": {"model": str(root / "model.py"), "python": str(link), "timeout_s": 60}})
+                target = {"model": str(root / "model.py"), "python": str(link), "timeout_s": 60}
+                r = await c.call_tool("inspect_parameters", {"target": target})
                 blob = json.dumps(r.structured_content) + r.content[0].text
                 assert "PLANTED-RAN" not in blob and "root:" not in blob, blob[:2000]
                 outcomes.append("refused" if r.is_error else "ran")

@@ -33,7 +33,8 @@ READER = textwrap.dedent("""\
 def cli(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
     env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "gradprobe", *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+    return subprocess.run([sys.executable, "-m", "gradprobe", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env=env)
 
 
 @pytest.fixture
@@ -82,7 +83,8 @@ async def test_with_allowed_roots_read_paths_outside_them_are_refused(tmp_path, 
     root.mkdir()
     (root / "m.py").write_text("import torch.nn as nn\ndef build_model():\n    return nn.Linear(2, 2)\n")
     async with Client(server_params(args=("--allow-root", str(root))), read_timeout_seconds=300) as c:
-        r = await c.call_tool("inspect_parameters", {"target": {"model": str(root / "m.py"), "read_paths": [str(data_script["data"].parent)]}})
+        target = {"model": str(root / "m.py"), "read_paths": [str(data_script["data"].parent)]}
+        r = await c.call_tool("inspect_parameters", {"target": target})
         assert r.is_error and "read_paths" in r.content[0].text and "outside the roots" in r.content[0].text, r.content[0].text
 
 
@@ -90,7 +92,7 @@ def test_over_http_only_the_variable_names_the_operator_allowed():
     target = Target(project_dir="/tmp", model="m.py", env={"WANDB_MODE": "disabled", "HF_TOKEN": "x"})
     http = ServeOptions(http=HttpOptions(), allowed_roots=("/tmp",), allowed_env=("WANDB_MODE",))
     refused = http.refuse(target)
-    assert refused and refused.startswith("env: this server does not let callers set HF_TOKEN (") and "--allow-env" in refused, refused
+    assert refused and refused.startswith("env: this server does not let callers set HF_TOKEN (") and "--allow-env" in refused
     assert ServeOptions().refuse(target) is None  # over stdio the user names their own variables
 
 
@@ -116,11 +118,13 @@ async def test_the_default_cap_reaches_the_child_and_a_target_may_set_its_own(cl
 async def test_gp113_says_how_much_it_had_and_the_exact_option(client, tmp_path):
     (tmp_path / "big.py").write_text(
         "import torch\nimport torch.nn as nn\n"
-        "def build_model():\n    m = nn.Linear(2, 2)\n    m.big = torch.empty(4 * 1024**3, dtype=torch.uint8).fill_(1)\n    return m\n")
+        "def build_model():\n    m = nn.Linear(2, 2)\n"
+        "    m.big = torch.empty(4 * 1024**3, dtype=torch.uint8).fill_(1)\n    return m\n")
     r = await client.call_tool("inspect_parameters", {"target": {"model": str(tmp_path / "big.py"), "memory_gb": 3}})
     sc = r.structured_content
     assert any(f["code"] == "GP113" for f in sc["findings"]), sc["findings"]
-    assert "capped at 3.0 GB" in sc["summary"] and '"memory_gb": ' in sc["summary"] and "--memory-gb " in sc["summary"], sc["summary"]
+    summary = sc["summary"]
+    assert "capped at 3.0 GB" in summary and '"memory_gb": ' in summary and "--memory-gb " in summary, summary
 
 
 def test_cli_diagnose_takes_memory_gb():

@@ -137,9 +137,11 @@ async def _execute(tool: str, target: Target, options: dict | None, interp: Inte
     job = {"tool": tool, "target": target.model_dump(), "options": options or {}}
     executor = executor or LocalExecutor(limits)
     # a local child runs exactly the file resolved here; a remote one (Ray) resolves the path again on its machine
-    python: Interpreter | str | None = (None if interp.is_server else interp) if isinstance(executor, LocalExecutor) else (
-        None if interp.is_server else interp.path)
-    outcome = await executor.run(job, python=python, timeout_s=target.timeout_s, progress=progress, limits=limits)  # type: ignore[arg-type]
+    python: Interpreter | str | None = None
+    if not interp.is_server:
+        python = interp if isinstance(executor, LocalExecutor) else interp.path
+    outcome = await executor.run(job, python=python,  # type: ignore[arg-type]
+                                 timeout_s=target.timeout_s, progress=progress, limits=limits)
     sandbox: dict[str, Any] = {
         "seconds": round(outcome.seconds, 3),
         "child": {"warm": "forked from the warm worker", "ray": "a Ray task (cold interpreter on the worker)"}.get(outcome.mode, "cold interpreter"),

@@ -129,14 +129,15 @@ def _open_file(path: str) -> int:
 def resolve(path: str, reason: str, source: str, looked_at: tuple[str, ...] = ()) -> Interpreter:
     """Open the interpreter once and derive what to bind from the open file (raises InterpreterError)."""
     if not os.path.isabs(path):
-        raise InterpreterError(f"python {path!r} is a relative path: write the absolute path of the interpreter, "
-                               'e.g. "/home/ana/proj/.venv/bin/python" (a server has no directory of yours to resolve it against)')
+        raise InterpreterError(f"python {path!r} is a relative path: write the absolute path of the interpreter, e.g. "
+                               '"/home/ana/proj/.venv/bin/python" (a server has no directory of yours to resolve it against)')
     fd = _open_file(path)
     try:
         real = os.readlink(_fd_path(fd))
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise InterpreterError(f"python {path!r} is a directory: name the interpreter inside it, e.g. {os.path.join(path, 'bin', 'python')!r}")
+            inside = os.path.join(path, "bin", "python")
+            raise InterpreterError(f"python {path!r} is a directory: name the interpreter inside it, e.g. {inside!r}")
         if not stat.S_ISREG(st.st_mode) or not os.access(_fd_path(fd), os.X_OK):
             raise InterpreterError(f"python {path!r} is not an executable file")
         named = os.path.abspath(path)
@@ -162,7 +163,8 @@ def _conda_prefixes() -> list[str]:
     exe = os.environ.get("CONDA_EXE") or shutil.which("conda") or ""
     if exe not in _CONDA:
         try:
-            out = subprocess.run([exe, "env", "list", "--json"], capture_output=True, timeout=20, check=True, stdin=subprocess.DEVNULL)
+            out = subprocess.run([exe, "env", "list", "--json"], capture_output=True, timeout=20, check=True,
+                                 stdin=subprocess.DEVNULL)
             _CONDA[exe] = [str(p) for p in json.loads(out.stdout).get("envs", [])]
         except (OSError, ValueError, subprocess.SubprocessError, AttributeError):
             _CONDA[exe] = []
@@ -219,7 +221,8 @@ class InterpreterPolicy:
     strict: bool = False
 
     @classmethod
-    def make(cls, roots: list[str] | tuple[str, ...], allow_python: list[str] | tuple[str, ...], strict: bool) -> InterpreterPolicy:
+    def make(cls, roots: list[str] | tuple[str, ...], allow_python: list[str] | tuple[str, ...],
+             strict: bool) -> InterpreterPolicy:
         allowed = []
         for path in allow_python:
             try:
@@ -274,7 +277,8 @@ def describe(facts: dict) -> str:
     """One line for the report's summary: which interpreter ran, its versions, and why."""
     versions = ", ".join(x for x in (f"Python {facts['python_version']}" if facts.get("python_version") else "",
                                      f"torch {facts['torch_version']}" if facts.get("torch_version") else "") if x)
-    return f"Interpreter: {facts.get('path')}" + (f" ({versions})" if versions else "") + f"; chosen: {facts.get('chosen_because')}."
+    shown = f" ({versions})" if versions else ""
+    return f"Interpreter: {facts.get('path')}{shown}; chosen: {facts.get('chosen_because')}."
 
 
 def missing_module_hint(module: str, facts: dict) -> str:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradprobe.sandbox.runner import Limits
+
+if TYPE_CHECKING:
+    from gradprobe.sandbox.executor import Executor
+    from gradprobe.sandbox.interpreter import InterpreterPolicy
 
 GIB = 1024**3
 
@@ -21,7 +25,7 @@ def _read_int(path: str) -> int | None:
 
 def _cgroup_limits() -> list[int]:
     """Memory limits of this process's cgroup and its ancestors (v2 memory.max, v1 memory.limit_in_bytes)."""
-    out = []
+    out: list[int] = []
     try:
         lines = open("/proc/self/cgroup").read().splitlines()
     except OSError:
@@ -133,7 +137,7 @@ class ServeOptions:
                     f"({self.memory_ceiling / GIB:.1f} GB; its operator sets it with --max-memory-gb)")
         return None
 
-    def interpreter_policy(self):
+    def interpreter_policy(self) -> InterpreterPolicy:
         """Which interpreters targets may run (sandbox/interpreter.py): with allowed roots (always over HTTP), a named
         one only when listed with --allow-python, a project's own only inside a root or listed."""
         from gradprobe.sandbox.interpreter import InterpreterPolicy
@@ -141,7 +145,7 @@ class ServeOptions:
         roots = self.roots
         return InterpreterPolicy.make(roots, self.allowed_pythons, strict=bool(roots))
 
-    def make_executor(self):
+    def make_executor(self) -> Executor:
         """The Executor (sandbox/executor.py) these options ask for."""
         if self.executor == "ray":
             from gradprobe.sandbox.ray_executor import RayExecutor

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
@@ -17,6 +18,9 @@ from gradprobe.sandbox.execute import execute
 from gradprobe.sandbox.runner import ToolInputError
 from gradprobe.server.models import Report
 from gradprobe.target import Target
+
+if TYPE_CHECKING:
+    from gradprobe.server.runtime import Runtime
 
 log = logging.getLogger("gradprobe.audit")
 
@@ -47,8 +51,8 @@ def _caller() -> str:
     return token.client_id if token is not None else "local"
 
 
-async def call_tool(runtime, tool: str, target: Target, options: dict[str, Any], ctx: Context | None,
-                   extra_content: list | None = None, post=None) -> CallToolResult:
+async def call_tool(runtime: Runtime, tool: str, target: Target, options: dict[str, Any], ctx: Context | None,
+                   extra_content: list | None = None, post: Callable[[dict], list] | None = None) -> CallToolResult:
     t0 = time.monotonic()
 
     async def progress(phase: str, elapsed: float | None) -> None:
