@@ -271,8 +271,9 @@ def _sentence(err: Any, prefix: str) -> str:
     msg = str(err.get("msg", "")).removeprefix("Value error, ")
     if kind == "value_error":
         named = re.match(r"`(\w+)`(.*)", msg, re.S)  # a whole-target check about one field: name it as the field
-        if not loc and named and named.group(1) in Target.model_fields:
-            return f"`{_field_name((prefix, named.group(1)) if prefix else (named.group(1),))}`{named.group(2)}."
+        if named and named.group(1) in Target.model_fields and not (loc and str(loc[-1]) in Target.model_fields):
+            path = ((prefix,) if prefix else ()) + loc
+            return f"`{_field_name((path or ('target',)) + (named.group(1),))}`{named.group(2)}."
         return f"`{where}`: {msg}." if loc else f"{prefix or 'target'}: {msg}."
     return f"`{where}` is not valid ({msg[:1].lower() + msg[1:]}): {hint or DOCS_HINT}."
 
