@@ -185,9 +185,13 @@ def test_a_closed_pipe_ends_the_command_line_quietly():
     assert out.stdout.startswith("gradprobe diagnose") and out.stderr == "", out.stderr
 
 
-def test_python_m_gradprobe_from_a_directory_holding_a_gradprobe_folder(tmp_path):
-    (tmp_path / "gradprobe").mkdir()  # a clone under its default name, seen from its parent
-    (tmp_path / "gradprobe" / "README.md").write_text("a clone\n")
-    out = cli("mcp-config", cwd=tmp_path)
-    assert out.returncode == 0 and json.loads(out.stdout)["mcpServers"]["gradprobe"]["args"][-1] == "serve", out.stderr
-
+def test_python_m_gradprobe_demo_from_the_parent_of_a_clone_named_gradprobe(tmp_path):
+    (tmp_path / "gradprobe").symlink_to(ROOT, target_is_directory=True)  # a clone under its default name
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    env["PYTHONPATH"] = str(tmp_path / "gradprobe")
+    out = subprocess.run([sys.executable, "-m", "gradprobe", "demo"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env=env)
+    assert out.returncode == 0 and "ERRORS FOUND" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    config = subprocess.run([sys.executable, "-m", "gradprobe", "mcp-config"], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env=env)
+    assert json.loads(config.stdout)["mcpServers"]["gradprobe"]["args"][-1] == "serve", config.stderr
