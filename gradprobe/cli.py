@@ -209,9 +209,9 @@ def _main(argv: list[str] | None = None) -> None:
     serve.add_argument("--no-isolation", action="store_true", help="only the process boundary, limits and a scrubbed environment")
     serve.add_argument("--memory-gb", type=float, default=None,
                        help="memory limit of each check (cgroup; address space on CPU runs); default: the machine's (or this "
-                            "server's cgroup's) memory less a tenth for the server")
+                            "server's cgroup's) memory less a quarter for the server")
     serve.add_argument("--max-memory-gb", type=float, default=None,
-                       help="the most a target may ask for with memory_gb (default: the machine's memory less a tenth)")
+                       help="the most a target may ask for with memory_gb (default: the machine's memory less a quarter)")
     serve.add_argument("--allow-env", action="append", default=[], metavar="NAME",
                        help="an environment variable a target's `env` may set over HTTP (repeatable; over stdio any may)")
     serve.add_argument("--executor", choices=["local", "ray"], default="local", help="where sandboxed jobs run")
@@ -263,7 +263,7 @@ def _main(argv: list[str] | None = None) -> None:
         p.add_argument("--env", action="append", default=None, metavar="NAME=VALUE",
                        help="an environment variable for the code, e.g. WANDB_MODE=disabled; repeatable")
         p.add_argument("--memory-gb", type=float, default=None,
-                       help="memory limit of the check (default: this machine's memory less a tenth)")
+                       help="memory limit of the check (default: this machine's memory less a quarter)")
         p.add_argument("--device", default="cpu")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--timeout", type=float, default=120.0)

@@ -63,11 +63,11 @@ def machine_memory_bytes() -> int | None:
 
 def default_memory_bytes() -> int:
     """Each check's default cap: what the machine (or the server's cgroup) has, less room for the server itself
-    (a tenth, at least 1 GiB); 8 GiB when that cannot be read."""
+    (a quarter, at least 2 GiB); 8 GiB when that cannot be read."""
     have = machine_memory_bytes()
     if not have:
         return 8 * GIB
-    return max(GIB, have - max(GIB, have // 10))
+    return max(GIB, have - max(2 * GIB, have // 4))
 
 
 @dataclass(frozen=True)
