@@ -265,6 +265,10 @@ def choose(python: str | None, project_dir: str, policy: InterpreterPolicy | Non
         return server_interpreter("no environment of the project's own was found", tuple(looked))
     env_dir = os.path.dirname(os.path.dirname(found))
     interp = resolve(found, f"the project's own environment ({env_dir})", "project", tuple(looked))
+    server = server_interpreter(f"the project's own environment ({env_dir}), which is the server's own", tuple(looked))
+    if (interp.env, interp.real) == (server.env, server.real):  # the same interpreter: the warm worker serves it
+        interp.close()
+        return server
     if policy.strict and not (policy.inside(interp) or policy.listed(interp)):
         interp.close()
         return server_interpreter(
