@@ -277,3 +277,14 @@ async def test_the_servers_working_directory_is_not_in_any_calls_view(tmp_path):
             r = await c.call_tool("inspect_parameters", {"target": target})
             blob = json.dumps(r.structured_content)
             assert "PROBE:" in blob and "SECRET-KEY-MATERIAL" not in blob and "id_rsa" not in blob, blob[:2000]
+
+
+@pytest.mark.anyio
+async def test_a_project_environment_that_is_the_servers_own_keeps_the_warm_worker(client, tmp_path):
+    (tmp_path / ".venv").symlink_to(sys.prefix, target_is_directory=True)
+    (tmp_path / "model.py").write_text("import torch.nn as nn\ndef build_model():\n    return nn.Linear(2, 2)\n")
+    r = await client.call_tool("inspect_parameters", {"target": {"model": str(tmp_path / "model.py")}})
+    sc = r.structured_content
+    assert sc["facts"]["interpreter"]["source"] == "server", sc["facts"]["interpreter"]
+    assert "which is the server's own" in sc["facts"]["interpreter"]["chosen_because"]
+    assert sc["facts"]["sandbox"]["child"] == "forked from the warm worker", sc["facts"]["sandbox"]
