@@ -6,7 +6,8 @@ Every model is built from a tiny config (no weights are downloaded) and checked 
     None or zero by design;
   * gradprobe, through the machinery the server uses (`gradprobe.sandbox.call.execute`: one
     sandboxed child per model, forked from the warm worker, with a timeout), target = inline `setup`.
-On a model that trains, every error-severity finding is a false error, and a GP000/GP100 (or GP114-GP117: a timeout, a dead child) is an
+On a model that trains, every error-severity finding is a false error, and a GP000/GP100 (or GP114-GP117: a timeout, a dead
+child) is an
 internal crash (the model loads and trains without gradprobe). A GP113 (the check stopped at the
 sandbox's memory limit) is its own bucket, "resource limit": neither clean nor a crash nor a false error.
 

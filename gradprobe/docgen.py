@@ -20,6 +20,7 @@ FAMILIES = {
     "GP3": "The traced step (GP3xx)",
     "GP4": "Custom autograd Functions (GP4xx)",
     "GP5": "Prompt tuning (GP5xx)",
+    "GP6": "Several training steps (GP6xx)",
 }
 
 
@@ -29,6 +30,21 @@ def _cell(text: str) -> str:
 
 def _block(text: str) -> str:
     return "```\n" + text.strip("\n") + "\n```"
+
+
+def _situations(rule: RuleDoc) -> list[str]:
+    """The situations a rule tells apart, each with its own fix where it has one."""
+    if not rule["situations"]:
+        return []
+    out = ["", "Situations it tells apart (each with its own message):", ""]
+    for key, case in rule["situations"].items():
+        sev = f", {case['severity']}" if case.get("severity") else ""
+        head = f"- `{key}`{sev}: {case.get('when', key)}."
+        if case.get("fix"):
+            out += [head + " Fix:", "", "  " + _block(case["fix"]).replace("\n", "\n  ")]
+        else:
+            out.append(head + " Fix: as above.")
+    return out
 
 
 def findings_markdown(rules: dict[str, RuleDoc] | None = None) -> str:
@@ -67,11 +83,7 @@ def findings_markdown(rules: dict[str, RuleDoc] | None = None) -> str:
             "",
             _block(rule["fix"]),
         ]
-        for key, case in rule["situations"].items():
-            sev = f" ({case['severity']})" if case.get("severity") else ""
-            out += ["", f"When {case.get('when', key)}{sev}:"]
-            if case.get("fix"):
-                out += ["", _block(case["fix"])]
+        out += _situations(rule)
     return "\n".join(out) + "\n"
 
 

@@ -161,7 +161,7 @@ def _literal(node: ast.expr) -> Any:
     if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Situation":
         return {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
     if isinstance(node, ast.Dict):
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values) if k is not None}
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True) if k is not None}
     return ast.literal_eval(node)
 
 
@@ -179,15 +179,7 @@ def rules_declared_in(path: Path) -> list[dict[str, Any]]:
 
 def rule_sources() -> list[Path]:
     """Every module of the package that declares rules."""
-    return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "findings.py"
-                  and ("Rule(" in (t := p.read_text(encoding="utf-8")) or "\nRULES = {" in t))
-
-
-def _legacy_rules(path: Path) -> list[dict[str, Any]]:  # TRANSITIONAL: a module not yet converted to Rule units
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "RULES" for t in node.targets):
-            return [{"code": c, **r} for c, r in ast.literal_eval(node.value).items()]
-    return []
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "findings.py" and "Rule(" in p.read_text(encoding="utf-8"))
 
 
 def _doc(decl: dict[str, Any]) -> RuleDoc:
@@ -204,21 +196,11 @@ def catalogue() -> dict[str, RuleDoc]:
     """Every code, collected from the rule declarations, in code order."""
     out: dict[str, RuleDoc] = {}
     for path in rule_sources():
-        for decl in rules_declared_in(path) + _legacy_rules(path):
+        for decl in rules_declared_in(path):
             if decl["code"] in out:
                 raise ValueError(f"{decl['code']} is declared twice ({path})")
             out[decl["code"]] = _doc(decl)
     return dict(sorted(out.items()))
-
-
-def make_finding(code: str, message: str, *, parameters: list[str] | None = None,
-                 location: Location | dict[str, Any] | None = None, evidence: dict[str, Any] | None = None,
-                 fix: str | None = None, severity: Severity | None = None) -> Finding:
-    """TRANSITIONAL (removed once every module declares Rule units): a finding of a legacy RULES code."""
-    rule = catalogue()[code]
-    return Finding(code=code, name=rule["name"], severity=severity or rule["severity"], message=message,
-                   parameters=list(parameters or []), location=cast("Location | None", location),
-                   evidence=dict(evidence or {}), fix=fix or rule["fix"])
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:

@@ -29,7 +29,8 @@ def flow_graph(table: list[dict], findings: list[Any], frozen: list[str]) -> dic
         m = module_of(row["name"])
         g = groups.setdefault(m, {"module": m, "count": 0, "statuses": set(), "break": None})
         g["count"] += 1
-        st = "broken" if row["name"] in breaks else {"ok": "ok", "zero": "zero", "none": "broken" if row["read"] else "unused", "nonfinite": "broken"}[row["grad"]]
+        by_grad = {"ok": "ok", "zero": "zero", "none": "broken" if row["read"] else "unused", "nonfinite": "broken"}
+        st = "broken" if row["name"] in breaks else by_grad[row["grad"]]
         g["statuses"].add(st)
         if row["name"] in breaks and g["break"] is None:
             g["break"] = breaks[row["name"]]
@@ -60,11 +61,11 @@ _CODE = re.compile(r"GP\d{3}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def _text(value, cap: int, default: str = "") -> str:
+def _text(value: Any, cap: int, default: str = "") -> str:
     return _CONTROL.sub(" ", value)[:cap] if isinstance(value, str) else default
 
 
-def clean_graph(graph) -> dict:
+def clean_graph(graph: Any) -> dict[str, Any]:
     """The graph with every field type-checked and capped: it comes from the child, so it is untrusted."""
     if not isinstance(graph, dict):
         return {"loss": "loss", "groups": []}
@@ -137,7 +138,8 @@ def flow_svg(graph: dict) -> str:
         if g["status"] == "broken" and brk:
             mx, my = 230, (height // 2 + y + 16) // 2
             parts.append(f'<text x="{mx}" y="{my - 10}" fill="{stroke}" text-anchor="middle" font-size="11">'
-                         f'✗ {html.escape(brk["code"] + " " + brk["op"])}' + (f' line {brk["line"]}' if brk.get("line") else "") + '</text>')
+                         f'✗ {html.escape(brk["code"] + " " + brk["op"])}'
+                         + (f' line {brk["line"]}' if brk.get("line") else "") + '</text>')
         parts.append(f'<rect x="360" y="{y}" width="340" height="32" rx="4" fill="{fill}" stroke="{stroke}"/>')
         label = f'{g["module"]} ({g["count"]}): {g["status"]}'
         parts.append(f'<text x="370" y="{y + 21}">{html.escape(label[:48])}</text>')

@@ -47,14 +47,15 @@ def lightning_train_step(model: nn.Module, batch: Any, optimizer: Any) -> Any:
     out = model.training_step(batch, 0)  # type: ignore[operator]
     loss = step_loss(out)
     if loss is None:
-        raise ValueError(f"{type(model).__name__}.training_step returned {type(out).__name__}, not a loss tensor or a dict with 'loss'")
+        raise ValueError(f"{type(model).__name__}.training_step returned {type(out).__name__}, "
+                         "not a loss tensor or a dict with 'loss'")
     loss.backward()
     if optimizer is not None and hasattr(optimizer, "step"):
         optimizer.step()
     return out
 
 
-def lightning_defaults(model: nn.Module, found: dict) -> list[str]:
+def lightning_defaults(model: nn.Module, found: dict[str, Any]) -> list[str]:
     """Fill the target's missing optimizer, inputs and train_step from a LightningModule; say which."""
     if not is_lightning_like(model):
         return []

@@ -15,7 +15,7 @@ import os
 import random
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from collections.abc import Callable
 
 import torch
@@ -57,16 +57,16 @@ class BuildRecord:
 class BuildRecorder:
     """Context manager that records user lines of `module.attr = ...` and optimizer creation."""
 
-    def __init__(self, user: UserCode, record: BuildRecord):
+    def __init__(self, user: UserCode, record: BuildRecord) -> None:
         self.user, self.record = user, record
         self._active = False
 
-    def __enter__(self):
+    def __enter__(self) -> BuildRecorder:
         user, rec = self.user, self.record
         self._setattr = orig_setattr = nn.Module.__setattr__
         self._opt_init = orig_init = torch.optim.Optimizer.__init__
 
-        def recording_setattr(module, name, value):
+        def recording_setattr(module: nn.Module, name: str, value: Any) -> None:
             stack = user.user_stack(skip=2)
             if stack:
                 rec.seq += 1
@@ -75,7 +75,7 @@ class BuildRecorder:
                 rec.keep.append(module)
             return orig_setattr(module, name, value)
 
-        def recording_init(opt, *args, **kwargs):
+        def recording_init(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
             loc = user.innermost(skip=1)
             rec.seq += 1
             rec.optimizer_sites[id(opt)] = (rec.seq, loc)
@@ -84,7 +84,7 @@ class BuildRecorder:
 
         self._register_buffer = orig_buffer = nn.Module.register_buffer
 
-        def recording_buffer(module, name, tensor, persistent=True):
+        def recording_buffer(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
             loc = user.innermost(skip=1)
             if loc is not None:
                 rec.seq += 1
@@ -92,20 +92,20 @@ class BuildRecorder:
                 rec.keep.append(module)
             return orig_buffer(module, name, tensor, persistent)
 
-        nn.Module.__setattr__ = recording_setattr
-        nn.Module.register_buffer = recording_buffer
-        torch.optim.Optimizer.__init__ = recording_init
+        nn.Module.__setattr__ = recording_setattr  # type: ignore[method-assign, assignment]
+        nn.Module.register_buffer = recording_buffer  # type: ignore[method-assign, assignment]
+        torch.optim.Optimizer.__init__ = recording_init  # type: ignore[method-assign, assignment]
         self._state = _StateRecorder(user, rec).__enter__()
         self._active = True
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> Literal[False]:
         if not self._active:  # already exited (script mode pauses recording before its checks)
             return False
         self._active = False
-        nn.Module.__setattr__ = self._setattr
-        nn.Module.register_buffer = self._register_buffer
-        torch.optim.Optimizer.__init__ = self._opt_init
+        nn.Module.__setattr__ = self._setattr  # type: ignore[method-assign]
+        nn.Module.register_buffer = self._register_buffer  # type: ignore[method-assign]
+        torch.optim.Optimizer.__init__ = self._opt_init  # type: ignore[method-assign]
         self._state.__exit__(*exc)
         return False
 
@@ -114,7 +114,7 @@ class _StateRecorder:
     """Records the user lines that freeze tensors (`requires_grad_(False)`, `p.requires_grad = False`),
     register gradient hooks, and switch gradient recording off (`torch.set_grad_enabled(False)`)."""
 
-    def __init__(self, user: UserCode, record: BuildRecord):
+    def __init__(self, user: UserCode, record: BuildRecord) -> None:
         self.user, self.record = user, record
 
     def _note(self, table: dict, t: Any) -> None:
@@ -124,27 +124,27 @@ class _StateRecorder:
             table[id(t)] = (self.record.seq, loc)
             self.record.keep.append(t)
 
-    def __enter__(self):
+    def __enter__(self) -> _StateRecorder:
         rec, note = self.record, self._note
         orig_rg_, orig_hook = torch.Tensor.requires_grad_, torch.Tensor.register_hook
         orig_gm = torch.autograd.grad_mode.set_grad_enabled.__init__
         base_rg = requires_grad_descriptor()
 
-        def requires_grad_(t, requires_grad=True):
+        def requires_grad_(t: torch.Tensor, requires_grad: bool = True) -> torch.Tensor:
             if not requires_grad:
                 note(rec.frozen_sites, t)
             return orig_rg_(t, requires_grad)
 
-        def set_requires_grad(t, value):
+        def set_requires_grad(t: torch.Tensor, value: bool) -> None:
             if not value:
                 note(rec.frozen_sites, t)
             base_rg.__set__(t, value)
 
-        def register_hook(t, hook):
+        def register_hook(t: torch.Tensor, hook: Callable[..., Any]) -> Any:
             note(rec.hook_sites, t)
             return orig_hook(t, hook)
 
-        def set_grad_enabled_init(self_, mode):
+        def set_grad_enabled_init(self_: Any, mode: bool) -> None:
             caller = sys._getframe(1)
             if not mode and self.user.is_user_file(caller.f_code.co_filename):  # the user's own call, not torch's no_grad
                 loc = self.user.location_of(caller.f_code.co_filename, caller.f_lineno, caller.f_code.co_name)
@@ -156,13 +156,13 @@ class _StateRecorder:
         self._saved = (orig_hook, orig_gm)
         self._own = {k: v for k, v in ((k, torch.Tensor.__dict__.get(k)) for k in ("requires_grad_",)) if v is not None}
         self._own_param = nn.Parameter.__dict__.get("requires_grad")
-        torch.Tensor.requires_grad_ = requires_grad_  # type: ignore[method-assign]
+        torch.Tensor.requires_grad_ = requires_grad_  # type: ignore[method-assign, assignment]
         torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]
         nn.Parameter.requires_grad = property(base_rg.__get__, set_requires_grad)  # type: ignore[assignment]
-        torch.autograd.grad_mode.set_grad_enabled.__init__ = set_grad_enabled_init  # type: ignore[method-assign]
+        torch.autograd.grad_mode.set_grad_enabled.__init__ = set_grad_enabled_init  # type: ignore[method-assign, assignment]
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> Literal[False]:
         orig_hook, orig_gm = self._saved
         if "requires_grad_" in self._own:
             torch.Tensor.requires_grad_ = self._own["requires_grad_"]  # type: ignore[method-assign]
@@ -275,7 +275,7 @@ def move_batch(batch: Any, device: str) -> Any:
     return batch
 
 
-def _call_user(phase: str, fn: Callable, *args) -> Any:
+def _call_user(phase: str, fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
     except TargetError:
@@ -297,7 +297,75 @@ def seed_everything(seed: int) -> None:
         pass
 
 
-def load_target(target: dict, progress: Callable[[str], None] = lambda phase: None) -> Loaded:
+def _run_setup(setup: str, user: UserCode, record: BuildRecord, meta: bool, found: dict[str, Any]) -> None:
+    """Execute the target's inline `setup` source; the names it defines (model, inputs, ...) are found."""
+    namespace: dict[str, Any] = {"torch": torch, "nn": nn, "__name__": "__gradprobe_setup__"}
+    lines = setup.splitlines(keepends=True)
+    linecache.cache[SETUP_FILENAME] = (len(setup), None, lines, SETUP_FILENAME)
+    try:
+        code = compile(setup, SETUP_FILENAME, "exec")
+    except SyntaxError as exc:
+        raise TargetError("importing", f"setup code has a syntax error: {exc}", exc) from exc
+    with BuildRecorder(user, record), (torch.device("meta") if meta else contextlib.nullcontext()):
+        _call_user("running setup", exec, code, namespace)
+    for what, name in SETUP_NAMES.items():
+        if name in namespace:
+            found[what] = namespace[name]
+
+
+def _resolve_references(target: dict[str, Any], resolver: Resolver, found: dict[str, Any]) -> None:
+    """The target's FILE_OR_MODULE:CALLABLE references, and the conventional names of the model's file."""
+    model_ref = target.get("model")
+    for what in CONVENTIONAL:
+        ref = target.get(what)
+        if ref:
+            found[what] = resolver.resolve(ref, what)
+        elif model_ref and ":" not in model_ref and what != "model" and what not in found:
+            conv = resolver.conventional(model_ref, what)
+            if conv is not None:
+                found[what] = conv
+
+
+def _build_model(model: Any, user: UserCode, record: BuildRecord, meta: bool) -> nn.Module:
+    if model is None:
+        raise TargetRefError("no model: give `model` or define `model` in setup")
+    if not isinstance(model, nn.Module):
+        if not callable(model):
+            raise TargetError("building", f"model is a {type(model).__name__}, not an nn.Module or a callable returning one")
+        with BuildRecorder(user, record), (torch.device("meta") if meta else contextlib.nullcontext()):
+            model = _call_user("building the model", model)
+    if not isinstance(model, nn.Module):
+        raise TargetError("building", f"the model callable returned a {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def _make_optimizer(make_optimizer: Any, model: nn.Module, user: UserCode,
+                    record: BuildRecord) -> tuple[Any, Callable[..., Any] | None, TargetError | None]:
+    """(optimizer, the callable that made it, the error it raised): an optimizer object given as is has no callable."""
+    optimizer = None
+    optimizer_error = None
+    if isinstance(make_optimizer, torch.optim.Optimizer) or not callable(make_optimizer):
+        optimizer, make_optimizer = make_optimizer, None
+    else:
+        try:
+            with BuildRecorder(user, record):
+                optimizer = _call_user("making the optimizer", make_optimizer, model)
+        except TargetError as exc:
+            optimizer_error = exc
+    if isinstance(optimizer, (tuple, list, dict)):  # (optimizer, scheduler) and friends
+        items = optimizer.values() if isinstance(optimizer, dict) else optimizer
+        optimizer = next((o for o in items if isinstance(o, torch.optim.Optimizer)), optimizer)
+    return optimizer, make_optimizer, optimizer_error
+
+
+def _inputs(found: dict[str, Any], meta: bool) -> Any:
+    inputs = found.get("inputs")
+    if inputs is None or meta:
+        return None
+    return _call_user("making the inputs", inputs) if callable(inputs) and not isinstance(inputs, torch.Tensor) else inputs
+
+
+def load_target(target: dict[str, Any], progress: Callable[[str], None] = lambda phase: None) -> Loaded:
     """Import and build everything a target names. Raises TargetError / TargetRefError."""
     project_dir = os.path.realpath(target["project_dir"])
     user = UserCode(project_dir)
@@ -309,53 +377,16 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
     meta = device == "meta"
     if not meta:
         device = resolve_device(device)
-
-    resolver = Resolver(project_dir)
     found: dict[str, Any] = {}
 
     progress(Phase.IMPORTING)
-    setup = target.get("setup")
-    if setup:
-        namespace: dict[str, Any] = {"torch": torch, "nn": nn, "__name__": "__gradprobe_setup__"}
-        lines = setup.splitlines(keepends=True)
-        linecache.cache[SETUP_FILENAME] = (len(setup), None, lines, SETUP_FILENAME)
-        try:
-            code = compile(setup, SETUP_FILENAME, "exec")
-        except SyntaxError as exc:
-            raise TargetError("importing", f"setup code has a syntax error: {exc}", exc) from exc
-        with BuildRecorder(user, record), (torch.device("meta") if meta else contextlib.nullcontext()):
-            _call_user("running setup", exec, code, namespace)
-        for what, name in SETUP_NAMES.items():
-            if name in namespace:
-                found[what] = namespace[name]
-
-    model_ref = target.get("model")
+    if target.get("setup"):
+        _run_setup(target["setup"], user, record, meta, found)
     with _StateRecorder(user, record):
-        for what in CONVENTIONAL:
-            ref = target.get(what)
-            if ref:
-                found[what] = resolver.resolve(ref, what)
-            elif model_ref and ":" not in model_ref and what != "model" and what not in found:
-                conv = resolver.conventional(model_ref, what)
-                if conv is not None:
-                    found[what] = conv
+        _resolve_references(target, Resolver(project_dir), found)
 
     progress(Phase.BUILDING)
-    model = found.get("model")
-    if model is None:
-        raise TargetRefError("no model: give `model` or define `model` in setup")
-    if not isinstance(model, nn.Module):
-        if not callable(model):
-            raise TargetError("building", f"model is a {type(model).__name__}, not an nn.Module or a callable returning one")
-        with BuildRecorder(user, record):
-            if meta:
-                with torch.device("meta"):
-                    model = _call_user("building the model", model)
-            else:
-                model = _call_user("building the model", model)
-    if not isinstance(model, nn.Module):
-        raise TargetError("building", f"the model callable returned a {type(model).__name__}, not an nn.Module")
-
+    model = _build_model(found.get("model"), user, record, meta)
     info: dict[str, Any] = {"device": device, "grad_enabled_after_build": torch.is_grad_enabled()}
     if not meta:
         from gradprobe.frameworks import lightning_defaults
@@ -363,45 +394,17 @@ def load_target(target: dict, progress: Callable[[str], None] = lambda phase: No
         lightning = lightning_defaults(model, found)
         if lightning:
             info["lightning"] = lightning
-    batch = None
-    inputs = found.get("inputs")
-    if inputs is not None and not meta:
-        batch = _call_user("making the inputs", inputs) if callable(inputs) and not isinstance(inputs, torch.Tensor) else inputs
+    batch = _inputs(found, meta)
     if not meta and device != "cpu":
         model = model.to(device)
         batch = move_batch(batch, device)
         info["moved_to"] = device
-
-    make_optimizer = found.get("optimizer")
-    optimizer = None
-    optimizer_error = None
+    optimizer, make_optimizer, optimizer_error = None, found.get("optimizer"), None
     if make_optimizer is not None and not meta:
-        if isinstance(make_optimizer, torch.optim.Optimizer) or not callable(make_optimizer):
-            optimizer, make_optimizer = make_optimizer, None
-        else:
-            try:
-                with BuildRecorder(user, record):
-                    optimizer = _call_user("making the optimizer", make_optimizer, model)
-            except TargetError as exc:
-                optimizer_error = exc
-        if isinstance(optimizer, (tuple, list, dict)):  # (optimizer, scheduler) and friends
-            items = optimizer.values() if isinstance(optimizer, dict) else optimizer
-            optimizer = next((o for o in items if isinstance(o, torch.optim.Optimizer)), optimizer)
-    loss_fn = found.get("loss")
-    train_step = found.get("train_step")
-    return Loaded(
-        model=model,
-        batch=batch,
-        loss_fn=loss_fn,
-        optimizer=optimizer,
-        make_optimizer=make_optimizer,
-        train_step=train_step,
-        user=user,
-        record=record,
-        device=device,
-        optimizer_error=optimizer_error,
-        info=info,
-    )
+        optimizer, make_optimizer, optimizer_error = _make_optimizer(make_optimizer, model, user, record)
+    return Loaded(model=model, batch=batch, loss_fn=found.get("loss"), optimizer=optimizer, make_optimizer=make_optimizer,
+                  train_step=found.get("train_step"), user=user, record=record, device=device,
+                  optimizer_error=optimizer_error, info=info)
 
 
 def live_target(model: nn.Module, batch: Any = None, loss_fn: Callable | None = None, optimizer: Any = None,

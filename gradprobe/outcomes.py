@@ -1,4 +1,5 @@
-"""How a check ran, as the checks need to know it: a resource limit that stopped it (GP113 resource-limit).
+"""How a check ran, as the checks need to know it: the target failed to build (GP100 target-load-failed), or a resource
+limit stopped it (GP113 resource-limit).
 
 Torch-free and process-free: the parent (a cgroup OOM kill it saw), the child's loaders and the
 checks (an allocation a memory limit refused, recognised by checks/torchcompat.allocation_failure)
@@ -12,6 +13,32 @@ from collections.abc import Mapping
 from typing import Any
 
 from gradprobe.findings import Finding, Location, Rule, Situation
+
+GP100: Rule[Any] = Rule(
+    code="GP100", name="target-load-failed", severity="error", rank=1,
+    summary="The target could not be imported or built.",
+    why="Nothing can be measured on a model that does not load; the traceback shows the user's failing line.",
+    example="build_model() raises, a syntax error in case.py, an import of a missing package.",
+    message="The target failed while {phase}: {error}",
+    fix="Fix the error in the traceback (user frames only), then call the tool again.",
+    situations={
+        "optimizer": Situation(
+            when="make_optimizer (the target's optimizer callable) raised; the model loaded, so the other checks still ran",
+            message="make_optimizer failed: {error}"),
+        "step": Situation(
+            when="the model built, then the user's step raised before backward() (the forward, the loss or a train_step)",
+            message="{error}",
+            fix="Fix the error in the traceback; the forward must run before gradients can be traced."),
+    },
+)
+
+
+def target_failed_finding(phase: str, error: Any, *, situation: str | None = None,
+                          location: Location | Mapping[str, Any] | None = None,
+                          evidence: Mapping[str, Any] | None = None) -> Finding:
+    """GP100: the user's code raised while `phase` (importing, building the model, making the optimizer, ...)."""
+    return GP100.finding(situation, phase=phase, error=error, location=location, evidence=evidence)
+
 
 GP113: Rule[Any] = Rule(
     code="GP113", name="resource-limit", severity="warning", rank=3,

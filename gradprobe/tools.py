@@ -47,6 +47,9 @@ TOOLS: tuple[Tool, ...] = (
          help="gradcheck of the custom autograd Functions the model calls", family="GP4"),
     Tool("verify_prompt_tuning", "gradprobe.checks.prompt_tuning:prompt_report", needs_step=True, allows_meta=False,
          help="soft prompt / PEFT prompt-tuning checks", family="GP5"),
+    Tool("audit_training", "gradprobe.checks.steps:audit_report", needs_step=True, allows_meta=False,
+         help="several real steps of the user's loop: LR as applied, gradients at step time, updates, EMA copies",
+         family="GP6"),
 )
 
 BY_NAME: dict[str, Tool] = {t.name: t for t in TOOLS}

@@ -8,18 +8,32 @@ directory (and not in an installed package) or is inline `setup` source.
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import os
 import sys
 import traceback
+from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Any
 
 SETUP_FILENAME = "<gradprobe-setup>"
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_DEMO_DIR = os.path.join(_PACKAGE_DIR, "demo") + os.sep  # the bundled broken model is user code
+# gradprobe's own code is told by the installed package's resolved directory, never by a name in a path: a user's
+# project may well sit under a folder named `gradprobe` (a clone made with the default name)
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+_DEMO_DIR = os.path.join(PACKAGE_DIR, "demo") + os.sep  # the bundled broken model is user code
 
 
-def location(filename: str, line: int, function: str) -> dict:
+@functools.lru_cache(maxsize=4096)
+def is_gradprobe_file(filename: str) -> bool:
+    """Whether a code file is gradprobe's own (its bundled demo model excepted: that is user code)."""
+    if filename.startswith("<"):
+        return False
+    path = os.path.realpath(filename)
+    return path.startswith(PACKAGE_DIR + os.sep) and not path.startswith(_DEMO_DIR)
+
+
+def location(filename: str, line: int, function: str) -> dict[str, Any]:
     """A finding's location: file, line, function and the source text of that line. A line inside a statement
     spread over several lines names the statement's first line (`x = f(\n ...\n).detach()` is one statement)."""
     line = statement_start(filename, int(line))
@@ -30,7 +44,7 @@ class _Shape:
     """What findings need of a source file's structure, from one parse: the first line of the statement that spans
     each line of a multi-line statement, and the line spans of its function definitions."""
 
-    def __init__(self, filename: str):
+    def __init__(self, filename: str) -> None:
         self.starts: dict[int, int] = {}
         self.defs: list[tuple[int, int]] = []
         try:
@@ -77,7 +91,7 @@ def enclosing_def(filename: str, line: int) -> int | None:
 class UserCode:
     """Decides, with a cache, whether a code file belongs to the user's project."""
 
-    def __init__(self, project_dir: str | None):
+    def __init__(self, project_dir: str | None) -> None:
         self.root = os.path.realpath(project_dir) + os.sep if project_dir else None
         self._cache: dict[str, bool] = {}
 
@@ -92,17 +106,17 @@ class UserCode:
             return True
         if filename.startswith("<") or self.root is None:
             return False
-        path = os.path.realpath(filename)
-        if path.startswith(_PACKAGE_DIR + os.sep) and not path.startswith(_DEMO_DIR):
+        if is_gradprobe_file(filename):
             return False
+        path = os.path.realpath(filename)
         if "site-packages" in path or "dist-packages" in path:
             return False
         return path.startswith(self.root)
 
-    def location_of(self, filename: str, line: int, function: str) -> dict:
+    def location_of(self, filename: str, line: int, function: str) -> dict[str, Any]:
         return location(filename, line, function)
 
-    def innermost(self, frame: FrameType | None = None, skip: int = 1) -> dict | None:
+    def innermost(self, frame: FrameType | None = None, skip: int = 1) -> dict[str, Any] | None:
         """The innermost user frame of the current stack (or of `frame` outward)."""
         f: FrameType | None = frame if frame is not None else sys._getframe(skip)
         while f is not None:
@@ -112,9 +126,9 @@ class UserCode:
             f = f.f_back
         return None
 
-    def user_stack(self, frame: FrameType | None = None, skip: int = 1, limit: int = 8) -> list[dict]:
+    def user_stack(self, frame: FrameType | None = None, skip: int = 1, limit: int = 8) -> list[dict[str, Any]]:
         """User frames from the innermost outward (where a call made from the user's function ran)."""
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         f: FrameType | None = frame if frame is not None else sys._getframe(skip)
         while f is not None and len(out) < limit:
             code = f.f_code
@@ -132,7 +146,7 @@ class UserCode:
         lines += traceback.format_exception_only(type(exc), exc)
         return "".join(line if line.endswith("\n") else line + "\n" for line in lines).rstrip()
 
-    def innermost_of_traceback(self, exc: BaseException) -> dict | None:
+    def innermost_of_traceback(self, exc: BaseException) -> dict[str, Any] | None:
         frames = [fs for fs in traceback.extract_tb(exc.__traceback__) if self.is_user_file(fs.filename)]
         if not frames:
             return None

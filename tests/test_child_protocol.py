@@ -82,3 +82,49 @@ async def test_an_interpreter_that_cannot_be_executed_is_gp117(tmp_path):
     f = report["findings"][0]
     assert f["code"] == "GP117" and str(bogus) in f["message"], f
     assert "cannot start" in f["evidence"]["stderr_tail"]
+
+
+def _torch_only_site(dest):
+    """A site directory that holds torch and what torch itself requires, and nothing else (no pydantic, no mcp)."""
+    import importlib.metadata as md
+    import re
+
+    todo, seen = ["torch"], set()
+    while todo:
+        name = todo.pop()
+        if name.lower() in seen:
+            continue
+        seen.add(name.lower())
+        dist = md.distribution(name)
+        for f in dist.files or []:
+            top = str(f).split("/", 1)[0]
+            src = dist.locate_file(top)
+            if top.endswith((".dist-info", ".pth")) or top == ".." or not src.exists() or (dest / top).exists():
+                continue
+            (dest / top).symlink_to(src)
+        todo += [re.split(r"[ ;<>=!~\[]", r, maxsplit=1)[0] for r in dist.requires or [] if "extra ==" not in r]
+    return dest
+
+
+def test_the_child_side_needs_only_the_standard_library_and_torch(tmp_path):
+    """The child runs in the target's interpreter: a real check runs there with no pydantic or mcp importable."""
+    import subprocess
+    import sys
+
+    from conftest import EXAMPLES, ROOT
+
+    site = _torch_only_site(tmp_path)
+    assert not (site / "pydantic").exists() and (site / "torch").exists()
+    code = (
+        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+        "from gradprobe.sandbox.protocol import Job\n"
+        "from gradprobe.sandbox.run_check import run_job\n"
+        "target = {'project_dir': sys.argv[3], 'model': 'gp101_temperature_tensor.py'}\n"
+        "rep = run_job(Job(tool='diagnose', target=target), lambda p: None)\n"
+        "print(sorted({f['code'] for f in rep['findings']}), 'pydantic' in sys.modules, 'mcp' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(site), str(ROOT), str(EXAMPLES)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    codes, pydantic, mcp = out.stdout.strip().rsplit(" ", 2)
+    assert "GP101" in codes and pydantic == "False" and mcp == "False", out.stdout

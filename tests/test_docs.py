@@ -37,25 +37,24 @@ def _rule_names(trees: dict[Path, ast.Module]) -> dict[str, str]:
 
 
 def emitted_codes() -> dict[str, set[str]]:
-    """Code -> the modules that build a finding of it: `GP302.finding(...)`, the rule unit's one way.
-
-    TRANSITIONAL: `make_finding("GP302", ...)` (a code given as a literal) counts too, until the integrator deletes
-    make_finding once every module declares Rule units; a code passed to make_finding in a variable is not seen.
-    """
+    """Code -> the modules that emit it: a `GP302.finding(...)` call, or a detector registered with `@GP302.detector`
+    (whose findings a shared helper may build through the rule object it is handed)."""
     trees = {path: ast.parse(path.read_text(encoding="utf-8")) for path in _sources()}
     names = _rule_names(trees)
     out: dict[str, set[str]] = {}
     for path, tree in trees.items():
         for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for deco in node.decorator_list:
+                    if isinstance(deco, ast.Attribute) and deco.attr == "detector" and isinstance(deco.value, ast.Name):
+                        if deco.value.id in names:
+                            out.setdefault(names[deco.value.id], set()).add(str(path.relative_to(ROOT)))
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
             code = None
             if isinstance(func, ast.Attribute) and func.attr == "finding" and isinstance(func.value, ast.Name):
                 code = names.get(func.value.id, func.value.id if CODE.fullmatch(func.value.id) else None)
-            elif getattr(func, "id", getattr(func, "attr", None)) == "make_finding" and node.args:  # TRANSITIONAL
-                first = node.args[0]
-                code = first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
             if code:
                 out.setdefault(code, set()).add(str(path.relative_to(ROOT)))
     return out

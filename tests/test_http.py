@@ -155,7 +155,7 @@ def test_bad_host_and_origin_are_refused(http_server):
 async def test_authenticated_calls_in_both_eras(http_server, mode):
     async with authed() as http:
         async with Client(streamable_http_client(http_server["url"] + "/mcp", http_client=http), mode=mode) as c:
-            assert len((await c.list_tools()).tools) == 6
+            assert len((await c.list_tools()).tools) == 7
             r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(EXAMPLES), "model": "gp101_temperature_tensor.py"}})
             assert r.structured_content["findings"][0]["code"] == "GP101"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradprobe.findings import make_finding
+from factories import catalogued_finding as make_finding
 
 
 def _f(code: str, params: list[str], line: int | None = None) -> dict:

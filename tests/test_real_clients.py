@@ -59,7 +59,7 @@ def test_typescript_sdk_client(npm_dir):
                          capture_output=True, text=True, timeout=300, cwd=npm_dir)
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    assert data["hasOutputSchema"] and len(data["tools"]) == 6
+    assert data["hasOutputSchema"] and len(data["tools"]) == 7
     assert data["root"]["code"] == "GP305" and data["ok"] is False
     assert "image/svg+xml" in data["contentTypes"]
     assert "checking" in data["progress"]

@@ -12,7 +12,8 @@ def cause(r: dict[str, Any]) -> str:
     fs = r.get("findings") or []
     if r.get("error"):
         return f"tool error: {str(r['error'])[:80]}"
-    internal = [f for f in fs if f["code"] in ("GP000", "GP100", "GP114", "GP115", "GP116", "GP117") and "gradprobe" in (f.get("message") or "")]
+    internal = [f for f in fs if f["code"] in ("GP000", "GP100", "GP114", "GP115", "GP116", "GP117")
+                and "gradprobe" in (f.get("message") or "")]
     if not r.get("ok"):
         if internal:
             return f"gradprobe crashed ({internal[0]['code']}): {internal[0]['message'][:90]}"

@@ -11,6 +11,8 @@ cannot escape it.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 
@@ -27,13 +29,13 @@ def inside_custom_function() -> bool:
     return getattr(_state, "depth", 0) > 0
 
 
-def _snapshot(args):
+def _snapshot(args: tuple[Any, ...]) -> tuple[Any, ...]:
     with untraced():  # our own copies are not the user's ops: keep them out of traces
         return _copy(args)
 
 
-def _copy(args):
-    out = []
+def _copy(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    out: list[Any] = []
     for a in args:
         if isinstance(a, torch.Tensor):
             c = a.detach().clone()
@@ -44,7 +46,7 @@ def _copy(args):
     return tuple(out)
 
 
-def _watched_apply_fn(cls, *args, **kwargs):
+def _watched_apply_fn(cls: type, *args: Any, **kwargs: Any) -> Any:
     apply = _C_APPLY.__get__(None, cls)
     if not _watchers or cls.__module__.startswith("torch."):
         return apply(*args, **kwargs)
@@ -61,22 +63,23 @@ def _watched_apply_fn(cls, *args, **kwargs):
     return out
 
 
-_watched_apply = classmethod(_watched_apply_fn)
+_watched_apply: Any = classmethod(_watched_apply_fn)
 
 
 class ApplyWatch:
     """Context manager: records (Function class, input snapshot, parameter ids per position)."""
 
-    def __init__(self, user=None, param_ids: dict | None = None, capture: bool = True, on_return=None):
+    def __init__(self, user: Any = None, param_ids: dict[int, str] | None = None, capture: bool = True,
+                 on_return: Callable[[type, tuple[Any, ...], Any], None] | None = None) -> None:
         self.user = user
         self.on_return = on_return  # called with (Function class, inputs, output) after each apply
         self.param_ids = param_ids or {}
         self.capture = capture
         self.max_calls = MAX_CALLS_PER_FN
-        self.calls: dict[type, dict] = {}
+        self.calls: dict[type, dict[str, Any]] = {}
         self.read: set[int] = set()
 
-    def record(self, cls, args):
+    def record(self, cls: type, args: tuple[Any, ...]) -> None:
         entry = self.calls.get(cls)
         for a in args:
             if isinstance(a, torch.Tensor) and id(a) in self.param_ids:
@@ -101,7 +104,7 @@ class ApplyWatch:
                     if n not in names:
                         names.append(n)
 
-    def _upstream_params(self, root) -> list[str]:
+    def _upstream_params(self, root: Any) -> list[str]:
         """The model parameters whose gradients flow through this input: the leaves of its graph, nearest first."""
         out: list[str] = []
         seen: set[int] = set()
@@ -119,13 +122,13 @@ class ApplyWatch:
             queue = nxt
         return out
 
-    def __enter__(self):
+    def __enter__(self) -> ApplyWatch:
         if not _watchers:
             setattr(_ENTRY_OWNER, _ENTRY_NAME, _watched_apply)
         _watchers.append(self)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         _watchers.remove(self)
         if not _watchers:
             delattr(_ENTRY_OWNER, _ENTRY_NAME)  # _SingleLevelFunction defines no apply of its own

@@ -1,4 +1,4 @@
-"""Which line of a custom Function's backward computes the wrong gradient (GP401's location).
+"""Which line of a custom Function's backward computes the wrong gradient (where the wrong-derivative finding points).
 
 The backward is run once (grad_output = ones, on the float64 inputs the check used)
 under a TorchFunctionMode that records every op with the backward's line that ran it,

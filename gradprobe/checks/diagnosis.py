@@ -1,4 +1,5 @@
-"""`diagnose` (this module is `diagnosis` so that the function keeps the name): every check on one load and one observed step; the root cause first.
+"""`diagnose` (this module is `diagnosis` so that the function keeps the name): every check on one load and one
+observed step; the root cause first.
 
 The step runs once with every observer active (the trace mode, gradient hooks,
 the optimizer's step and zero_grad calls, custom Function capture, the HF base
@@ -14,17 +15,21 @@ on modules is inspected again (lazy state, parameters replaced on the first call
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn as nn
 
 from gradprobe.checks import gradcheck, optimizer, prompt_tuning, registration, trace
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
-from gradprobe.checks._step import param_names
+from gradprobe.checks._step import StepResult, param_names
+from gradprobe.checks.recording import GradRecorder, GradTracer
 from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.loading import BuildRecorder
 from gradprobe.report import make_report
 
-def _rank(f: Finding) -> tuple:
+def _rank(f: Finding) -> tuple[int, int, int]:
     """Severity, then the rule's root-cause rank (declared with the rule), then the widest finding first."""
     return (SEVERITY_RANK[f["severity"]], catalogue()[f["code"]]["rank"], -len(f["parameters"]))
 
@@ -36,7 +41,8 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "GP101": _CUTS, "GP102": _CUTS, "GP103": _CUTS, "GP109": _CUTS | {"GP206", "GP308", "GP510"}, "GP107": _CUTS | {"GP110"},
     "GP110": _CUTS | {"GP308", "GP311"}, "GP111": _CUTS | {"GP303", "GP308"},
     "GP201": frozenset({"GP207", "GP504"}), "GP202": frozenset({"GP201", "GP207", "GP504", "GP311"}),
-    "GP204": frozenset({"GP207"}), "GP206": frozenset({"GP207"}), "GP207": frozenset({"GP205"}), "GP208": frozenset({"GP201", "GP207", "GP504"}),
+    "GP204": frozenset({"GP207"}), "GP206": frozenset({"GP207"}), "GP207": frozenset({"GP205"}),
+    "GP208": frozenset({"GP201", "GP207", "GP504"}),
     "GP302": _CUTS, "GP303": _CUTS, "GP304": _CUTS, "GP305": _CUTS, "GP309": _CUTS, "GP307": frozenset({"GP207"}),
     "GP401": frozenset({"GP307"}), "GP402": _CUTS | {"GP308"}, "GP403": _CUTS | {"GP308"},
     "GP404": _CUTS | {"GP308"}, "GP406": _CUTS, "GP407": _CUTS,
@@ -46,8 +52,8 @@ EXPLAINS: dict[str, frozenset[str]] = {
 
 
 def _same_site(a: Finding, b: Finding) -> bool:
-    la: dict = dict(a.get("location") or {})
-    lb: dict = dict(b.get("location") or {})
+    la: dict[str, Any] = dict(a.get("location") or {})
+    lb: dict[str, Any] = dict(b.get("location") or {})
     return bool(la.get("file") and la.get("line")) and (la.get("file"), la.get("line")) == (lb.get("file"), lb.get("line"))
 
 
@@ -75,7 +81,7 @@ def fold(findings: list[Finding]) -> list[Finding]:
     return kept
 
 
-def _attribute(model, path: str):
+def _attribute(model: nn.Module, path: str) -> Any:
     owner, _, attr = path.rpartition(".")
     try:
         return getattr(model.get_submodule(owner) if owner else model, attr, None)
@@ -83,7 +89,7 @@ def _attribute(model, path: str):
         return None
 
 
-def _forward_caches(findings: list[Finding], model, nonleaf_before: dict) -> list[Finding]:
+def _forward_caches(findings: list[Finding], model: nn.Module, nonleaf_before: dict[str, Any]) -> list[Finding]:
     """A non-leaf tensor attribute that the observed forward replaced is a per-forward cache (a model diagnosed
     mid-training, after a forward already ran): info, not the lost-leaf error GP109 is for."""
     out = []
@@ -93,42 +99,36 @@ def _forward_caches(findings: list[Finding], model, nonleaf_before: dict) -> lis
             f = {**f, "severity": "info", "evidence": {**f["evidence"], "replaced_by_forward": True},
                  "message": f"`{path}` is a non-leaf tensor the forward stores on the module and replaces on every call "
                             "(a cache from the previous forward): not a parameter, and nothing is lost.",
-                 "fix": "Nothing to fix; store it detached (or not at all) if it only serves inspection, to free its graph sooner."}
+                 "fix": "Nothing to fix; store it detached (or not at all) if it only serves inspection, to free its "
+                        "graph sooner."}
         out.append(f)
     return out
 
 
-def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
+@dataclass
+class _Observed:
+    """The one step of diagnose, run with every observer active, and the observers (what each saw)."""
+
+    tracer: GradTracer
+    grads: GradRecorder
+    step: StepResult
+    buffers: dict[str, Any]  # float buffers: name -> (buffer, module)
+    capture: Any  # gradcheck's ApplyWatch: custom Functions called, with their inputs
+    direct: Any  # gradcheck's DirectForwardWatch: Function.forward called directly
+    base_obs: Any  # prompt_tuning's BaseObserver of the HF base model, or None
+    opt: torch.optim.Optimizer | None
+    before: Any  # the optimizer's snapshot of the model before the step, or None
+    step_obs: Any  # optimizer.StepObserver of step() and zero_grad() calls, or None
+
+
+def _observe(loaded: Any, prompt_on: bool) -> _Observed:
+    """Run the step once with the trace mode, the gradient hooks, the optimizer, Function and base-model observers."""
     model = loaded.model
-    findings: list[Finding] = registration.check_registration(model, loaded.record, loaded.info, user=loaded.user)
-    facts: dict = {"checks": ["registration"]}
-    coverage: list[Finding] = []
-    if loaded.optimizer_error is not None or loaded.optimizer is not None:
-        coverage, ofacts = optimizer.optimizer_findings(loaded, step=False)
-        findings += coverage
-        facts["optimizer"] = ofacts
-        facts["checks"].append("optimizer")
-    if loaded.batch is None and loaded.train_step is None:
-        facts["note"] = "no inputs and no train_step: the step-based checks were skipped"
-        return findings, facts
-    if loaded.optimizer_error is not None and loaded.train_step is not None and loaded.optimizer is None:
-        # reported once above, as the root: train_step cannot run without the optimizer it takes
-        facts["note"] = "make_optimizer failed, so train_step was not run: the step-based checks were skipped"
-        found = prompt_tuning.find_prompt(model)
-        if found.any:
-            findings += prompt_tuning.nonleaf_prompt_findings(loaded, found.attrs)
-        return findings, facts
-    nonleaf_before = {f["evidence"]["attribute"]: _attribute(model, f["evidence"]["attribute"])
-                      for f in findings if f["code"] == "GP109" and "attribute" in f["evidence"]}
-    found = prompt_tuning.find_prompt(model)
-    # a mostly frozen model alone is no prompt tuning, PEFT or not: adapters (LoRA, IA3, ...) feed no input positions;
-    # the input embedding trained alone in a frozen LM is (new token embeddings as the tuning mechanism)
-    prompt_on = found.any and found.how in ("caller", "peft", "named", "embedding")
     base = prompt_tuning.find_base(model) if prompt_on else None
     opt = loaded.optimizer if isinstance(loaded.optimizer, torch.optim.Optimizer) else None
     before = optimizer.snapshot(model) if opt is not None else None
-    tracer = trace.GradTracer(model, loaded.user, provenance=prompt_on)
-    grads = trace.GradRecorder(model)
+    tracer = GradTracer(model, loaded.user, provenance=prompt_on)
+    grads = GradRecorder(model)
     tracer.watch_plain(registration.plain_tensor_attributes(model))
     buffers = registration.float_buffers(model)
     tracer.watch_plain({n: b for n, (b, _) in buffers.items()})
@@ -144,45 +144,99 @@ def diagnose_findings(loaded) -> tuple[list[Finding], dict]:
         if base_obs is not None:
             stack.enter_context(base_obs)
         step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
-    findings = _forward_caches(findings, model, nonleaf_before)
-    tfindings, tfacts = trace.analyze(tracer, grads, model, step, record=loaded.record)
+    return _Observed(tracer, grads, step, buffers, capture, direct, base_obs, opt, before, step_obs)
+
+
+def _not_stepped(loaded: Any, findings: list[Finding], facts: dict[str, Any]) -> bool:
+    """Whether the step-based checks cannot run (no inputs, or the optimizer train_step needs failed); says why."""
+    if loaded.batch is None and loaded.train_step is None:
+        facts["note"] = "no inputs and no train_step: the step-based checks were skipped"
+        return True
+    if loaded.optimizer_error is not None and loaded.train_step is not None and loaded.optimizer is None:
+        # reported once above, as the root: train_step cannot run without the optimizer it takes
+        facts["note"] = "make_optimizer failed, so train_step was not run: the step-based checks were skipped"
+        found = prompt_tuning.find_prompt(loaded.model)
+        if found.any:
+            findings += prompt_tuning.nonleaf_prompt_findings(loaded, found.attrs)
+        return True
+    return False
+
+
+def _registration_after_step(loaded: Any, seen: _Observed, findings: list[Finding],
+                             coverage: list[Finding]) -> tuple[list[Finding], list[Finding]]:
+    """Coverage settled by the gradients that arrived, how plain tensors and buffers were used, state the step set."""
+    model, tracer, step = loaded.model, seen.tracer, seen.step
     if coverage and not step.failed and tracer.backward_calls and tracer.backward_error is None:
-        settled = optimizer.settle_coverage(coverage, model, set(grads.got))
+        settled = optimizer.settle_coverage(coverage, model, set(seen.grads.got))
         findings = [f for f in findings if not any(f is c for c in coverage)] + settled
         coverage = settled
     findings += registration.plain_tensor_findings(model, tracer.plain_uses, loaded.record)
-    buffer_uses = registration.buffer_use_findings(model, buffers, tracer.plain_uses, loaded.record)
+    buffer_uses = registration.buffer_use_findings(model, seen.buffers, tracer.plain_uses, loaded.record)
     named = {p for f in findings if f["code"] == "GP104" for p in f["parameters"]}
     findings += [f for f in buffer_uses if not set(f["parameters"]) <= named]
-    findings += _after_step(loaded, opt, findings)
-    registration.settle_buffers(findings, model, set(grads.got))
+    findings += _after_step(loaded, seen.opt, findings)
+    registration.settle_buffers(findings, model, set(seen.grads.got))
+    return findings, coverage
+
+
+def _gradcheck(loaded: Any, seen: _Observed, tfacts: dict[str, Any], facts: dict[str, Any]) -> list[Finding]:
+    """gradcheck of the custom Functions the step called (not after a memory limit: it would run them again)."""
+    if not (seen.capture.calls or seen.direct.hits):
+        return []
+    if seen.step.resource_limit is not None:
+        # the step ran out of memory: gradcheck would run the same Functions again (in float64), so it is left out
+        facts["gradcheck"] = {"skipped": "the step was stopped by a memory limit (GP113)"}
+        return []
+    starved = frozenset(r["name"] for r in tfacts.get("per_parameter", []) if r["grad"] == "none")
+    gfindings, gfacts = gradcheck.gradcheck_findings(loaded, seen.capture, seen.direct, starved=starved)
+    facts["gradcheck"] = gfacts
+    facts["checks"].append("gradcheck")
+    return gfindings
+
+
+def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
+    model = loaded.model
+    findings: list[Finding] = registration.check_registration(model, loaded.record, loaded.info, user=loaded.user)
+    facts: dict[str, Any] = {"checks": ["registration"]}
+    coverage: list[Finding] = []
+    if loaded.optimizer_error is not None or loaded.optimizer is not None:
+        coverage, ofacts = optimizer.optimizer_findings(loaded, step=False)
+        findings += coverage
+        facts["optimizer"] = ofacts
+        facts["checks"].append("optimizer")
+    if _not_stepped(loaded, findings, facts):
+        return findings, facts
+    nonleaf_before = {f["evidence"]["attribute"]: _attribute(model, f["evidence"]["attribute"])
+                      for f in findings if f["code"] == "GP109" and "attribute" in f["evidence"]}
+    found = prompt_tuning.find_prompt(model)
+    # a mostly frozen model alone is no prompt tuning, PEFT or not: adapters (LoRA, IA3, ...) feed no input positions;
+    # the input embedding trained alone in a frozen LM is (new token embeddings as the tuning mechanism)
+    prompt_on = found.any and found.how in ("caller", "peft", "named", "embedding")
+    seen = _observe(loaded, prompt_on)
+    tracer, step = seen.tracer, seen.step
+    findings = _forward_caches(findings, model, nonleaf_before)
+    tfindings, tfacts = trace.analyze(tracer, seen.grads, model, step, record=loaded.record)
+    findings, coverage = _registration_after_step(loaded, seen, findings, coverage)
     findings += tfindings
     facts.update(tfacts)
     facts["checks"].append("trace")
-    if step_obs is not None and before is not None and step.error is None and tracer.backward_error is None:
-        findings += optimizer.analyze_step(model, opt, before, step_obs, coverage,
-                                           optimizer._opt_site(loaded.record, opt)[1])
-        facts["step_events"] = step_obs.events[:50]
-    if step.resource_limit is not None and (capture.calls or direct.hits):
-        # the step ran out of memory: gradcheck would run the same Functions again (in float64), so it is left out
-        facts["gradcheck"] = {"skipped": "the step was stopped by a memory limit (GP113)"}
-    elif capture.calls or direct.hits:
-        starved = frozenset(r["name"] for r in tfacts.get("per_parameter", []) if r["grad"] == "none")
-        gfindings, gfacts = gradcheck.gradcheck_findings(loaded, capture, direct, starved=starved)
-        findings += gfindings
-        facts["gradcheck"] = gfacts
-        facts["checks"].append("gradcheck")
+    if seen.step_obs is not None and seen.before is not None and step.error is None and tracer.backward_error is None:
+        findings += optimizer.analyze_step(model, seen.opt, seen.before, seen.step_obs, coverage,
+                                           optimizer._opt_site(loaded.record, seen.opt)[1])
+        facts["step_events"] = seen.step_obs.events[:50]
+    findings += _gradcheck(loaded, seen, tfacts, facts)
     if not prompt_on:
         findings += prompt_tuning.checkpoint_findings(tracer, tfacts)
-    if prompt_on:
-        pfindings, pfacts = prompt_tuning.prompt_findings(loaded, trace.TraceRun(tfindings, tfacts, tracer, grads, step), base_obs, found)
+    else:
+        run = trace.TraceRun(tfindings, tfacts, tracer, seen.grads, step)
+        pfindings, pfacts = prompt_tuning.prompt_findings(loaded, run, seen.base_obs, found)
         findings += pfindings
         facts["prompt_tuning"] = pfacts
         facts["checks"].append("prompt_tuning")
     return findings, facts
 
 
-def _after_step(loaded, opt, before: list[Finding]) -> list[Finding]:
+def _after_step(loaded: Any, opt: Any, before: list[Finding]) -> list[Finding]:
     """Inspect again after the observed step: state the forward created or replaced is invisible before it."""
     seen = {(f["code"], tuple(f["parameters"])) for f in before}
     new: list[Finding] = []
@@ -197,7 +251,7 @@ def _after_step(loaded, opt, before: list[Finding]) -> list[Finding]:
     return new
 
 
-def _unregistered_rows(findings: list[Finding]) -> list[dict]:
+def _unregistered_rows(findings: list[Finding]) -> list[dict[str, Any]]:
     rows = []
     for f in findings:
         if f["code"] in ("GP101", "GP102", "GP103", "GP109", "GP107") and f["severity"] == "error":
@@ -205,7 +259,7 @@ def _unregistered_rows(findings: list[Finding]) -> list[dict]:
     return rows
 
 
-def diagnose_report(loaded) -> dict:
+def diagnose_report(loaded: Any) -> dict[str, Any]:
     findings, facts = diagnose_findings(loaded)
     kept = fold(findings)
     table = facts.get("per_parameter", [])
@@ -229,7 +283,8 @@ def diagnose_report(loaded) -> dict:
     return make_report("diagnose", kept, summary, **facts)
 
 
-def diagnose(model, batch=None, loss_fn=None, optimizer=None, train_step=None, project_dir=None) -> dict:
+def diagnose(model: nn.Module, batch: Any = None, loss_fn: Any = None, optimizer: Any = None, train_step: Any = None,
+             project_dir: str | None = None) -> dict[str, Any]:
     """Library entry: every applicable check on live objects."""
     from gradprobe.loading import live_target
 

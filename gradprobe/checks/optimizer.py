@@ -1,114 +1,231 @@
 """GP2xx: does the optimizer hold exactly the model's trainable parameters, and does a step move them?
 
 Coverage is by tensor identity, never by counts: a deep-copied or rebuilt model
-has the same counts and shapes but none of the same tensors.
+has the same counts and shapes but none of the same tensors. Three stages: measure the
+coverage (`CoverageFacts`), run the rules over it, and settle GP201 once a step was measured.
+Whether one real step moved the parameters is checks/param_updates.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import module_of, param_names, run_step
+from gradprobe.checks.param_updates import StepObserver, snapshot, stuck_findings
 from gradprobe.checks.torchcompat import (
     OPTIMIZER_EMPTY,
     OPTIMIZER_NON_LEAF,
     OPTIMIZER_PARAM_IN_SEVERAL_GROUPS,
     allocation_failure,
-    untraced,
 )
-from gradprobe.checks.watches import patched
-from gradprobe.findings import Finding, make_finding
+from gradprobe.findings import Finding, Rule, Situation, run_rules
+from gradprobe.outcomes import resource_limit_finding, target_failed_finding
 from gradprobe.report import make_report
-from gradprobe.outcomes import resource_limit_finding
 from gradprobe.userframes import enclosing_def
 
-RULES = {
-    "GP201": {
-        "name": "param-not-in-optimizer", "severity": "error", "rank": 33,
-        "summary": "A trainable parameter of the model is in no param group (an error when it gets a gradient; info when the measured step gave it none).",
-        "why": "optimizer.step() only updates the tensors it was given: the parameter gets a gradient and never changes. One deliberately kept out of training and unused by the step (a calibration temperature) loses nothing: freeze it to say so.",
-        "example": "opt = Adam(self.parameters())  # in __init__, before a subclass adds value_head",
-        "fix": "Build the optimizer after the model is complete: opt = Adam(model.parameters())",
+if TYPE_CHECKING:  # loading imports the checks package: no import cycle at run time
+    from gradprobe.loading import BuildRecord, Loaded
+
+__all__ = ["StepObserver", "snapshot", "analyze_step", "check_coverage", "optimizer_findings", "optimizer_report"]
+
+Loc = dict[str, Any]
+
+GP201: Rule[CoverageFacts] = Rule(
+    code="GP201", name="param-not-in-optimizer", severity="error", rank=33,
+    summary="A trainable parameter of the model is in no param group (an error when it gets a gradient; info when the "
+            "measured step gave it none).",
+    why="optimizer.step() only updates the tensors it was given: the parameter gets a gradient and never changes. One "
+        "deliberately kept out of training and unused by the step (a calibration temperature) loses nothing: freeze it "
+        "to say so.",
+    example="opt = Adam(self.parameters())  # in __init__, before a subclass adds value_head",
+    message="{count} trainable parameter(s) are in no param group of {optimizer}: {names}. They get gradients but step() "
+            "never updates them.",
+    fix="Build the optimizer after the model is complete: opt = Adam(model.parameters())",
+    situations={
+        "missing": Situation(
+            when="before a step is measured",
+            fix="Build the optimizer after the model is complete, from model.parameters() "
+                "(or add a group: optimizer.add_param_group({{'params': module.parameters()}}))."),
+        "set_after": Situation(
+            when="the parameters were set on the model after the optimizer was built, in the function that built it",
+            message="{count} trainable parameter(s) are in no param group of {optimizer}: {names}. They get gradients but "
+                    "step() never updates them. They were set on the model at line {line} of {file}, after the optimizer "
+                    "was built.",
+            fix="Build the optimizer after the model is complete, from model.parameters() "
+                "(or add a group: optimizer.add_param_group({{'params': module.parameters()}}))."),
+        "fed": Situation(
+            when="the measured step gave them a gradient",
+            message="{count} trainable parameter(s) got a gradient in this step but are in no param group of the optimizer: "
+                    "{names}. step() never updates them.",
+            fix="Build the optimizer after the model is complete, from model.parameters() "
+                "(or add a group: optimizer.add_param_group({{'params': module.parameters()}}))."),
+        "idle": Situation(
+            when="the measured step gave them no gradient: nothing is lost in this step",
+            severity="info",
+            message="{count} trainable parameter(s) are in no param group and got no gradient in this step: {names}. "
+                    "Nothing is lost in this step; if they are deliberately kept out of training, freeze them "
+                    "(requires_grad_(False)) to say so.",
+            fix="If they should learn, add them to the optimizer; if not, p.requires_grad_(False)."),
     },
-    "GP202": {
-        "name": "stale-optimizer-reference", "severity": "error", "rank": 11,
-        "summary": "The optimizer holds tensors that are not the model's current parameters.",
-        "why": "After a model is rebuilt, deep-copied, reloaded or a parameter replaced, the optimizer keeps updating the old tensors; the live model never changes.",
-        "example": "model.encoder = copy.deepcopy(pretrained_encoder)  # after the optimizer was built",
-        "fix": "Load the new weights into the existing module (module.load_state_dict(new.state_dict())) or build the optimizer after replacing modules.",
+)
+
+GP202: Rule[CoverageFacts] = Rule(
+    code="GP202", name="stale-optimizer-reference", severity="error", rank=11,
+    summary="The optimizer holds tensors that are not the model's current parameters.",
+    why="After a model is rebuilt, deep-copied, reloaded or a parameter replaced, the optimizer keeps updating the old "
+        "tensors; the live model never changes.",
+    example="model.encoder = copy.deepcopy(pretrained_encoder)  # after the optimizer was built",
+    message="{optimizer} holds {count} tensor(s) that are not the model's current parameters; the model was rebuilt or a "
+            "parameter replaced.",
+    fix="Load the new weights into the existing module (module.load_state_dict(new.state_dict())) or build the optimizer "
+        "after replacing modules.",
+    situations={
+        "replaced": Situation(
+            when="the replaced parameters are named (by shape and order, or by the line that replaced them)",
+            message="{optimizer} holds {count} tensor(s) that are not the model's current parameters; they were {names} "
+                    "(by shape and order, or by the line that replaced them), which the model has since replaced "
+                    "(rebuilt, deep-copied, reloaded or resized).",
+            fix="Load the new weights into the existing module ({loads}) instead of assigning a new one, or build the "
+                "optimizer after the replacement."),
+        "replaced_top_level": Situation(
+            when="the replaced parameters are named, and sit on the model itself (no submodule to reload)",
+            message="{optimizer} holds {count} tensor(s) that are not the model's current parameters; they were {names} "
+                    "(by shape and order, or by the line that replaced them), which the model has since replaced "
+                    "(rebuilt, deep-copied, reloaded or resized)."),
+        "during_step": Situation(
+            when="the step itself replaced them (a data-dependent initialisation on the first call)",
+            message="{optimizer} holds {count} tensor(s) that are not the model's current parameters; they were {names} "
+                    "(by shape and order, or by the line that replaced them), which the model has since replaced "
+                    "(rebuilt, deep-copied, reloaded or resized). The replacement happened during the step (e.g. a "
+                    "data-dependent initialisation on the first call).",
+            fix="Initialise in place so the optimizer keeps the same tensors (with torch.no_grad(): "
+                "self.<param>.copy_(<value>)), or build the optimizer after the first forward."),
+        "during_step_unnamed": Situation(
+            when="the step itself replaced tensors that cannot be named",
+            message="{optimizer} holds {count} tensor(s) that are not the model's current parameters; the model was "
+                    "rebuilt or a parameter replaced. The replacement happened during the step (e.g. a data-dependent "
+                    "initialisation on the first call).",
+            fix="Initialise in place so the optimizer keeps the same tensors (with torch.no_grad(): "
+                "self.<param>.copy_(<value>)), or build the optimizer after the first forward."),
     },
-    "GP203": {
-        "name": "frozen-param-in-optimizer", "severity": "info", "rank": 99,
-        "summary": "The optimizer holds parameters with requires_grad=False.",
-        "why": "Harmless by itself (they get no gradient), but weight decay may still change them in some optimizers, and it often means the freeze happened after the optimizer was built.",
-        "example": "opt = AdamW(model.parameters()); model.backbone.requires_grad_(False)",
-        "fix": "Pass only trainable parameters: AdamW(p for p in model.parameters() if p.requires_grad)",
+)
+
+GP203: Rule[CoverageFacts] = Rule(
+    code="GP203", name="frozen-param-in-optimizer", severity="info", rank=99,
+    summary="The optimizer holds parameters with requires_grad=False.",
+    why="Harmless by itself (they get no gradient), but weight decay may still change them in some optimizers, and it "
+        "often means the freeze happened after the optimizer was built.",
+    example="opt = AdamW(model.parameters()); model.backbone.requires_grad_(False)",
+    message="The optimizer holds {count} frozen parameter(s) (requires_grad=False).",
+    fix="Pass only trainable parameters: AdamW(p for p in model.parameters() if p.requires_grad)",
+    situations={
+        "frozen_at": Situation(
+            when="the line that froze them is known",
+            message="The optimizer holds {count} frozen parameter(s) (requires_grad=False), frozen at line {line} of {file}."),
     },
-    "GP204": {
-        "name": "duplicate-param-in-optimizer", "severity": "error", "rank": 14,
-        "summary": "One parameter in several param groups.",
-        "why": "Recent PyTorch refuses it; older versions update the tensor twice per step with different hyperparameters.",
-        "example": "Adam([{'params': model.parameters()}, {'params': model.head.parameters(), 'lr': 1e-2}])",
-        "fix": "Partition the parameters so each appears in exactly one group.",
+)
+
+GP204: Rule[CoverageFacts] = Rule(
+    code="GP204", name="duplicate-param-in-optimizer", severity="error", rank=14,
+    summary="One parameter in several param groups.",
+    why="Recent PyTorch refuses it; older versions update the tensor twice per step with different hyperparameters.",
+    example="Adam([{'params': model.parameters()}, {'params': model.head.parameters(), 'lr': 1e-2}])",
+    message="{count} parameter(s) appear in more than one param group.",
+    fix="Partition the parameters so each appears in exactly one group.",
+    situations={
+        "refused": Situation(
+            when="torch refused to build the optimizer for it",
+            message="make_optimizer failed: {error}. A parameter appears in several param groups."),
     },
-    "GP205": {
-        "name": "zero-learning-rate", "severity": "warning", "rank": 99,
-        "summary": "A param group with lr == 0.",
-        "why": "Its parameters get gradients but never move.",
-        "example": "{'params': model.encoder.parameters(), 'lr': 0.0}",
-        "fix": "Give the group a positive lr, or freeze those parameters explicitly with requires_grad_(False).",
+)
+
+GP205: Rule[CoverageFacts] = Rule(
+    code="GP205", name="zero-learning-rate", severity="warning", rank=99,
+    summary="A param group with lr == 0.",
+    why="Its parameters get gradients but never move.",
+    example="{'params': model.encoder.parameters(), 'lr': 0.0}",
+    message="param group {group} has lr=0: its {count} tensors never move.",
+    fix="Give the group a positive lr, or freeze those parameters explicitly with requires_grad_(False).",
+    situations={
+        "warmup_unjudged": Situation(
+            when="a script's first optimizer step ran at lr 0 in every group (a warm-up from 0), and no later step was reached",
+            severity="info",  # expected of a warm-up from 0: information, not the catalogue's warning
+            message="The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), typically a "
+                    "scheduler warming up from 0: that step moves nothing, as expected; no later step with a nonzero "
+                    "learning rate was reached, so updates were not judged.",
+            fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step."),
+        "warmup_judged": Situation(
+            when="a script's first optimizer step ran at lr 0 in every group, and updates were judged on a later step",
+            severity="info",
+            message="The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), typically a "
+                    "scheduler warming up from 0: that step moves nothing, as expected; updates were judged on a later "
+                    "step (learning rates {judged_on}).",
+            fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step."),
     },
-    "GP206": {
-        "name": "non-leaf-in-optimizer", "severity": "error", "rank": 12,
-        "summary": "A non-leaf tensor handed to the optimizer.",
-        "why": "Non-leaf tensors never receive .grad, so the optimizer cannot update them (torch refuses them).",
-        "example": "SGD([w.cuda()], lr=0.1)  # w.cuda() is a copy with a grad_fn",
-        "fix": "Optimize the leaf: w = nn.Parameter(x.cuda()); SGD([w], lr=0.1)",
+)
+
+GP206: Rule[CoverageFacts] = Rule(
+    code="GP206", name="non-leaf-in-optimizer", severity="error", rank=12,
+    summary="A non-leaf tensor handed to the optimizer.",
+    why="Non-leaf tensors never receive .grad, so the optimizer cannot update them (torch refuses them).",
+    example="SGD([w.cuda()], lr=0.1)  # w.cuda() is a copy with a grad_fn",
+    message="The optimizer holds {count} non-leaf tensor(s); they never receive .grad.",
+    fix="Optimize the leaf: w = nn.Parameter(x.cuda()); SGD([w], lr=0.1)",
+    situations={
+        "refused": Situation(when="torch refused to build the optimizer for it", message="make_optimizer failed: {error}"),
     },
-    "GP207": {
-        "name": "param-not-updated", "severity": "error", "rank": 37,
-        "summary": "After one real step a parameter with a nonzero gradient did not change.",
-        "why": "Something between backward() and step() lost the update: zero lr, zero_grad between backward and step, a skipped GradScaler step, or the parameter missing from the optimizer.",
-        "example": "loss.backward(); optimizer.zero_grad(); optimizer.step()",
-        "fix": "Call optimizer.zero_grad() before backward(), then optimizer.step() right after backward().",
+)
+
+GP208: Rule[CoverageFacts] = Rule(
+    code="GP208", name="empty-optimizer", severity="error", rank=13,
+    summary="The optimizer holds no parameters.",
+    why="Nothing is updated; often a generator (model.parameters()) consumed twice, or a name filter that matched nothing.",
+    example="params = model.parameters(); n = len(list(params)); Adam(params)",
+    message="{optimizer} holds no parameters.",
+    fix="Materialise the parameters once: params = list(model.parameters()); Adam(params)",
+    situations={
+        "refused": Situation(
+            when="torch refused to build the optimizer for it",
+            message="make_optimizer failed: the optimizer got an empty parameter list ({error})."),
     },
-    "GP208": {
-        "name": "empty-optimizer", "severity": "error", "rank": 13,
-        "summary": "The optimizer holds no parameters.",
-        "why": "Nothing is updated; often a generator (model.parameters()) consumed twice, or a name filter that matched nothing.",
-        "example": "params = model.parameters(); n = len(list(params)); Adam(params)",
-        "fix": "Materialise the parameters once: params = list(model.parameters()); Adam(params)",
-    },
-    "GP209": {
-        "name": "unsupported-optimizer", "severity": "warning", "rank": 99,
-        "summary": "The optimizer is not a torch.optim.Optimizer (or updates outside step()), so the step check cannot observe it.",
-        "why": "The step check watches Optimizer.step and zero_grad; coverage by identity still applies where its parameters can be read.",
-        "example": "class MyOpt: def update(self): ...  # not a torch.optim.Optimizer",
-        "fix": "Subclass torch.optim.Optimizer (or wrap the update in one) so its step can be observed.",
-    },
-}
+)
+
+GP209: Rule[Any] = Rule(
+    code="GP209", name="unsupported-optimizer", severity="warning", rank=99,
+    summary="The optimizer is not a torch.optim.Optimizer (or updates outside step()), so the step check cannot observe it.",
+    why="The step check watches Optimizer.step and zero_grad; coverage by identity still applies where its parameters can "
+        "be read.",
+    example="class MyOpt: def update(self): ...  # not a torch.optim.Optimizer",
+    message="The optimizer is a {kind}, not a torch.optim.Optimizer: its coverage cannot be checked.",
+    fix="Subclass torch.optim.Optimizer (or wrap the update in one) so its step can be observed.",
+)
+
+COVERAGE_RULES = (GP205, GP208, GP202, GP201, GP204, GP203, GP206)
 
 
-def _gp202_fix(modules: list[str]) -> str | None:
-    """GP202's fix in the user's own names: the replaced modules, loaded in place."""
-    mods = [m for m in modules if m][:3]
-    if not mods:
-        return None
-    return (f"Load the new weights into the existing module ({'; '.join(f'model.{m}.load_state_dict(new.state_dict())' for m in mods)}) "
-            "instead of assigning a new one, or build the optimizer after the replacement.")
+def _names(names: list[str], n: int = 6) -> str:
+    return f"{', '.join(names[:n])}{'...' if len(names) > n else ''}"
 
-def _opt_site(loaded_record, optimizer):
+
+def _line_of(loc: Loc | None) -> dict[str, Any]:
+    """The {line} and {file} template fields of a location (none when it is unknown)."""
+    return {"line": loc["line"], "file": loc["file"].rsplit("/", 1)[-1]} if loc else {}
+
+
+def _opt_site(loaded_record: BuildRecord | None, optimizer: Any) -> tuple[int | None, Loc | None]:
     if loaded_record is None:
         return None, None
     hit = loaded_record.optimizer_sites.get(id(optimizer))
     return hit if hit else (None, None)
 
 
-def _replacement_site(record, model: nn.Module, name: str, after_seq: int | None, opt_site: dict | None = None):
+def _replacement_site(record: BuildRecord | None, model: nn.Module, name: str, after_seq: int | None,
+                      opt_site: Loc | None = None) -> Loc | None:
     """The user line that assigned a module on `name`'s path after the optimizer was built.
 
     When that assignment ran inside a call made from the function that built the optimizer (a
@@ -133,12 +250,13 @@ def _replacement_site(record, model: nn.Module, name: str, after_seq: int | None
     return best
 
 
-def _first_replacement_site(record, model: nn.Module, names: list[str], after_seq: int | None, opt_site: dict | None):
+def _first_replacement_site(record: BuildRecord | None, model: nn.Module, names: list[str], after_seq: int | None,
+                            opt_site: Loc | None) -> Loc | None:
     """The replacing line (see _replacement_site) of the first of `names` that has one."""
     return next((loc for loc in (_replacement_site(record, model, n, after_seq, opt_site) for n in names) if loc), None)
 
 
-def _frozen_site(record, tensors: list) -> dict | None:
+def _frozen_site(record: BuildRecord | None, tensors: list[torch.Tensor]) -> Loc | None:
     """The user line that froze most of `tensors`, if the build recorded it."""
     table = getattr(record, "frozen_sites", None) or {}
     hits = [table[id(t)][1] for t in tensors if id(t) in table]
@@ -149,146 +267,216 @@ def _frozen_site(record, tensors: list) -> dict | None:
     return hits[lines.index(top)]
 
 
-def check_coverage(model: nn.Module, optimizer, record=None) -> tuple[list[Finding], list[dict]]:
-    """Identity comparison of optimizer groups with the model's parameters."""
-    findings: list[Finding] = []
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        findings.append(make_finding(
-            "GP100", f"The optimizer is a {type(optimizer).__name__}, not a torch.optim.Optimizer: its coverage cannot be checked.",
-            evidence={"type": f"{type(optimizer).__module__}.{type(optimizer).__name__}"},
-            fix="make_optimizer(model) must return a torch.optim.Optimizer (e.g. torch.optim.AdamW(model.parameters())).",
-        ))
-        return findings, []
-    names = param_names(model)
-    seq, site = _opt_site(record, optimizer)
-    groups: list[dict] = []
-    seen: dict[int, Any] = {}
-    dupes: list[tuple[str, int, int]] = []
+# ---- measure ----------------------------------------------------------------------------------------------------
+
+@dataclass
+class CoverageFacts:
+    """The optimizer's param groups compared, by identity, with the model's parameters."""
+
+    kind: str  # the optimizer's class name
+    site: Loc | None  # where the user built it
+    groups: list[dict[str, Any]] = field(default_factory=list)  # one row per param group (the report's facts)
+    zero_lr: list[tuple[int, int, list[str]]] = field(default_factory=list)  # (group, tensors, names) with lr == 0
+    total: int = 0  # tensors in all groups
+    trainable: int = 0  # the model's trainable parameters
+    dupes: list[tuple[str, int, int]] = field(default_factory=list)  # (name, first group, other group)
+    stale: list[dict[str, Any]] = field(default_factory=list)  # tensors not in the model: shape and what they likely were
+    replaced: list[str] = field(default_factory=list)  # the parameters the stale tensors were
+    replaced_at: Loc | None = None
+    missing: list[str] = field(default_factory=list)  # trainable parameters in no group, all of them
+    rest: list[tuple[str, int]] = field(default_factory=list)  # ... those the stale tensors do not explain (name, numel)
+    added_at: Loc | None = None  # where `rest` was set on the model after the optimizer, in the function that built it
+    frozen: list[str] = field(default_factory=list)
+    frozen_at: Loc | None = None
+    nonleaf: list[str] = field(default_factory=list)
+    during_step: bool = False  # measured again after a step that replaced parameters
+
+
+def _scan_groups(facts: CoverageFacts, optimizer: torch.optim.Optimizer, names: dict[int, list[str]],
+                 seen: dict[int, int]) -> list[torch.Tensor]:
+    """Walk the param groups once: group rows, zero lr, duplicates, frozen and non-leaf tensors; return the stale ones."""
     stale: list[torch.Tensor] = []
-    frozen: list[str] = []
-    nonleaf: list[str] = []
     for gi, group in enumerate(optimizer.param_groups):
         gnames = []
         for t in group["params"]:
             n = names.get(id(t), [None])[0]
             gnames.append(n or f"<tensor {tuple(t.shape)} not in the model>")
             if id(t) in seen and seen[id(t)] != gi:
-                dupes.append((n or str(tuple(t.shape)), seen[id(t)], gi))
+                facts.dupes.append((n or str(tuple(t.shape)), seen[id(t)], gi))
             seen.setdefault(id(t), gi)
             if n is None:
                 stale.append(t)
             elif not t.requires_grad:
-                frozen.append(n)
+                facts.frozen.append(n)
             if not t.is_leaf:
-                nonleaf.append(n or str(tuple(t.shape)))
-        groups.append({"index": gi, "lr": group.get("lr"), "weight_decay": group.get("weight_decay"),
-                       "tensors": len(group["params"]), "names": gnames})
+                facts.nonleaf.append(n or str(tuple(t.shape)))
+        facts.groups.append({"index": gi, "lr": group.get("lr"), "weight_decay": group.get("weight_decay"),
+                             "tensors": len(group["params"]), "names": gnames})
         if group.get("lr") == 0:
-            findings.append(make_finding(
-                "GP205", f"param group {gi} has lr=0: its {len(group['params'])} tensors never move.",
-                parameters=[g for g in gnames if not g.startswith("<")], location=site,
-                evidence={"group": gi, "lr": 0},
-            ))
-    total = sum(len(g["params"]) for g in optimizer.param_groups)
-    if total == 0:
-        findings.append(make_finding(
-            "GP208", f"{type(optimizer).__name__} holds no parameters.", location=site,
-            evidence={"param_groups": len(optimizer.param_groups)},
-        ))
+            facts.zero_lr.append((gi, len(group["params"]), [g for g in gnames if not g.startswith("<")]))
+    return stale
+
+
+def _pair_stale(facts: CoverageFacts, stale: list[torch.Tensor], missing: Sequence[tuple[str, torch.Tensor]],
+                record: BuildRecord | None, model: nn.Module, seq: int | None) -> set[str]:
+    """Pair each stale tensor with the missing parameter it most likely was: same shape, same order."""
+    pool = list(missing)
+    for t in stale:
+        match = next((m for m in pool if tuple(m[1].shape) == tuple(t.shape)), None)
+        if match is not None:
+            pool.remove(match)
+        facts.stale.append({"shape": list(t.shape), "likely_was": match[0] if match else None})
+    replaced = [g["likely_was"] for g in facts.stale if g["likely_was"]]
+    # a parameter set on its module after the optimizer was built replaced one too, whatever its shape
+    # (a crop or resize that makes a new, smaller Parameter)
+    if seq is not None:
+        replaced += [n for n, _ in pool if n not in replaced and _replacement_site(record, model, n, seq) is not None]
+    facts.replaced = replaced
+    facts.replaced_at = _first_replacement_site(record, model, replaced, seq, facts.site)
+    return set(replaced)
+
+
+def _added_after(facts: CoverageFacts, record: BuildRecord | None, model: nn.Module, seq: int | None) -> Loc | None:
+    """A module set after the optimizer was built, later in the same function (a replaced embedding): that line is the
+    one to move. Set by other code (a subclass adding a head after its base built the optimizer): the optimizer's line
+    is, as the optimizer was built before the model was complete."""
+    site = facts.site
+    if seq is None or not site:
+        return None
+    added_at = _first_replacement_site(record, model, [n for n, _ in facts.rest], seq, site)
+    if added_at and not (added_at["file"] == site["file"]
+                         and enclosing_def(site["file"], site["line"]) == enclosing_def(added_at["file"], added_at["line"])):
+        return None
+    return added_at
+
+
+def measure_coverage(model: nn.Module, optimizer: torch.optim.Optimizer, record: BuildRecord | None = None,
+                     during_step: bool = False) -> CoverageFacts:
+    names = param_names(model)
+    seq, site = _opt_site(record, optimizer)
+    facts = CoverageFacts(kind=type(optimizer).__name__, site=site, during_step=during_step)
+    seen: dict[int, int] = {}
+    stale = _scan_groups(facts, optimizer, names, seen)
+    facts.total = sum(len(g["params"]) for g in optimizer.param_groups)
     trainable = [(n[0], p) for n, p in ((names[id(p)], p) for p in model.parameters()) if p.requires_grad]
+    facts.trainable = len(trainable)
     missing = [(n, p) for n, p in trainable if id(p) not in seen]
-    if stale:
-        # pair each stale tensor with the missing parameter it most likely was: same shape, same order
-        pool = list(missing)
-        guesses: list[dict[str, Any]] = []
-        for t in stale:
-            match = next((m for m in pool if tuple(m[1].shape) == tuple(t.shape)), None)
-            if match is not None:
-                pool.remove(match)
-            guesses.append({"shape": list(t.shape), "likely_was": match[0] if match else None})
-        replaced = [g["likely_was"] for g in guesses if g["likely_was"]]
-        # a parameter set on its module after the optimizer was built replaced one too, whatever its shape
-        # (a crop or resize that makes a new, smaller Parameter)
-        if seq is not None:
-            replaced += [n for n, _ in pool if n not in replaced and _replacement_site(record, model, n, seq) is not None]
-        loc = _first_replacement_site(record, model, replaced, seq, site)
-        findings.append(make_finding(
-            "GP202",
-            f"{type(optimizer).__name__} holds {len(stale)} tensor(s) that are not the model's current parameters; "
-            + (f"they were {', '.join(replaced[:6])}{'...' if len(replaced) > 6 else ''} (by shape and order, or by "
-               "the line that replaced them), which the model has since replaced (rebuilt, deep-copied, reloaded or "
-               "resized)." if replaced else "the model was rebuilt or a parameter replaced."),
-            parameters=replaced, location=loc or site,
-            evidence={"stale_tensors": guesses, "optimizer_created_at": site},
-            fix=_gp202_fix(sorted({module_of(n) for n in replaced})),
-        ))
-        missing_stale = {n for n in replaced}
-    else:
-        missing_stale = set()
-    rest = [(n, p) for n, p in missing if n not in missing_stale]
-    if rest or (missing and not stale):
-        by_module: dict[str, int] = {}
-        for n, p in rest:
-            by_module[module_of(n)] = by_module.get(module_of(n), 0) + p.numel()
-        # a module set after the optimizer was built, later in the same function (a replaced embedding): that line is
-        # the one to move. Set by other code (a subclass adding a head after its base built the optimizer): the
-        # optimizer's line is, as the optimizer was built before the model was complete
-        added_at = _first_replacement_site(record, model, [n for n, _ in rest], seq, site) if seq is not None and site else None
-        if added_at and not (added_at["file"] == site["file"]
-                             and enclosing_def(site["file"], site["line"]) == enclosing_def(added_at["file"], added_at["line"])):
-            added_at = None
-        findings.append(make_finding(
-            "GP201",
-            f"{len(rest)} trainable parameter(s) are in no param group of {type(optimizer).__name__}: "
-            f"{', '.join(n for n, _ in rest[:6])}{'...' if len(rest) > 6 else ''}. They get gradients but step() never updates them."
-            + (f" They were set on the model at line {added_at['line']} of {added_at['file'].rsplit('/', 1)[-1]}, after the "
-               "optimizer was built." if added_at else ""),
-            parameters=[n for n, _ in rest], location=added_at or site,
-            evidence={"missing": len(rest), "missing_numel_by_module": by_module, "optimizer_created_at": site,
-                      "set_after_optimizer_at": added_at,
-                      "optimizer_tensors": total, "model_trainable": len(trainable)},
-            fix="Build the optimizer after the model is complete, from model.parameters() "
-                "(or add a group: optimizer.add_param_group({'params': module.parameters()})).",
-        ))
-    elif missing and stale:
-        # every missing parameter is explained by GP202; keep GP201 as its consequence
-        findings[-1]["evidence"]["related"] = [{"code": "GP201", "parameters": [n for n, _ in missing]}]
-    if dupes:
-        findings.append(make_finding(
-            "GP204", f"{len(dupes)} parameter(s) appear in more than one param group.",
-            parameters=[d[0] for d in dupes], location=site,
-            evidence={"duplicates": [{"name": d[0], "groups": [d[1], d[2]]} for d in dupes]},
-        ))
-    if frozen:
+    facts.missing = [n for n, _ in missing]
+    explained = _pair_stale(facts, stale, missing, record, model, seq) if stale else set()
+    facts.rest = [(n, p.numel()) for n, p in missing if n not in explained]
+    facts.added_at = _added_after(facts, record, model, seq)
+    if facts.frozen:
         # where they were frozen says more than where the optimizer was built (that line is in the evidence)
-        frozen_at = _frozen_site(record, [t for g in optimizer.param_groups for t in g["params"] if not t.requires_grad])
-        findings.append(make_finding(
-            "GP203", f"The optimizer holds {len(frozen)} frozen parameter(s) (requires_grad=False)"
-            + (f", frozen at line {frozen_at['line']} of {frozen_at['file'].rsplit('/', 1)[-1]}." if frozen_at else "."),
-            parameters=frozen, location=frozen_at or site, evidence={"frozen": len(frozen), "optimizer_created_at": site},
-        ))
-    if nonleaf:
-        findings.append(make_finding(
-            "GP206", f"The optimizer holds {len(nonleaf)} non-leaf tensor(s); they never receive .grad.",
-            parameters=nonleaf, location=site, evidence={"non_leaf": nonleaf},
-        ))
-    return findings, groups
+        facts.frozen_at = _frozen_site(record, [t for g in optimizer.param_groups for t in g["params"] if not t.requires_grad])
+    return facts
 
 
-def replaced_during_step(model: nn.Module, optimizer, record, seen: set[tuple]) -> list[Finding]:
+# ---- detectors --------------------------------------------------------------------------------------------------
+
+@GP205.detector
+def detect_zero_lr(facts: CoverageFacts) -> Iterator[Finding]:
+    for gi, count, gnames in facts.zero_lr:
+        yield GP205.finding(group=gi, count=count, parameters=gnames, location=facts.site, evidence={"group": gi, "lr": 0})
+
+
+@GP208.detector
+def detect_empty(facts: CoverageFacts) -> Iterator[Finding]:
+    if facts.total == 0:
+        yield GP208.finding(optimizer=facts.kind, location=facts.site, evidence={"param_groups": len(facts.groups)})
+
+
+def _gp202_situation(facts: CoverageFacts, loads: list[str]) -> str | None:
+    if facts.during_step:
+        return "during_step" if facts.replaced else "during_step_unnamed"
+    if not facts.replaced:
+        return None
+    return "replaced" if loads else "replaced_top_level"
+
+
+@GP202.detector
+def detect_stale(facts: CoverageFacts) -> Iterator[Finding]:
+    if not facts.stale:
+        return
+    mods = [m for m in sorted({module_of(n) for n in facts.replaced}) if m][:3]
+    loads = "; ".join(f"model.{m}.load_state_dict(new.state_dict())" for m in mods)
+    evidence: dict[str, Any] = {"stale_tensors": facts.stale, "optimizer_created_at": facts.site}
+    if facts.missing and not facts.rest:
+        # every missing parameter is explained by GP202; keep GP201 as its consequence
+        evidence["related"] = [{"code": GP201.code, "parameters": facts.missing}]
+    if facts.during_step:
+        evidence["replaced_during_step"] = True
+    yield GP202.finding(_gp202_situation(facts, mods), optimizer=facts.kind, count=len(facts.stale),
+                        names=_names(facts.replaced), loads=loads, parameters=facts.replaced,
+                        location=facts.replaced_at or facts.site, evidence=evidence)
+
+
+@GP201.detector
+def detect_missing(facts: CoverageFacts) -> Iterator[Finding]:
+    if not facts.rest:
+        return
+    by_module: dict[str, int] = {}
+    for n, numel in facts.rest:
+        by_module[module_of(n)] = by_module.get(module_of(n), 0) + numel
+    rest = [n for n, _ in facts.rest]
+    yield GP201.finding(
+        "set_after" if facts.added_at else "missing", count=len(rest), optimizer=facts.kind, names=_names(rest),
+        **_line_of(facts.added_at), parameters=rest, location=facts.added_at or facts.site,
+        evidence={"missing": len(rest), "missing_numel_by_module": by_module, "optimizer_created_at": facts.site,
+                  "set_after_optimizer_at": facts.added_at, "optimizer_tensors": facts.total,
+                  "model_trainable": facts.trainable})
+
+
+@GP204.detector
+def detect_duplicates(facts: CoverageFacts) -> Iterator[Finding]:
+    if facts.dupes:
+        yield GP204.finding(count=len(facts.dupes), parameters=[d[0] for d in facts.dupes], location=facts.site,
+                            evidence={"duplicates": [{"name": d[0], "groups": [d[1], d[2]]} for d in facts.dupes]})
+
+
+@GP203.detector
+def detect_frozen(facts: CoverageFacts) -> Iterator[Finding]:
+    if facts.frozen:
+        yield GP203.finding("frozen_at" if facts.frozen_at else None, count=len(facts.frozen), **_line_of(facts.frozen_at),
+                            parameters=facts.frozen, location=facts.frozen_at or facts.site,
+                            evidence={"frozen": len(facts.frozen), "optimizer_created_at": facts.site})
+
+
+@GP206.detector
+def detect_nonleaf(facts: CoverageFacts) -> Iterator[Finding]:
+    if facts.nonleaf:
+        yield GP206.finding(count=len(facts.nonleaf), parameters=facts.nonleaf, location=facts.site,
+                            evidence={"non_leaf": facts.nonleaf})
+
+
+@GP209.detector
+def detect_unsupported(optimizer: Any) -> Iterator[Finding]:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        kind = type(optimizer)
+        yield GP209.finding(kind=kind.__name__, evidence={"type": f"{kind.__module__}.{kind.__name__}"})
+
+
+# ---- the engine -------------------------------------------------------------------------------------------------
+
+def check_coverage(model: nn.Module, optimizer: Any, record: BuildRecord | None = None) -> tuple[list[Finding], list[dict]]:
+    """Identity comparison of optimizer groups with the model's parameters."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return run_rules((GP209,), optimizer), []
+    facts = measure_coverage(model, optimizer, record)
+    return run_rules(COVERAGE_RULES, facts), facts.groups
+
+
+def replaced_during_step(model: nn.Module, optimizer: Any, record: BuildRecord | None, seen: set[tuple]) -> list[Finding]:
     """GP202 for parameters the step itself replaced (a data-dependent init swapping in new nn.Parameter objects
     on the first call, after the optimizer was built); `seen` holds (code, parameters) already reported."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         return []
-    out = []
-    for f in check_coverage(model, optimizer, record)[0]:
-        if f["code"] == "GP202" and (f["code"], tuple(f["parameters"])) not in seen:
-            f["message"] += " The replacement happened during the step (e.g. a data-dependent initialisation on the first call)."
-            f["evidence"]["replaced_during_step"] = True
-            f["fix"] = ("Initialise in place so the optimizer keeps the same tensors (with torch.no_grad(): "
-                        "self.<param>.copy_(<value>)), or build the optimizer after the first forward.")
-            out.append(f)
-    return out
+    facts = measure_coverage(model, optimizer, record, during_step=True)
+    return [f for f in run_rules((GP202,), facts) if (f["code"], tuple(f["parameters"])) not in seen]
+
+
+def _settled(f: Finding, names: list[str], got: bool) -> Finding:
+    return GP201.finding("fed" if got else "idle", count=len(names), names=_names(names), parameters=names,
+                         location=f["location"], evidence={**f["evidence"], "missing": len(names), "got_gradient": got})
 
 
 def settle_coverage(coverage: list[Finding], model: nn.Module, got_grad: set[int]) -> list[Finding]:
@@ -297,149 +485,29 @@ def settle_coverage(coverage: list[Finding], model: nn.Module, got_grad: set[int
     A trainable parameter outside the optimizer that the step gave no gradient (a calibration temperature
     fitted after training, a head used only in eval) loses nothing in this step: it is said as info.
     """
-    names = param_names(model)
-    by_name = {ns[0]: pid for pid, ns in names.items()}
+    by_name = {ns[0]: pid for pid, ns in param_names(model).items()}
     out: list[Finding] = []
     for f in coverage:
-        if f["code"] != "GP201":
+        if f["code"] != GP201.code:
             out.append(f)
             continue
         fed = [n for n in f["parameters"] if by_name.get(n) in got_grad]
         idle = [n for n in f["parameters"] if by_name.get(n) not in got_grad]
-        if fed:
-            out.append(make_finding(
-                "GP201",
-                f"{len(fed)} trainable parameter(s) got a gradient in this step but are in no param group of the optimizer: "
-                f"{', '.join(fed[:6])}{'...' if len(fed) > 6 else ''}. step() never updates them.",
-                parameters=fed, location=f["location"], evidence={**f["evidence"], "missing": len(fed), "got_gradient": True},
-                fix=f["fix"]))
-        if idle:
-            info = make_finding(
-                "GP201",
-                f"{len(idle)} trainable parameter(s) are in no param group and got no gradient in this step: "
-                f"{', '.join(idle[:6])}{'...' if len(idle) > 6 else ''}. Nothing is lost in this step; if they are "
-                "deliberately kept out of training, freeze them (requires_grad_(False)) to say so.",
-                parameters=idle, location=f["location"], evidence={**f["evidence"], "missing": len(idle), "got_gradient": False},
-                fix="If they should learn, add them to the optimizer; if not, p.requires_grad_(False).")
-            info["severity"] = "info"
-            out.append(info)
+        out += [_settled(f, fed, True)] if fed else []
+        out += [_settled(f, idle, False)] if idle else []
     return out
 
 
-def _grad_max(p) -> float:
-    with untraced():  # not the user's ops: invisible to a trace running beside us
-        return float(p.grad.abs().max()) if p.grad is not None and p.grad.numel() else 0.0
+def analyze_step(model: nn.Module, optimizer: Any, before: dict[int, torch.Tensor], obs: StepObserver,
+                 coverage: list[Finding], opt_site: Loc | None = None) -> list[Finding]:
+    """Parameters with a nonzero gradient after backward that one real step left unchanged, and why
+    (those GP201 and GP202 already explain are left out)."""
+    already = {n for f in coverage if f["code"] in (GP201.code, GP202.code) for n in f["parameters"]}
+    return stuck_findings(model, optimizer, before, obs, already, opt_site)
 
 
-class StepObserver:
-    """Records zero_grad/step calls and each parameter's gradient at step() time."""
-
-    def __init__(self, model: nn.Module, optimizer, user=None):
-        self.model, self.optimizer, self.user = model, optimizer, user
-        self.events: list[str] = []
-        self.sites: dict[int, dict | None] = {}  # event index -> the user line of a zero_grad call
-        self.grad_at_step: dict[int, float] = {}
-        self.grad_after_backward: dict[int, float] = {}
-
-    def __enter__(self):
-        orig_zero, orig_mzero = torch.optim.Optimizer.zero_grad, nn.Module.zero_grad
-        events, sites, user = self.events, self.sites, self.user
-
-        def opt_zero(opt, *a, **k):
-            if user is not None:
-                sites[len(events)] = user.innermost(skip=2)
-            events.append("optimizer.zero_grad")
-            return orig_zero(opt, *a, **k)
-
-        def mod_zero(mod, *a, **k):
-            if user is not None:
-                sites[len(events)] = user.innermost(skip=2)
-            events.append("model.zero_grad")
-            return orig_mzero(mod, *a, **k)
-
-        stack = self._stack = contextlib.ExitStack()
-        stack.enter_context(patched(torch.optim.Optimizer, "zero_grad", opt_zero))
-        stack.enter_context(patched(nn.Module, "zero_grad", mod_zero))
-        if isinstance(self.optimizer, torch.optim.Optimizer):
-            stack.callback(self.optimizer.register_step_pre_hook(self._pre_step).remove)
-        for p in self.model.parameters():
-            if p.requires_grad:
-                stack.callback(p.register_post_accumulate_grad_hook(self._accumulated).remove)
-        return self
-
-    def _accumulated(self, p):
-        if "backward" not in self.events[-1:]:
-            self.events.append("backward")
-        self.grad_after_backward[id(p)] = _grad_max(p)
-
-    def _pre_step(self, opt, args, kwargs):
-        self.events.append("optimizer.step")
-        for p in self.model.parameters():
-            self.grad_at_step[id(p)] = _grad_max(p)
-
-    def __exit__(self, *exc):
-        self._stack.close()
-        return False
-
-
-def snapshot(model: nn.Module) -> dict[int, torch.Tensor]:
-    return {id(p): p.detach().clone() for p in model.parameters() if p.requires_grad}
-
-
-def _zeroed_between_at(obs: StepObserver) -> dict | None:
-    """The user line of the zero_grad() that ran after the last backward() and before step()."""
-    ev = obs.events
-    if "optimizer.step" not in ev:
-        return None
-    stop = ev.index("optimizer.step")
-    start = max((i for i in range(stop) if ev[i] == "backward"), default=-1)
-    return next((obs.sites.get(i) for i in range(stop - 1, start, -1) if ev[i].endswith("zero_grad")), None)
-
-
-def analyze_step(model: nn.Module, optimizer, before: dict, obs: StepObserver, coverage: list[Finding],
-                 opt_site: dict | None = None) -> list[Finding]:
-    """GP207: parameters with a nonzero gradient after backward that one real step left unchanged, and why."""
-    names = param_names(model)
-    in_opt = {id(t) for g in optimizer.param_groups for t in g["params"]}
-    lr_of = {id(t): g.get("lr") for g in optimizer.param_groups for t in g["params"]}
-    already = {n for f in coverage if f["code"] in ("GP201", "GP202") for n in f["parameters"]}
-    stuck: dict[str, list[str]] = {}
-    stepped = "optimizer.step" in obs.events
-    for p in model.parameters():
-        if id(p) not in before:
-            continue
-        g = obs.grad_after_backward.get(id(p), 0.0)
-        if g <= 0.0 or not torch.equal(before[id(p)], p.detach()):
-            continue
-        name = names[id(p)][0]
-        if name in already:
-            continue
-        if id(p) not in in_opt:
-            reason = "not in the optimizer"
-        elif not stepped:
-            reason = "optimizer.step() was not called (or a GradScaler skipped it after inf/NaN gradients)"
-        elif lr_of.get(id(p)) == 0:
-            reason = "its param group has lr=0"
-        elif obs.grad_at_step.get(id(p), 0.0) == 0.0:
-            reason = "its gradient was zeroed between backward() and step()"
-        else:
-            reason = "step() ran with a nonzero gradient but the value did not change"
-        stuck.setdefault(reason, []).append(name)
-    where = {"not in the optimizer": opt_site, "its param group has lr=0": opt_site,
-             "its gradient was zeroed between backward() and step()": _zeroed_between_at(obs)}
-    out = []
-    for reason, params in stuck.items():
-        at = where.get(reason)
-        out.append(make_finding(
-            "GP207", f"{len(params)} parameter(s) had a nonzero gradient after backward() but did not change in one real step: {reason}"
-            + (f" (line {at['line']} of {at['file'].rsplit('/', 1)[-1]})." if at else "."),
-            parameters=params, location=at, evidence={"reason": reason, "call_order": obs.events[:30]},
-        ))
-    return out
-
-
-def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
-    """Run one real step and report parameters with a nonzero gradient that did not change (GP207)."""
+def check_step(loaded: Loaded, coverage: list[Finding]) -> tuple[list[Finding], dict[str, Any]]:
+    """Run one real step and report parameters with a nonzero gradient that did not change."""
     from gradprobe.loading import BuildRecorder
 
     before = snapshot(loaded.model)
@@ -460,8 +528,8 @@ def check_step(loaded, coverage: list[Finding]) -> tuple[list[Finding], dict]:
                         _opt_site(loaded.record, loaded.optimizer)[1]), facts
 
 
-def check_optimizer_coverage(model: nn.Module, optimizer, batch=None, loss_fn=None, train_step=None, step: bool = True,
-                             project_dir: str | None = None) -> dict:
+def check_optimizer_coverage(model: nn.Module, optimizer: Any, batch: Any = None, loss_fn: Any = None,
+                             train_step: Any = None, step: bool = True, project_dir: str | None = None) -> dict[str, Any]:
     """Library entry: coverage by identity, plus one real step when a batch or train_step is given."""
     from gradprobe.loading import live_target
 
@@ -469,37 +537,46 @@ def check_optimizer_coverage(model: nn.Module, optimizer, batch=None, loss_fn=No
     return optimizer_report(loaded, step=step and (batch is not None or train_step is not None))
 
 
-def optimizer_findings(loaded, step: bool = True) -> tuple[list[Finding], dict]:
+def first_step_lr_zero_finding(lrs: list[Any], location: Loc | None, judged_on: list[Any] | None) -> Finding:
+    """Script mode: the first optimizer step ran at lr 0 everywhere (a warm-up from 0): info, not a warning.
+    With `judged_on` (the lrs of a later step that was checked), updates were judged there."""
+    return GP205.finding("warmup_unjudged" if judged_on is None else "warmup_judged", lrs=lrs, judged_on=judged_on,
+                         location=location, evidence={"learning_rates": lrs, "first_step_lr_zero": True})
+
+
+def build_failure_findings(loaded: Loaded) -> list[Finding]:
+    """make_optimizer raised: torch's refusals are the GP2xx they name; a memory limit stopped it; else the user's code raised."""
+    exc = loaded.optimizer_error
+    assert exc is not None
+    text = str(exc.cause or exc)
+    loc = loaded.user.innermost_of_traceback(exc.cause) if exc.cause is not None else None
+    for marker, rule in ((OPTIMIZER_EMPTY, GP208), (OPTIMIZER_PARAM_IN_SEVERAL_GROUPS, GP204), (OPTIMIZER_NON_LEAF, GP206)):
+        if marker in text:
+            return [rule.finding("refused", error=text, location=loc, evidence={"error": text})]
+    limit = allocation_failure(exc.cause)
+    if limit is not None and exc.cause is not None:
+        return [resource_limit_finding("making the optimizer", limit, location=loc,
+                                       evidence={"traceback": loaded.user.trimmed_traceback(exc.cause)})]
+    return [target_failed_finding("making the optimizer", text, situation="optimizer", location=loc,
+                                  evidence={"traceback": loaded.user.trimmed_traceback(exc.cause) if exc.cause else text})]
+
+
+def optimizer_findings(loaded: Loaded, step: bool = True) -> tuple[list[Finding], dict[str, Any]]:
     if loaded.optimizer_error is not None:
-        exc = loaded.optimizer_error
-        text = str(exc.cause or exc)
-        loc = loaded.user.innermost_of_traceback(exc.cause) if exc.cause is not None else None
-        if OPTIMIZER_EMPTY in text:
-            return [make_finding("GP208", f"make_optimizer failed: the optimizer got an empty parameter list ({text}).", location=loc,
-                                 evidence={"error": text})], {}
-        if OPTIMIZER_PARAM_IN_SEVERAL_GROUPS in text:
-            return [make_finding("GP204", f"make_optimizer failed: {text}. A parameter appears in several param groups.", location=loc,
-                                 evidence={"error": text})], {}
-        if OPTIMIZER_NON_LEAF in text:
-            return [make_finding("GP206", f"make_optimizer failed: {text}", location=loc, evidence={"error": text})], {}
-        limit = allocation_failure(exc.cause)
-        if limit is not None:
-            return [resource_limit_finding("making the optimizer", limit, location=loc,
-                                           evidence={"traceback": loaded.user.trimmed_traceback(exc.cause)})], {}
-        return [make_finding("GP100", f"make_optimizer failed: {text}", location=loc,
-                             evidence={"traceback": loaded.user.trimmed_traceback(exc.cause) if exc.cause else text})], {}
+        return build_failure_findings(loaded), {}
     if loaded.optimizer is None:
         return [], {"note": "the target has no optimizer: only registration-level facts apply"}
     findings, groups = check_coverage(loaded.model, loaded.optimizer, loaded.record)
     facts: dict[str, Any] = {"optimizer": type(loaded.optimizer).__name__, "param_groups": groups}
-    if step and isinstance(loaded.optimizer, torch.optim.Optimizer) and (loaded.batch is not None or loaded.train_step is not None):
+    has_step = loaded.batch is not None or loaded.train_step is not None
+    if step and isinstance(loaded.optimizer, torch.optim.Optimizer) and has_step:
         more, step_facts = check_step(loaded, findings)
         findings += more
         facts["step"] = step_facts
     return findings, facts
 
 
-def optimizer_report(loaded, step: bool = True) -> dict:
+def optimizer_report(loaded: Loaded, step: bool = True) -> dict[str, Any]:
     findings, facts = optimizer_findings(loaded, step)
     summary = []
     if "note" in facts:

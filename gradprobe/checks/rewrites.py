@@ -15,7 +15,7 @@ with finite differences on purpose. The rule, per Function call checked:
   identity, as in a reversal or scaling layer) or |c| (or 1/|c|) is a scalar the call
   received (alpha, lambda, a scale). c < 0 is a gradient reversal, c > 0 a gradient scaling.
 
-Anything else stays a GP401 error: an element-dependent mismatch (2x for 3x^2), a
+Anything else stays a wrong derivative (an error): an element-dependent mismatch (2x for 3x^2), a
 uniform factor on a non-trivial forward that no argument explains (a dropped 0.5),
 one input scaled and another not, or a nonzero backward for an input the forward ignores.
 """

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gradprobe.findings import Finding, Location, Rule, Situation
-from gradprobe.outcomes import resource_limit_finding
+from gradprobe.outcomes import resource_limit_finding, target_failed_finding
 from gradprobe.report import make_report
 from gradprobe.sandbox.protocol import Phase
 
@@ -42,15 +42,6 @@ GP000: Rule[Any] = Rule(
             message="gradprobe's replay of the captured step failed where the script's own step did not: {message}",
             fix="This is a gradprobe limitation on this script (the script's own step ran); the evidence has the details."),
     },
-)
-
-GP100: Rule[Any] = Rule(
-    code="GP100", name="target-load-failed", severity="error", rank=1,
-    summary="The target could not be imported or built.",
-    why="Nothing can be measured on a model that does not load; the traceback shows the user's failing line.",
-    example="build_model() raises, a syntax error in case.py, an import of a missing package.",
-    message="The target failed while {phase}: {error}",
-    fix="Fix the error in the traceback (user frames only), then call the tool again.",
 )
 
 GP106: Rule[Any] = Rule(
@@ -191,7 +182,7 @@ def load_failure_report(tool: str, exc: Any, user: Any) -> dict[str, Any]:
         finding = GP106.finding("named" if cls else "unnamed", parameters=[cls] if cls else [], location=loc,
                                 evidence=evidence, cls=cls, error=text)
     else:
-        finding = GP100.finding(phase=exc.phase, error=exc, location=loc, evidence=evidence)
+        finding = target_failed_finding(exc.phase, exc, location=loc, evidence=evidence)
     return make_report(tool, [finding], [f"The target could not be loaded ({exc.phase})."])
 
 

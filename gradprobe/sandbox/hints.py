@@ -11,8 +11,8 @@ import os
 import re
 from typing import Any
 
-from gradprobe.outcomes import GP113
-from gradprobe.sandbox.failures import GP100, GP112
+from gradprobe.outcomes import GP100, GP113
+from gradprobe.sandbox.failures import GP112
 from gradprobe.sandbox.interpreter import Interpreter, describe, missing_module_hint
 from gradprobe.target import Target
 

@@ -1,7 +1,9 @@
 """The one protocol between the parent (server or CLI) and the child (inside the boundary).
 
-Every message is a pydantic model, serialised once on the sending side (`model_dump_json`) and read
-once on the receiving side (`model_validate_json`); neither side parses the other's prose:
+Every message is a typed model, serialised once on the sending side (`model_dump_json`) and read
+once on the receiving side (`model_validate_json`); neither side parses the other's prose. The models
+are standard-library dataclasses (gradprobe/sandbox/wire.py), not pydantic: the child runs in the
+target's interpreter, which needs only the standard library and torch.
 
     parent -> child   Job (stdin, or the warm worker's frame), Policy (launch.py's argv, or the frame)
     child  -> parent  Control (the control socket, from the confining code, before any user code runs),
@@ -15,23 +17,20 @@ that is not a valid message is dropped.
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from typing import Any, Literal
 
 from gradprobe.phases import PROGRESS_STEPS, Phase
+from gradprobe.sandbox.wire import Field, WireModel, model
 
 __all__ = ["PROGRESS_STEPS", "Phase"]  # re-exported: the protocol's phases
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
 # ---- parent -> child --------------------------------------------------------------------------------------------
 
-class Job(_Model):
+@model
+class Job(WireModel):
     """One tool call: which tool, on which target (Target.model_dump()), with which options."""
 
     tool: str
@@ -39,7 +38,8 @@ class Job(_Model):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class Layer(_Model):
+@model
+class Layer(WireModel):
     """One isolation layer as applied (by the child) or seen (by the parent, from outside)."""
 
     enforced: bool | None  # None: not asked for (isolation off)
@@ -58,7 +58,8 @@ class Layer(_Model):
         return cls(enforced=enforced, text=text)
 
 
-class ChildLimits(_Model):
+@model
+class ChildLimits(WireModel):
     """The rlimits the confining code sets (None: leave it)."""
 
     memory_bytes: int | None = None
@@ -67,7 +68,8 @@ class ChildLimits(_Model):
     open_files: int | None = None
 
 
-class CgroupSpec(_Model):
+@model
+class CgroupSpec(WireModel):
     """What the warm worker needs to make a call's cgroup itself."""
 
     memory_bytes: int | None = None
@@ -75,14 +77,16 @@ class CgroupSpec(_Model):
     server: str
 
 
-class OpenTree(_Model):
+@model
+class OpenTree(WireModel):
     """A directory (or a single file) the server opened (O_PATH) and passes to the launcher at the same fd number."""
 
     path: str  # its real path, read from the open fd when it was opened
     fd: int
 
 
-class PythonExec(_Model):
+@model
+class PythonExec(WireModel):
     """The interpreter the target runs, resolved once by the server (sandbox/interpreter.py): the launcher executes
     exactly the open file `fd` (/proc/self/fd/N) as `argv0`, and binds only `trees` (its installation prefixes)."""
 
@@ -91,7 +95,8 @@ class PythonExec(_Model):
     trees: list[OpenTree] = Field(default_factory=list)
 
 
-class Policy(_Model):
+@model
+class Policy(WireModel):
     """How the confining code (confine.py) builds the call's boundary."""
 
     enabled: bool = True  # namespaces, Landlock, capabilities, cgroups where the machine allows
@@ -120,7 +125,8 @@ def shown(layers: dict[str, Layer]) -> dict[str, str]:
     return {name: layer.shown() for name, layer in layers.items()}
 
 
-class Control(_Model):
+@model
+class Control(WireModel):
     """A message of the confining code: its pid, the layers it applied (then it waits for "g"), or why it refused."""
 
     pid: int | None = None
@@ -130,27 +136,31 @@ class Control(_Model):
 
 # ---- child -> parent: the result pipe -----------------------------------------------------------------------------
 
-class Progress(_Model):
+@model
+class Progress(WireModel):
     type: Literal["progress"] = "progress"
     phase: Phase
     elapsed_s: float = 0.0
 
 
-class ToolError(_Model):
+@model
+class ToolError(WireModel):
     """The call cannot run as asked: the caller's arguments, or the interpreter the target named."""
 
     tool_error: str
     tool_error_kind: Literal["caller", "interpreter"] = "caller"
 
 
-class Result(_Model):
+@model
+class Result(WireModel):
     """The call's answer: a report (the envelope of report.make_report, JSON-safe) or a tool error."""
 
     type: Literal["result"] = "result"
-    report: Annotated[ToolError | dict[str, Any], Field(union_mode="left_to_right")]
+    report: ToolError | dict[str, Any]  # left to right: a ToolError when it has one's fields, else the report
 
 
-class StartFailed(_Model):
+@model
+class StartFailed(WireModel):
     """launch.py's word: the interpreter the target names could not be executed (written before any user code)."""
 
     type: Literal["start_failed"] = "start_failed"
@@ -158,8 +168,23 @@ class StartFailed(_Model):
     error: str
 
 
-ChildMessage = Annotated[Progress | Result | StartFailed, Field(discriminator="type")]
-CHILD_MESSAGE: TypeAdapter[Progress | Result | StartFailed] = TypeAdapter(ChildMessage)
+ChildMessage = Progress | Result | StartFailed
+
+
+class _ChildMessages:
+    """Reads one line of the result pipe as the message its "type" names; anything else raises ValueError."""
+
+    kinds: dict[str, type[Progress] | type[Result] | type[StartFailed]] = {
+        "progress": Progress, "result": Result, "start_failed": StartFailed}
+
+    def validate_json(self, data: str | bytes) -> ChildMessage:
+        obj = json.loads(data)
+        if not isinstance(obj, dict) or obj.get("type") not in self.kinds:
+            raise ValueError("not a child message")
+        return self.kinds[obj["type"]].model_validate(obj)
+
+
+CHILD_MESSAGE = _ChildMessages()
 
 
 def json_safe(obj: Any, depth: int = 0) -> Any:

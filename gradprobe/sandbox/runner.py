@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import ValidationError
 
 from gradprobe.sandbox.cgroups import CallCgroup, server_dir_name
 from gradprobe.sandbox.interpreter import Interpreter, InterpreterError, resolve
@@ -345,7 +344,7 @@ class _ChildCall:
         while True:
             try:
                 msg = Control.model_validate_json(await ctl_reader.readline())
-            except (ValidationError, ValueError, ConnectionError, asyncio.LimitOverrunError):
+            except (ValueError, ConnectionError, asyncio.LimitOverrunError):
                 return
             if msg.pid is not None:
                 self.confined.pid = msg.pid

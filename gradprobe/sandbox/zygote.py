@@ -100,9 +100,11 @@ def _warm_linecache() -> None:
 
     import torch
 
+    from gradprobe.userframes import is_gradprobe_file
+
     for mod in list(sys.modules.values()):
         path = getattr(mod, "__file__", None)
-        if (getattr(mod, "__name__", "") or "").startswith("gradprobe") and isinstance(path, str) and path.endswith(".py"):
+        if isinstance(path, str) and path.endswith(".py") and is_gradprobe_file(path):
             linecache.getlines(path)
     torch.manual_seed(0)  # no tensor op, no CUDA init: it reads the seeding path's torch sources into linecache
 

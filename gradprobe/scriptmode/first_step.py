@@ -7,11 +7,12 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from gradprobe.findings import Finding, Location, make_finding
+from gradprobe.findings import Finding
 from gradprobe.report import make_report
-from gradprobe.sandbox.failures import GP100, replay_failed, script_internal_error
+from gradprobe.outcomes import GP100
+from gradprobe.sandbox.failures import replay_failed, script_internal_error
 from gradprobe.sandbox.protocol import Phase, Result, ToolError, json_safe
 
 if TYPE_CHECKING:
@@ -172,19 +173,14 @@ def _lr_zero_findings(findings: list[Finding], lrs: list[float], loc: dict[str, 
                       judged_on: list[float] | None) -> list[Finding]:
     """A first step at lr 0 (a warm-up from 0) moves nothing by design: info, not GP207/GP205.
     With `judged_on` (the lrs of a later step that was checked), updates were judged there."""
+    from gradprobe.checks.optimizer import GP205, first_step_lr_zero_finding
+    from gradprobe.checks.param_updates import GP207
+
+    out = list(findings)
     if judged_on is None:
-        out = [f for f in findings if f["code"] != "GP205"
-               and not (f["code"] == "GP207" and "lr=0" in f["evidence"].get("reason", ""))]
-        then = "no later step with a nonzero learning rate was reached, so updates were not judged."
-    else:
-        out = list(findings)
-        then = f"updates were judged on a later step (learning rates {judged_on})."
-    info = make_finding(
-        "GP205", f"The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), "
-                 f"typically a scheduler warming up from 0: that step moves nothing, as expected; {then}",
-        location=cast(Location | None, loc), evidence={"learning_rates": lrs, "first_step_lr_zero": True},
-        fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step.",
-        severity="info")  # expected of a warm-up from 0: information, not the catalogue's warning
+        out = [f for f in findings if f["code"] != GP205.code
+               and not (f["code"] == GP207.code and "lr=0" in f["evidence"].get("reason", ""))]
+    info = first_step_lr_zero_finding(lrs, loc, judged_on)
     out.append(info)
     return out
 

@@ -2,8 +2,8 @@
 
 `GradTracer` is a TorchFunctionMode that records only which parameters each op
 read, and every op whose input required grad but whose output does not (a *break
-candidate*), with the user's line, grad mode, and the inputs (kept so that the
-autograd graph behind them can be walked later). Non-grad values produced by
+candidate*, checks/candidates.py), with the user's line, grad mode, and the inputs (kept so
+that the autograd graph behind them can be walked later). Non-grad values produced by
 candidates carry a tag forward through later ops, so the analysis can tell which
 cuts fed the loss. While it is active it also enters the watches (checks/watches.py):
 pickling for another process, torch.from_numpy, inference_mode, custom Function
@@ -16,6 +16,9 @@ import contextlib
 import math
 import sys
 import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, Literal
 
 import torch
 import torch.nn as nn
@@ -23,6 +26,21 @@ from torch.overrides import TorchFunctionMode
 
 from gradprobe.checks._apply import ApplyWatch, inside_custom_function
 from gradprobe.checks._step import param_names
+from gradprobe.checks.candidates import (
+    LEFT_OPS,
+    REWRAP_OPS,
+    SHAPE_ONLY_OPS,
+    ZERO_DERIVATIVE_OPS,
+    Candidate,
+    Location,
+    bias_operand,
+    is_cut,
+    is_inplace,
+    kind_of,
+    outputs,
+    storage_ptr,
+    tensors_in,
+)
 from gradprobe.checks.torchcompat import (
     CHECKPOINT_NO_INPUT_GRAD_WARNING,
     GRAD_ENABLE,
@@ -40,150 +58,70 @@ from gradprobe.checks.watches import (
     pickle_watch,
     warning_watch,
 )
+from gradprobe.userframes import UserCode, is_gradprobe_file
 
-LEFT_OPS = {"item", "tolist", "numpy", "__array__", "__float__", "__int__", "__index__", "__complex__"}
-REWRAP_OPS = {"tensor", "as_tensor", "asarray", "from_numpy", "frombuffer"}
-DETACH_OPS = {"detach", "detach_"}
-INPLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__ipow__", "__setitem__",
-                   "__iand__", "__ior__", "__ixor__"}
 MAX_INPLACE_EVENTS = 20000
-
-
-def _is_inplace(name: str, kwargs: dict) -> bool:
-    """`x.add_(y)`, `x += y`, `x[i] = v`, `F.relu(x, inplace=True)`."""
-    return (name.endswith("_") and not name.startswith("_")) or name in INPLACE_DUNDERS or kwargs.get("inplace") is True
-
-
-# new tensors that take only the shape, dtype and device of their input, never its values: not a cut
-SHAPE_ONLY_OPS = {"zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like", "randint_like",
-                  "new_zeros", "new_ones", "new_empty", "new_full", "size", "dim", "numel", "__len__"}
 # frames between a no_grad switch and the code that asked for it: torch's grad-mode machinery, Module.__call__
 _GRAD_MODE_FILES = ("grad_mode.py", "_contextlib.py")
 _MODULE_CALL_FILES = ("nn/modules/module.py",)
-_GRADPROBE_DIR = "/gradprobe/"
 # torch's Python functions that hand an op to the mode (handle_torch_function): the caller above them called the op
 _DISPATCH_WRAPPERS = ("torch/overrides.py", "torch/nn/functional.py", "torch/functional.py", "torch/_tensor.py",
                       "torch/_jit_internal.py")
-ZERO_DERIVATIVE_OPS = {"round", "floor", "ceil", "trunc", "sign", "frac_", "round_", "floor_", "ceil_", "sign_", "heaviside"}
+Tags = frozenset[int]
 
 
-class Candidate:
-    __slots__ = ("index", "kind", "op", "location", "grad_enabled", "inputs", "direct", "disable_site",
-                 "left_at", "came_back_at", "process_at", "backwards_before", "indexes", "all_zero")
-
-    def __init__(self, index, kind, op, location, grad_enabled, inputs, direct, disable_site):
-        self.index, self.kind, self.op, self.location = index, kind, op, location
-        self.grad_enabled, self.inputs, self.direct, self.disable_site = grad_enabled, inputs, direct, disable_site
-        self.left_at = self.came_back_at = self.process_at = None
-        self.backwards_before = 0
-        # its integer/bool output (or a value carrying it) selected from a float tensor: {"op", "location",
-        # "into_grad": whether what it selected from requires grad} (argmin -> codebook[idx], ids -> embedding)
-        self.indexes: dict | None = None
-        self.all_zero = False  # every value of its numeric (not bool) output is zero (a cast that truncated everything)
-
-    @property
-    def selects_for_grad(self) -> bool:
-        """A selection by design: the gradient reaches what it selects from through the indexing op itself."""
-        return bool(self.indexes and self.indexes["into_grad"])
-
-    def can_explain(self, n_backward: int) -> bool:
-        """A cut explains a missing gradient only if a backward ran after it, and a value that left
-        torch only if it came back (a loss.item() for logging cuts nothing)."""
-        if n_backward and self.backwards_before >= n_backward:
-            return False
-        return not (self.kind == "left" and self.came_back_at is None)
-
-
-def _tensors_in(args, kwargs):
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, torch.Tensor):
-                    yield b
-    if kwargs:
-        for a in kwargs.values():
-            if isinstance(a, torch.Tensor):
-                yield a
-
-
-def _outputs(out):
-    if isinstance(out, torch.Tensor):
-        return (out,)
-    if isinstance(out, (list, tuple)):
-        return tuple(o for o in out if isinstance(o, torch.Tensor))
-    return ()
-
-
-def _cut(o: torch.Tensor, inputs: list) -> bool:
-    """An output is cut off the graph when it does not require grad, or is a history-less view
-    (views made under no_grad keep requires_grad=True but have no grad_fn)."""
-    if not o.requires_grad:
-        return True
-    return o.grad_fn is None and o.is_leaf and not any(o is i for i in inputs)
-
-
-# where ops take an additive bias: positional index, and the keyword
-_BIAS_AT = {"linear": 2, "conv1d": 2, "conv2d": 2, "conv3d": 2, "conv_transpose1d": 2, "conv_transpose2d": 2,
-            "conv_transpose3d": 2, "layer_norm": 3, "group_norm": 3, "batch_norm": 4, "instance_norm": 4,
-            "addmm": 0, "addmv": 0, "addbmm": 0, "baddbmm": 0}
-
-
-def _bias_operand(name: str, t: torch.Tensor, args, kwargs) -> bool:
-    """Whether t is the op's additive bias (a zero bias gates nothing: it cannot explain a zero gradient)."""
-    at = _BIAS_AT.get(name)
-    if at is None:
+def _all_zero(outs: tuple[torch.Tensor, ...]) -> bool:
+    """Every value of the op's numeric output is zero (a cast that truncated everything). A bool output (a comparison,
+    a mask) that is all False hides values rather than truncating them: the zero gradients behind it are a dead mask
+    on this batch (GP306), so only numeric outputs count."""
+    o = outs[0] if outs else None
+    if o is None or not o.numel() or o.dtype is torch.bool or o.device.type == "meta" or o.layout is not torch.strided:
         return False
-    return (len(args) > at and args[at] is t) or kwargs.get("bias") is t or (at == 0 and kwargs.get("input") is t)
-
-
-def _storage_ptr(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage().data_ptr()
-    except Exception:
-        return None
+    with untraced():
+        return not bool(o.detach().any())
 
 
 class GradTracer(TorchFunctionMode):
     """Records reads of parameters, break candidates, backward calls and process crossings."""
 
-    def __init__(self, model: nn.Module, user, provenance: bool = False):
+    def __init__(self, model: nn.Module, user: UserCode, provenance: bool = False) -> None:
         super().__init__()
-        self.provenance: dict[int, tuple] | None = {} if provenance else None  # id(out) -> (out, user line)
+        # id(out) -> (out, user line, whether a user line called the op)
+        self.provenance: dict[int, tuple[torch.Tensor, Location | None, bool]] | None = {} if provenance else None
         self.user = user
         self.names = param_names(model)
         self.params = {id(p): p for p in model.parameters()}
         self.read: set[int] = set()
         # id(parameter) -> the candidates whose (tagged) values an op combined with the parameter
-        self.param_tags: dict[int, frozenset] = {}
+        self.param_tags: dict[int, Tags] = {}
         self.as_bias: set[int] = set()  # parameters that an op read as its additive bias operand
         self.candidates: list[Candidate] = []
-        self.tags: dict[int, frozenset] = {}
-        self._tag_keep: list = []
+        self.tags: dict[int, Tags] = {}
+        self._tag_keep: list[torch.Tensor] = []
         self.detached: dict[int, int] = {}  # storage ptr of a detached output -> candidate index
-        self.left_events: list[tuple[int, dict]] = []  # (candidate index or -1, location)
-        self.backward_calls: list[dict] = []
+        self.left_events: list[tuple[int, Location | None]] = []  # (candidate index or -1, location)
+        self.backward_calls: list[dict[str, Any]] = []
         self.backward_error: BaseException | None = None
-        self.grad_fn_loc: dict[int, dict] = {}
+        self.grad_fn_loc: dict[int, Location | None] = {}
         # in-place ops on tensors that take part in autograd: (shape, version after the op, user line)
-        self.inplace_ops: list[tuple[list[int], int, dict | None]] = []
-        self.disable_site: dict | None = None
+        self.inplace_ops: list[tuple[list[int], int, Location | None]] = []
+        self.disable_site: Location | None = None
         self.disable_by_library = False
         self.library_no_grad: set[int] = set()  # candidate indices cut by a no_grad the library entered itself
-        self.crossings: list[dict] = []
-        self.loaders: list[tuple] = []  # (DataLoader, user line that iterated it)
-        self.nonleaf_grad_reads: list[dict] = []
+        self.crossings: list[dict[str, Any]] = []
+        self.loaders: list[tuple[Any, Location | None]] = []  # (DataLoader, user line that iterated it)
+        self.nonleaf_grad_reads: list[Location | None] = []
         self.thread = threading.get_ident()
-        self.checkpoint_warnings: list[dict | None] = []
+        self.checkpoint_warnings: list[Location | None] = []
         self.apply_watch = ApplyWatch(user, {i: n[0] for i, n in self.names.items()}, capture=False,
                                       on_return=self._after_apply)
         # plain float tensor attributes of modules (neither Parameter nor buffer): id -> (attribute path, tensor, use).
         # Values made from them follow under the same path: `use` is None while they come from the attribute alone
         # (views, slices, .t()), else the op that first combined the attribute with other data, pending until a
         # value carrying it meets the gradient path (then it is recorded in plain_uses)
-        self.plain: dict[int, tuple[str, torch.Tensor, dict | None]] = {}
-        self.plain_uses: dict[str, list[dict]] = {}
+        self.plain: dict[int, tuple[str, torch.Tensor, dict[str, Any] | None]] = {}
+        self.plain_uses: dict[str, list[dict[str, Any]]] = {}
+        self._stack: contextlib.ExitStack | None = None
 
     def watch_plain(self, attrs: dict[str, torch.Tensor]) -> None:
         """Record how the step uses these module attributes on the way to the loss (GP101 without requires_grad)."""
@@ -191,7 +129,7 @@ class GradTracer(TorchFunctionMode):
             self.plain[id(t)] = (path, t, None)
 
     # ---- the mode -------------------------------------------------------------------------
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func is GRAD_ENABLE:
             self._grad_switch(bool(args[0]) if args else True)
@@ -202,20 +140,53 @@ class GradTracer(TorchFunctionMode):
         if name == "__get__":
             attr = getattr(getattr(func, "__self__", None), "__name__", "")
             if attr != "data":
-                out = func(*args, **kwargs)
-                if self.plain and args and id(args[0]) in self.plain and self.plain[id(args[0])][1] is args[0]:
-                    self._plain_read(attr, [args[0]], [], out, args, {})  # .T, .mT, .real of an attribute
-                return out
+                return self._attribute_get(func, attr, args, kwargs)
             name = ".data"
         if name == "backward":
             return self._backward(func, args, kwargs)
-        req, tags = [], None
+        req, tags, plain_hits = self._inputs(name, args, kwargs)
+        out = func(*args, **kwargs)
+        if tags is not None:  # values behind cuts met this op (rare in a healthy step): which parameters they met
+            self._params_met(args, kwargs, tags)
+            if name not in SHAPE_ONLY_OPS:
+                self._index_use(name, args, kwargs)
+        if plain_hits is not None:
+            self._plain_read(name, plain_hits, req, out, args, kwargs)
+        if req and is_inplace(name, kwargs) and args and isinstance(args[0], torch.Tensor) \
+                and len(self.inplace_ops) < MAX_INPLACE_EVENTS:
+            target = args[0]
+            self.inplace_ops.append((list(target.shape), tensor_version(target), self.user.innermost(skip=2)))
+        if name in REWRAP_OPS and self.left_events and not req:
+            self._came_back(out)
+            return out
+        if req and not inside_custom_function() and name not in SHAPE_ONLY_OPS:
+            tags = self._after_grad_op(name, req, out, tags)
+        elif name in LEFT_OPS and not req and args and isinstance(args[0], torch.Tensor):
+            self._left_detached(name, args[0])
+        if tags is not None:
+            self._tag(out, tags)
+        if self.provenance is not None and not req:
+            self._note_provenance(out)
+        return out
+
+    def _attribute_get(self, func: Callable[..., Any], attr: str, args: Any, kwargs: dict[str, Any]) -> Any:
+        """A tensor property other than .data (.T, .mT, .real): followed only for a module's plain tensor attribute."""
+        out = func(*args, **kwargs)
+        if self.plain and args and id(args[0]) in self.plain and self.plain[id(args[0])][1] is args[0]:
+            self._plain_read(attr, [args[0]], [], out, args, {})
+        return out
+
+    def _inputs(self, name: str, args: Any, kwargs: dict[str, Any]) -> tuple[list[torch.Tensor], Tags | None,
+                                                                              list[torch.Tensor] | None]:
+        """One pass over an op's tensors: the parameters it reads, those that require grad, the tags they carry."""
+        req: list[torch.Tensor] = []
+        tags: Tags | None = None
+        plain_hits: list[torch.Tensor] | None = None
         params = self.params
-        plain_hits = None
-        for t in _tensors_in(args, kwargs):
+        for t in tensors_in(args, kwargs):
             tid = id(t)
             if tid in params:
-                if tid not in self.read and _bias_operand(name, t, args, kwargs):
+                if tid not in self.read and bias_operand(name, t, args, kwargs):
                     self.as_bias.add(tid)
                 self.read.add(tid)
             if self.plain and tid in self.plain and self.plain[tid][1] is t:
@@ -226,62 +197,56 @@ class GradTracer(TorchFunctionMode):
                 tg = self.tags.get(tid)
                 if tg is not None:
                     tags = tg if tags is None else tags | tg
-        out = func(*args, **kwargs)
-        if tags is not None:  # values behind cuts met this op (rare in a healthy step): which parameters they met
-            for t in _tensors_in(args, kwargs):
-                if id(t) in params:
-                    self.param_tags[id(t)] = self.param_tags.get(id(t), frozenset()) | tags
-            if name not in SHAPE_ONLY_OPS:
-                self._index_use(name, args, kwargs)
-        if plain_hits is not None:
-            self._plain_read(name, plain_hits, req, out, args, kwargs)
-        if req and _is_inplace(name, kwargs) and args and isinstance(args[0], torch.Tensor) \
-                and len(self.inplace_ops) < MAX_INPLACE_EVENTS:
-            target = args[0]
-            self.inplace_ops.append((list(target.shape), tensor_version(target), self.user.innermost(skip=2)))
-        if name in REWRAP_OPS and self.left_events and not req:
-            self._came_back(out)
-            return out
-        if req and not inside_custom_function() and name not in SHAPE_ONLY_OPS:
-            outs = _outputs(out)
-            if outs and all(_cut(o, req) for o in outs) or name in LEFT_OPS or name in ZERO_DERIVATIVE_OPS:
-                cand = self._candidate(name, req, outs, out)
-                if cand is not None:
-                    tags = frozenset({cand.index}) if tags is None else tags | {cand.index}
-            else:
-                for o in outs:
-                    gf = o.grad_fn
-                    if gf is not None and id(gf) not in self.grad_fn_loc:
-                        self.grad_fn_loc[id(gf)] = self.user.innermost(skip=2)
-        elif name in LEFT_OPS and not req and args and isinstance(args[0], torch.Tensor):
-            ptr = _storage_ptr(args[0])
-            if ptr in self.detached:
-                cand = self.candidates[self.detached[ptr]]
-                if cand.kind == "detach":
-                    cand.kind = "left"
-                    cand.op = f"{cand.op}().{name}"
-                    cand.left_at = self.user.innermost(skip=2)
-                self.left_events.append((cand.index, cand.left_at))
-        if tags is not None:
-            self._tag(out, tags)
-        if self.provenance is not None and not req:
-            caller = sys._getframe(1)
-            by_user = caller is not None and self.user.is_user_file(caller.f_code.co_filename)
-            for o in _outputs(out):
-                self.provenance[id(o)] = (o, self.user.innermost(skip=2), by_user)
-        return out
+        return req, tags, plain_hits
 
-    def _tag(self, out, tags: frozenset) -> None:
+    def _params_met(self, args: Any, kwargs: dict[str, Any], tags: Tags) -> None:
+        for t in tensors_in(args, kwargs):
+            if id(t) in self.params:
+                self.param_tags[id(t)] = self.param_tags.get(id(t), frozenset()) | tags
+
+    def _after_grad_op(self, name: str, req: list[torch.Tensor], out: Any, tags: Tags | None) -> Tags | None:
+        """An op on values that require grad: a break candidate when it cut them off, else where its grad_fn was made."""
+        outs = outputs(out)
+        if outs and all(is_cut(o, req) for o in outs) or name in LEFT_OPS or name in ZERO_DERIVATIVE_OPS:
+            cand = self._candidate(name, req, outs, out, frame=sys._getframe(2))
+            tags = frozenset({cand.index}) if tags is None else tags | {cand.index}
+        else:
+            for o in outs:
+                gf = o.grad_fn
+                if gf is not None and id(gf) not in self.grad_fn_loc:
+                    self.grad_fn_loc[id(gf)] = self.user.innermost(skip=3)
+        return tags
+
+    def _left_detached(self, name: str, arg: torch.Tensor) -> None:
+        """`.numpy()`/`.item()` of a detached output: the detach becomes a value that left torch."""
+        ptr = storage_ptr(arg)
+        if ptr in self.detached:
+            cand = self.candidates[self.detached[ptr]]
+            if cand.kind == "detach":
+                cand.kind = "left"
+                cand.op = f"{cand.op}().{name}"
+                cand.left_at = self.user.innermost(skip=3)
+            self.left_events.append((cand.index, cand.left_at))
+
+    def _note_provenance(self, out: Any) -> None:
+        assert self.provenance is not None
+        caller = sys._getframe(2)
+        by_user = caller is not None and self.user.is_user_file(caller.f_code.co_filename)
+        for o in outputs(out):
+            self.provenance[id(o)] = (o, self.user.innermost(skip=3), by_user)
+
+    def _tag(self, out: Any, tags: Tags) -> None:
         """Values `out` carries the cuts `tags` forward (kept alive so their ids stay theirs)."""
-        for o in _outputs(out):
+        for o in outputs(out):
             self.tags[id(o)] = tags
             self._tag_keep.append(o)
 
-    def _index_use(self, name: str, args, kwargs) -> None:
+    def _index_use(self, name: str, args: Any, kwargs: dict[str, Any]) -> None:
         """A tagged integer/bool value meets a float tensor in one op (an index, a gather, an embedding lookup, a
         mask): the candidates behind it selected values rather than fed a number onward."""
-        ints, floats = [], []
-        for t in _tensors_in(args, kwargs):
+        ints: list[torch.Tensor] = []
+        floats: list[torch.Tensor] = []
+        for t in tensors_in(args, kwargs):
             if t.is_floating_point() or t.is_complex():
                 floats.append(t)
             elif id(t) in self.tags:
@@ -295,9 +260,10 @@ class GradTracer(TorchFunctionMode):
                 if c.indexes is None or (into_grad and not c.indexes["into_grad"]):
                     c.indexes = {"op": name, "location": self.user.innermost(skip=3), "into_grad": into_grad}
 
-    def _plain_read(self, name: str, hits: list, req: list, out, args, kwargs) -> None:
-        outs = _outputs(out)
-        others = [t for t in _tensors_in(args, kwargs) if not any(t is h for h in hits)]
+    def _plain_read(self, name: str, hits: list[torch.Tensor], req: list[torch.Tensor], out: Any, args: Any,
+                    kwargs: dict[str, Any]) -> None:
+        outs = outputs(out)
+        others = [t for t in tensors_in(args, kwargs) if not any(t is h for h in hits)]
         reaches = bool(req) and any(o.requires_grad for o in outs)
         for h in hits:
             path, _, use = self.plain[id(h)]
@@ -312,70 +278,51 @@ class GradTracer(TorchFunctionMode):
                 for o in outs:  # carried on: a view of it, or data it was combined with, not yet on the grad path
                     self.plain[id(o)] = (path, o, use)
 
-    def made_at(self, t) -> dict | None:
+    def made_at(self, t: Any) -> Location | None:
         """The user line whose op produced tensor t (only with provenance=True)."""
         hit = (self.provenance or {}).get(id(t))
         return hit[1] if hit is not None and hit[0] is t else None
 
-    def made_by_library(self, t) -> bool:
+    def made_by_library(self, t: Any) -> bool:
         """Whether library code (not a user line) ran the op that produced tensor t (only with provenance=True)."""
         hit = (self.provenance or {}).get(id(t))
         return hit is not None and hit[0] is t and not hit[2]
 
-    def _after_apply(self, cls, args, out) -> None:
+    def _after_apply(self, cls: type, args: Any, out: Any) -> None:
         """A custom Function called under no_grad: its output has no history (the mode does not see apply itself)."""
         if inside_custom_function():
             return
-        req = [t for t in _tensors_in(args, None) if t.requires_grad]
-        outs = _outputs(out)
+        req = [t for t in tensors_in(args, None) if t.requires_grad]
+        outs = outputs(out)
         if self.plain:  # a module's plain tensor handed to a custom Function (the mode does not see apply)
-            hits = [t for t in _tensors_in(args, None) if id(t) in self.plain and self.plain[id(t)][1] is t]
+            hits = [t for t in tensors_in(args, None) if id(t) in self.plain and self.plain[id(t)][1] is t]
             if hits:
                 self._plain_read(f"{cls.__name__}.apply", hits, req, out, args, {})
         if torch.is_grad_enabled():
             return
-        if req and outs and all(_cut(o, req) for o in outs):
+        if req and outs and all(is_cut(o, req) for o in outs):
             cand = self._candidate(f"{cls.__name__}.apply", req, outs, out, frame=sys._getframe(3))
-            if cand is not None:
-                self._tag(out, frozenset({cand.index}))
+            self._tag(out, frozenset({cand.index}))
 
-    def _candidate(self, name, req, outs, out, frame=None) -> Candidate | None:
+    def _candidate(self, name: str, req: list[torch.Tensor], outs: tuple[torch.Tensor, ...], out: Any,
+                   frame: FrameType) -> Candidate:
         grad_on = torch.is_grad_enabled()
-        if name in DETACH_OPS or name == ".data":
-            kind = "detach"
-        elif not grad_on:
-            kind = "no_grad"
-        elif name in LEFT_OPS:
-            kind = "left"
-        elif name in REWRAP_OPS:
-            kind = "rewrap"
-        elif name in ZERO_DERIVATIVE_OPS:
-            kind = "zero_derivative"
-        elif outs and not (outs[0].is_floating_point() or outs[0].is_complex()):
-            kind = "nondiff"
-        else:
-            kind = "other"
-        frame = frame or sys._getframe(2)
+        kind = kind_of(name, grad_on, outs)
         loc = self.user.innermost(frame)
-        caller = frame
+        caller: FrameType | None = frame
         while caller is not None and caller.f_code.co_filename.endswith(_DISPATCH_WRAPPERS):
             caller = caller.f_back  # F.mse_loss(...) reaches the mode through torch's Python wrapper
         direct = caller is not None and self.user.is_user_file(caller.f_code.co_filename)
         cand = Candidate(len(self.candidates), kind, name, loc, grad_on, list(req[:4]), direct,
                          self.disable_site if not grad_on else None)
         cand.backwards_before = len(self.backward_calls)
-        # a bool output (a comparison, a mask) that is all False hides values rather than truncating them: the
-        # zero gradients behind it are a dead mask on this batch (GP306), so only numeric outputs count
-        if outs and outs[0].numel() and outs[0].dtype is not torch.bool and outs[0].device.type != "meta" \
-                and outs[0].layout is torch.strided:
-            with untraced():
-                cand.all_zero = not bool(outs[0].detach().any())
+        cand.all_zero = _all_zero(outs)
         if kind == "no_grad" and self.disable_by_library:
             self.library_no_grad.add(cand.index)
         self.candidates.append(cand)
         if kind == "detach":
             for o in outs:
-                ptr = _storage_ptr(o)
+                ptr = storage_ptr(o)
                 if ptr is not None:
                     self.detached[ptr] = cand.index
         if kind == "left":
@@ -383,7 +330,7 @@ class GradTracer(TorchFunctionMode):
             self.left_events.append((cand.index, loc))
         return cand
 
-    def _came_back(self, out):
+    def _came_back(self, out: Any) -> None:
         idx = self.left_events[-1][0]
         loc = self.user.innermost(skip=3)
         if idx >= 0:
@@ -392,21 +339,21 @@ class GradTracer(TorchFunctionMode):
                 cand.came_back_at = loc
             self._tag(out, frozenset({idx}))
 
-    def _grad_switch(self, enable: bool):
+    def _grad_switch(self, enable: bool) -> None:
         if enable:
             self.disable_site = None
         elif torch.is_grad_enabled():
             self.disable_site = self._disable_site(sys._getframe(2))
             self.disable_by_library = self._entered_by_library(sys._getframe(2))
 
-    def _entered_by_library(self, frame) -> bool:
+    def _entered_by_library(self, frame: FrameType | None) -> bool:
         """Whether library code (not the user's, not gradprobe's) turned gradients off on its own: a `with
         no_grad()` in a library function, or a no_grad-decorated library function that library code called
         (transformers' index computations). A decorated library function the user calls (generate()) is the user's."""
         f = frame
         # torch's grad-mode frames, and gradprobe's own wrappers around them (the build recorder's set_grad_enabled)
-        while f is not None and (f.f_code.co_filename.endswith(_GRAD_MODE_FILES) or _GRADPROBE_DIR in f.f_code.co_filename) \
-                and not is_grad_mode_decorator_frame(f.f_code):
+        while f is not None and (f.f_code.co_filename.endswith(_GRAD_MODE_FILES)
+                                 or is_gradprobe_file(f.f_code.co_filename)) and not is_grad_mode_decorator_frame(f.f_code):
             f = f.f_back
         if f is not None and is_grad_mode_decorator_frame(f.f_code):
             fcode = getattr(decorated_function(f), "__code__", None)
@@ -418,9 +365,9 @@ class GradTracer(TorchFunctionMode):
         if f is None:
             return False
         name = f.f_code.co_filename
-        return not self.user.is_user_file(name) and _GRADPROBE_DIR not in name
+        return not self.user.is_user_file(name) and not is_gradprobe_file(name)
 
-    def _disable_site(self, frame):
+    def _disable_site(self, frame: FrameType | None) -> Location | None:
         f = frame
         while f is not None:
             code = f.f_code
@@ -436,9 +383,10 @@ class GradTracer(TorchFunctionMode):
             f = f.f_back
         return None
 
-    def _backward(self, func, args, kwargs):
+    def _backward(self, func: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> Any:
         root = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        rec = {"location": self.user.innermost(skip=3), "tags": self.tags.get(id(root), frozenset()) if root is not None else frozenset()}
+        rec: dict[str, Any] = {"location": self.user.innermost(skip=3),
+                               "tags": self.tags.get(id(root), frozenset()) if root is not None else frozenset()}
         if root is not None:
             rec.update(shape=list(root.shape), requires_grad=root.requires_grad,
                        grad_fn=type(root.grad_fn).__name__ if root.grad_fn is not None else None)
@@ -454,14 +402,14 @@ class GradTracer(TorchFunctionMode):
             raise
 
     # ---- process boundaries -----------------------------------------------------------------
-    def _pickled(self, tensor):
+    def _pickled(self, tensor: Any) -> None:
         if not isinstance(tensor, torch.Tensor):
             return
         tid = id(tensor)
-        info = {"shape": list(tensor.shape), "requires_grad": tensor.requires_grad, "is_leaf": tensor.is_leaf}
+        info: dict[str, Any] = {"shape": list(tensor.shape), "requires_grad": tensor.requires_grad, "is_leaf": tensor.is_leaf}
         if tid in self.params:
             info["parameter"] = self.names[tid][0]
-        ptr = _storage_ptr(tensor)
+        ptr = storage_ptr(tensor)
         if ptr in self.detached:
             info["candidate"] = self.detached[ptr]
         if "parameter" not in info and "candidate" not in info and not tensor.requires_grad:
@@ -481,23 +429,25 @@ class GradTracer(TorchFunctionMode):
         elif "parameter" not in info and tensor.grad_fn is not None and threading.get_ident() == self.thread:
             # a value of the graph itself serialised (torch.save, pickle.dumps, a queue): what is loaded back is a
             # new leaf, so everything behind it loses its gradient
-            cand = Candidate(len(self.candidates), "process", "pickle", loc, torch.is_grad_enabled(), [tensor], True, None)
+            cand = Candidate(len(self.candidates), "process", "pickle", loc, torch.is_grad_enabled(), [tensor], True,
+                             None)
             cand.backwards_before = len(self.backward_calls)
             cand.process_at = loc
             self.candidates.append(cand)
             info["candidate"] = cand.index
-            ptr = _storage_ptr(tensor)
+            ptr = storage_ptr(tensor)
             if ptr is not None:
                 self.detached[ptr] = cand.index
 
-    def _on_load(self, out) -> None:
+    def _on_load(self, out: Any) -> None:
         """torch.load returned: the latest serialised graph value without a return site came back here."""
-        cand = next((c for c in reversed(self.candidates) if c.kind == "process" and c.op == "pickle" and c.came_back_at is None), None)
+        cand = next((c for c in reversed(self.candidates)
+                     if c.kind == "process" and c.op == "pickle" and c.came_back_at is None), None)
         if cand is not None:
             cand.came_back_at = self.user.innermost(skip=3)
             self._tag(out, frozenset({cand.index}))
 
-    def _on_loader(self, loader) -> None:
+    def _on_loader(self, loader: Any) -> None:
         if threading.get_ident() == self.thread and len(self.loaders) < 8:
             self.loaders.append((loader, self.user.innermost(skip=3)))
 
@@ -505,7 +455,7 @@ class GradTracer(TorchFunctionMode):
         if self.left_events:
             self._came_back(out)
 
-    def _on_inference_mode(self, frame) -> None:
+    def _on_inference_mode(self, frame: FrameType) -> None:
         self.disable_site = self._disable_site(frame)
 
     def _on_warning(self, text: str, filename: str, lineno: int) -> None:
@@ -514,7 +464,7 @@ class GradTracer(TorchFunctionMode):
         elif CHECKPOINT_NO_INPUT_GRAD_WARNING in text:
             self.checkpoint_warnings.append(self.user.innermost(skip=2))
 
-    def __enter__(self):
+    def __enter__(self) -> GradTracer:
         with contextlib.ExitStack() as stack:  # a watch that fails to enter undoes the ones before it
             stack.enter_context(pickle_watch(self._pickled))
             stack.enter_context(from_numpy_watch(self._on_from_numpy))
@@ -527,26 +477,28 @@ class GradTracer(TorchFunctionMode):
             self._stack = stack.pop_all()
         return entered
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> Any:
         try:
             return super().__exit__(*exc)
         finally:
-            self._stack.close()
+            if self._stack is not None:
+                self._stack.close()
 
 
 class GradRecorder:
     """Post-accumulate hooks: which parameters got a gradient in this step, its norm, finiteness."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.got: dict[int, dict] = {}
+        self.got: dict[int, dict[str, Any]] = {}
+        self._hooks: list[Any] = []
         self.zero_at_start: set[int] = set()
 
-    def record(self, p) -> None:
+    def record(self, p: torch.Tensor) -> None:
         """Read a gradient that no hook saw (a parameter created during the step)."""
         self._hook(p)
 
-    def _hook(self, p):
+    def _hook(self, p: torch.Tensor) -> None:
         g = p.grad
         if g is None:
             return
@@ -559,7 +511,7 @@ class GradRecorder:
             rec["norm"] = norm if finite else float("nan")
             rec["zero"] = rec["zero"] and norm == 0.0
 
-    def __enter__(self):
+    def __enter__(self) -> GradRecorder:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         with torch.no_grad(), untraced():
             # exactly-zero trainable tensors before the step: zero-initialised partners (LoRA B, gates)
@@ -570,7 +522,7 @@ class GradRecorder:
                         if b.requires_grad and b.is_leaf]
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> Literal[False]:
         for h in self._hooks:
             h.remove()
         return False

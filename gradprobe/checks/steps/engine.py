@@ -1,0 +1,230 @@
+"""audit_training's engine: run the step N times under the observer, measure, run the GP6xx rules, rank.
+
+The three stages of every engine: `measure` (the observed calls and what is measured between them:
+parameters changed outside the optimizer, EMA copies and how much of their gap to the student they
+kept) -> `run_rules(RULES, facts)` -> rank (by each rule's rank) and summarise.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import re
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from gradprobe.checks._step import param_names, run_step
+from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, derive
+from gradprobe.checks.steps.gradients import GRADIENT_RULES
+from gradprobe.checks.steps.observe import StepObserver, norms
+from gradprobe.checks.steps.summary import facts_table, summary_lines
+from gradprobe.checks.steps.updates import UPDATE_RULES
+from gradprobe.findings import Finding, run_rules
+from gradprobe.outcomes import resource_limit_finding
+from gradprobe.report import make_report
+
+RULES = GRADIENT_RULES + UPDATE_RULES
+_RANK = {r.code: r.rank for r in RULES}
+_EMA_HINT = re.compile(r"ema|momentum|teacher|target|shadow|averag|avg|mean_t|polyak", re.IGNORECASE)
+MAX_STEPS = 32
+
+
+def _schedulers_of(optimizer: Any) -> list[Any]:
+    """The LR schedulers built on this optimizer (make_optimizer may return one beside it; the default step steps it)."""
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    return [o for o in gc.get_objects() if issubclass(type(o), LRScheduler) and not issubclass(type(o), ReduceLROnPlateau)
+            and getattr(o, "optimizer", None) is optimizer]
+
+
+def _schedule_site(sched: Any, user: Any) -> dict | None:
+    """The user's line that defines a scheduler's schedule (LambdaLR/MultiplicativeLR's lambda), when it is theirs."""
+    for fn in getattr(sched, "lr_lambdas", None) or ():
+        code = getattr(fn, "__code__", None)
+        if code is not None and user.is_user_file(code.co_filename):
+            return user.location_of(code.co_filename, code.co_firstlineno, code.co_name)
+    return None
+
+
+def _weights(params: dict[int, torch.Tensor]) -> dict[int, float]:
+    ids = list(params)
+    return dict(zip(ids, norms([params[i] for i in ids]), strict=True))
+
+
+def _pair_ema(model: nn.Module, in_opt: set[int], names: dict[int, str], record: Any) -> list[EmaCopy]:
+    """Parameters in no optimizer group whose relative name and shape match exactly one trainable one."""
+    by_id = {id(p): p for p in model.parameters()}
+    opt = {names[i]: by_id[i] for i in in_opt if i in by_id and i in names}
+    groups: dict[tuple[str, str], EmaCopy] = {}
+    for pid, name in names.items():
+        if pid in in_opt or pid not in by_id:
+            continue
+        parts = name.split(".")
+        for k in range(1, len(parts)):
+            suffix = ".".join(parts[k:])
+            hits = [o for o, p in opt.items() if (o == suffix or o.endswith("." + suffix)) and p.shape == by_id[pid].shape]
+            if len(hits) == 1:
+                teacher, student = ".".join(parts[:k]), hits[0][: -len(suffix)].rstrip(".")
+                if teacher == student:
+                    break
+                copy = groups.setdefault((teacher, student), EmaCopy(prefix=teacher, student=student, params=[],
+                                                                     students=[], hint=bool(_EMA_HINT.search(teacher))))
+                copy.params.append(pid)
+                copy.students.append(id(opt[hits[0]]))
+                break
+    for copy in groups.values():
+        parent, _, attr = copy.prefix.rpartition(".")
+        try:
+            copy.site = record.site_of(model.get_submodule(parent), attr)
+        except AttributeError:
+            copy.site = None
+    return [c for c in groups.values() if len(c.params) >= 1]
+
+
+class _Run:
+    """The N observed calls, and what is measured between them."""
+
+    def __init__(self, loaded: Any, steps: int):
+        self.loaded, self.steps = loaded, steps
+        self.model: nn.Module = loaded.model
+        self.observer = StepObserver(self.model, loaded.user, loaded.optimizer)
+        self.names: dict[int, str] = {}
+        self.requires_grad: dict[int, bool] = {}
+        self.outside: dict[int, list[bool]] = {}
+        self.ema: list[EmaCopy] = []
+        self.error: str | None = None
+        self.error_call = -1
+        self.ran = 0
+        self.error_location: dict | None = None
+        self.limit: dict[str, Any] | None = None
+        self.schedulers = _schedulers_of(loaded.optimizer) if loaded.train_step is None and loaded.optimizer else []
+
+    def _params(self) -> dict[int, torch.Tensor]:
+        out: dict[int, torch.Tensor] = {}
+        params = list(self.model.parameters())
+        if any(id(p) not in self.names for p in params):  # names once, again only when a parameter appears
+            for pid, ns in param_names(self.model).items():
+                self.names.setdefault(pid, ns[0])
+        for p in params:
+            out[id(p)] = p
+            self.requires_grad[id(p)] = p.requires_grad
+        return out
+
+    def _ema_copies(self, moved_last: set[int]) -> list[tuple[EmaCopy, list[torch.Tensor]]]:
+        by_id = {id(p): p for p in self.model.parameters()}
+        out = []
+        for copy in self.ema:
+            if any(pid in moved_last for pid in copy.params):  # copy only what moves: a fixed twin costs nothing
+                out.append((copy, [by_id[pid].detach().clone() for pid in copy.params if pid in by_id]))
+        return out
+
+    def _kept(self, copy: EmaCopy, before: list[torch.Tensor]) -> None:
+        by_id = {id(p): p for p in self.model.parameters()}
+        t1 = [by_id[i].detach() for i in copy.params if i in by_id]
+        s1 = [by_id[i].detach() for i in copy.students if i in by_id]
+        if len(t1) != len(before) or len(s1) != len(t1):
+            return
+        gap1 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(t1, s1))))
+        gap0 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(before, s1))))
+        if gap0 > 0:
+            copy.kept.append(gap1 / gap0)
+
+    def _call(self, k: int, moved_last: set[int]) -> set[int]:
+        params = self._params()
+        self.ran = k + 1
+        before = _weights(params)
+        copies = self._ema_copies(moved_last)
+        n_steps = len(self.observer.opt_steps)
+        self.observer.call = k
+        result = run_step(self.loaded, optimizer_step=True)
+        self.observer.close_window()
+        if not result.failed:
+            for sched in self.schedulers:
+                sched.step()
+        self.observer.call = -1
+        after = _weights({pid: p for pid, p in self._params().items() if pid in before})
+        last_weight = {pid: ps.weight for s in self.observer.opt_steps[n_steps:] for pid, ps in s.params.items()
+                       if ps.weight is not None}
+        moved = set()
+        for pid, w in after.items():
+            ref = last_weight.get(pid, before.get(pid))
+            changed = ref is not None and w != ref
+            self.outside.setdefault(pid, []).append(changed)
+            if changed:
+                moved.add(pid)
+        for copy, saved in copies:
+            self._kept(copy, saved)
+        for copy in self.ema:
+            copy.moved.append(any(pid in moved for pid in copy.params))
+        if result.failed:
+            self.error = (result.error_traceback or result.loss_problem or "the step failed")[-2000:]
+            self.error_call, self.limit = k, result.resource_limit
+            self.error_location = result.error_location
+        return moved
+
+    def run(self) -> None:
+        moved: set[int] = set()
+        with self.observer:
+            for k in range(self.steps):
+                moved = self._call(k, moved)
+                if k == 0:
+                    in_opt = {pid for s in self.observer.opt_steps for g in s.groups for pid in g.params}
+                    self.ema = _pair_ema(self.model, in_opt, self.names, self.loaded.record)
+                    for copy in self.ema:
+                        copy.moved.append(any(pid in moved for pid in copy.params))
+                if self.error:
+                    break
+
+    def facts(self) -> AuditFacts:
+        obs, opt = self.observer, self.loaded.optimizer
+        for call in obs.grad_calls:
+            call.used_in_backward = any(getattr(t, "grad", None) is not None for t in call.probes)
+            call.probes = []
+        site = self.loaded.record.optimizer_sites.get(id(opt)) if opt is not None else None
+        scheduled = {e.optimizer for e in obs.events if e.kind == "scheduler_step" and e.optimizer is not None}
+        scheduled |= {id(s.optimizer) for s in self.schedulers}
+        sites = {id(s.optimizer): _schedule_site(s, self.loaded.user) for s in [*self.schedulers, *obs.schedulers.values()]}
+        facts = AuditFacts(calls=self.ran, mode="train_step" if self.loaded.train_step is not None else "default",
+                           names=self.names, requires_grad=self.requires_grad, opt_steps=obs.opt_steps, events=obs.events,
+                           grad_calls=obs.grad_calls, built=obs.built, attached=obs.attached,
+                           initial_optimizer=id(opt) if opt is not None else None, optimizer_site=site[1] if site else None,
+                           scheduled=scheduled, schedule_sites={k: v for k, v in sites.items() if v},
+                           outside_moves=self.outside, ema=self.ema, step_error=self.error,
+                           scaler_steps=obs.scaler_steps)
+        derive(facts)
+        return facts
+
+
+def _no_optimizer_report() -> dict:
+    return make_report("audit_training", [], ["audit_training needs an optimizer: give `optimizer` (make_optimizer(model)) "
+                                              "or a `train_step` that steps one."], note="no optimizer")
+
+
+def audit_report(loaded: Any, steps: int = 4) -> dict:
+    """audit_training: run the user's step `steps` times, observed; GP6xx findings and a measured all-clear."""
+    steps = max(1, min(int(steps), MAX_STEPS))
+    if isinstance(getattr(loaded, "info", None), dict) and "script_step" in loaded.info:  # a replayed script step
+        return make_report("audit_training", [], ["audit_training does not run script mode yet (it would audit a replay, "
+                                                  "not the script's own steps): give `model` and `train_step` instead."],
+                           note="script mode not supported")
+    if loaded.train_step is None and loaded.optimizer is None:
+        return _no_optimizer_report()
+    run = _Run(loaded, steps)
+    torch.set_grad_enabled(True)
+    run.run()
+    facts = run.facts()
+    findings: list[Finding] = sorted(run_rules(RULES, facts), key=lambda f: _RANK.get(f["code"], 99))
+    if run.limit is not None:  # a memory limit stopped the step: a resource limit, not the code
+        findings.append(resource_limit_finding(f"running step {run.error_call + 1}", run.limit,
+                                               location=run.error_location))
+    report = make_report("audit_training", findings, summary_lines(facts, findings), **facts_table(facts, findings))
+    if run.error and run.limit is None:
+        first, _, rest = report["summary"].partition("\n")
+        last = run.error.strip().splitlines()[-1]
+        head = (f"Step {run.error_call + 1} of {steps} raised ({last}); " + ("the steps before it were audited: "
+                if run.error_call else "nothing was audited: ") + first)
+        report["summary"] = head + ("\n" + rest if rest else "")
+        report["facts"]["step_error_location"] = run.error_location
+    return report

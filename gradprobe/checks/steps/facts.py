@@ -1,0 +1,240 @@
+"""What several observed steps measured, as typed facts the GP6xx rules read (no torch here).
+
+The observer (observe.py) fills the per-event records; the engine (engine.py) adds what it measured
+between the calls of the step (parameters changed outside the optimizer, EMA copies); `derive`
+then gives each parameter its verdict over the steps.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Event:
+    call: int  # which observed call of the step (0-based)
+    kind: str  # backward | zero_grad | scheduler_step | optimizer_step
+    location: dict | None
+    optimizer: int | None = None
+
+
+@dataclass
+class BackwardCall:
+    call: int
+    location: dict | None
+    scaled: bool  # the loss's last op is a multiplication or division (by a constant or a tensor)
+    top: str | None  # the loss's grad_fn name
+    stale: bool  # gradients left from before the previous optimizer step were still there
+    stale_norm: float = 0.0
+    after_norm: float = 0.0  # the total gradient norm right after this backward
+
+
+@dataclass
+class GradChange:
+    """A gradient that changed between the last backward and optimizer.step()."""
+
+    param: int
+    before: float
+    after: float | None  # None: set to None
+    location: dict | None  # the user line that wrote it last, when seen
+    op: str
+    writers: list[str] = field(default_factory=list)  # every write seen, in order: "file.py:LINE op"
+
+
+@dataclass
+class GroupStep:
+    index: int
+    lr: float
+    params: list[int]
+    grad_after_backward: float | None = None
+    grad_at_step: float | None = None
+    update: float | None = None
+    weight: float | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        return self.update / self.weight if self.update is not None and self.weight else None
+
+
+@dataclass
+class ParamStep:
+    grad_after_backward: float | None
+    grad_at_step: float | None
+    update: float | None = None
+    weight: float | None = None
+    moved: bool = False
+
+
+@dataclass
+class OptStep:
+    call: int
+    optimizer: int
+    location: dict | None
+    backwards: list[BackwardCall]
+    zero_grads_between: list[tuple[dict | None, int]]  # zero_grad after a backward: (line, backward calls before it)
+    changes: list[GradChange]
+    groups: list[GroupStep] = field(default_factory=list)
+    params: dict[int, ParamStep] = field(default_factory=dict)
+    others: dict[int, float | None] = field(default_factory=dict)  # gradient norms of tracked tensors in no group
+    state_size: int = 0
+    state_step: float | None = None
+
+
+@dataclass
+class GradCall:
+    call: int
+    location: dict | None
+    create_graph: bool
+    inputs_are_parameters: bool
+    probes: list[Any] = field(default_factory=list)  # tensors it returned, marked to see whether a loss used them
+    used_in_backward: bool = False
+
+
+@dataclass
+class ScalerStep:
+    """One GradScaler.step(optimizer): the scale it ran with, and whether it skipped the optimizer step (inf/nan)."""
+
+    call: int
+    location: dict | None
+    scale: float | None
+    skipped: bool
+
+
+@dataclass
+class OptimizerBuilt:
+    call: int
+    location: dict | None
+    optimizer: int
+    overlaps_model: bool
+
+
+@dataclass
+class AttachSite:
+    call: int
+    location: dict | None
+    params: set[int]
+
+
+@dataclass
+class EmaCopy:
+    """Model parameters outside the optimizer that mirror trainable ones by name and shape (an EMA/momentum copy)."""
+
+    prefix: str  # teacher's module path, e.g. "target"
+    student: str  # the trainable twin's path, e.g. "online"
+    params: list[int]
+    students: list[int]
+    hint: bool  # the name says EMA / momentum / teacher / target / shadow / average
+    moved: list[bool] = field(default_factory=list)  # per call
+    kept: list[float] = field(default_factory=list)  # per call: |t1 - s| / |t0 - s| (an EMA keeps its decay of the gap)
+    site: dict | None = None
+
+
+@dataclass
+class Verdict:
+    name: str
+    in_optimizer: bool
+    requires_grad: bool
+    grad_after_backward: bool = False  # a finite non-zero gradient after some backward
+    grad_at_step: bool = False  # ... still there when optimizer.step() ran
+    grad_present: bool = False  # a gradient (even zero) existed at some step
+    nonfinite: bool = False
+    moved_by_step: bool = False
+    moved_outside: bool = False
+    lr_zero: bool = False
+    zeroed_between: bool = False
+    attached: AttachSite | None = None
+    reason: str = "ok"
+
+
+@dataclass
+class AuditFacts:
+    calls: int
+    mode: str  # train_step | default
+    names: dict[int, str]
+    requires_grad: dict[int, bool]
+    opt_steps: list[OptStep]
+    events: list[Event]
+    grad_calls: list[GradCall]
+    built: list[OptimizerBuilt]
+    attached: list[AttachSite]
+    initial_optimizer: int | None
+    optimizer_site: dict | None
+    scheduled: set[int]  # optimizers a scheduler drives
+    schedule_sites: dict[int, dict]  # id(optimizer) -> the user's line defining its schedule (a LambdaLR lambda)
+    outside_moves: dict[int, list[bool]]  # id -> per call: changed outside the optimizer
+    ema: list[EmaCopy]
+    step_error: str | None = None
+    scaler_steps: list[ScalerStep] = field(default_factory=list)
+    verdicts: dict[int, Verdict] = field(default_factory=dict)
+
+    def name(self, pid: int) -> str:
+        return self.names.get(pid, f"<tensor {pid:#x}>")
+
+    def in_optimizer(self) -> set[int]:
+        return {pid for s in self.opt_steps for g in s.groups for pid in g.params}
+
+
+def _finite_nonzero(v: float | None) -> bool:
+    return v is not None and math.isfinite(v) and v > 0
+
+
+def _grad_facts(v: Verdict, pid: int, facts: AuditFacts) -> None:
+    lrs = []
+    for s in facts.opt_steps:
+        ps = s.params.get(pid)
+        if ps is None:
+            continue
+        v.grad_after_backward |= _finite_nonzero(ps.grad_after_backward)
+        v.grad_at_step |= _finite_nonzero(ps.grad_at_step)
+        v.grad_present |= ps.grad_at_step is not None or ps.grad_after_backward is not None
+        v.nonfinite |= ps.grad_at_step is not None and not math.isfinite(ps.grad_at_step)
+        v.moved_by_step |= ps.moved
+        lrs += [g.lr for g in s.groups if pid in g.params]
+        v.zeroed_between |= any(c.param == pid and not c.after for c in s.changes)
+    v.lr_zero = bool(lrs) and all(lr == 0 for lr in lrs)
+
+
+def _reason(v: Verdict) -> str:
+    if not v.requires_grad:
+        return "frozen-moved" if v.moved_outside else "frozen"
+    if v.moved_by_step or v.moved_outside:
+        return "ok"
+    if not v.in_optimizer:
+        return "not-in-optimizer" if v.grad_after_backward else "outside-optimizer-no-grad"
+    if v.nonfinite:
+        return "nonfinite"
+    if v.zeroed_between and not v.grad_at_step:
+        return "zeroed-between"
+    if not v.grad_after_backward and not v.grad_at_step:
+        return "zero-grad" if v.grad_present else "no-grad"
+    if v.lr_zero:
+        return "lr-zero"
+    return "not-moved"
+
+
+def derive(facts: AuditFacts) -> None:
+    """Each parameter's verdict over the steps: in the optimizer, a finite non-zero gradient at step time, moved."""
+    in_opt = facts.in_optimizer()
+    late = {pid: a for a in facts.attached if a.call >= 0 for pid in a.params}
+    for pid, name in facts.names.items():
+        v = Verdict(name=name, in_optimizer=pid in in_opt, requires_grad=facts.requires_grad.get(pid, False))
+        _grad_facts(v, pid, facts)
+        if not v.in_optimizer and not v.grad_after_backward:
+            v.grad_after_backward = any(_finite_nonzero(s.others.get(pid)) for s in facts.opt_steps)
+        v.moved_outside = any(facts.outside_moves.get(pid, ()))
+        v.attached = late.get(pid)
+        v.reason = _reason(v)
+        facts.verdicts[pid] = v
+
+
+def at(loc: dict | None) -> str:
+    """A user line as `file.py:LINE`."""
+    return f"{os.path.basename(loc['file'])}:{loc['line']}" if loc else "a line outside the project"
+
+
+def listed(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

@@ -1,0 +1,138 @@
+"""audit_training's report text and facts: the per-parameter headline, per-group numbers, and the measured all-clear."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from gradprobe.checks.steps.facts import AuditFacts, GroupStep, at, listed
+from gradprobe.findings import Finding
+
+MAX_ROWS = 300
+
+
+def _span(values: list[float]) -> str:
+    vs = [v for v in values if v is not None]
+    if not vs:
+        return "-"
+    lo, hi = f"{min(vs):.3g}", f"{max(vs):.3g}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _groups(facts: AuditFacts) -> dict[tuple[int, int], list[GroupStep]]:
+    out: dict[tuple[int, int], list[GroupStep]] = {}
+    for s in facts.opt_steps:
+        for g in s.groups:
+            out.setdefault((s.optimizer, g.index), []).append(g)
+    return out
+
+
+def group_rows(facts: AuditFacts) -> list[dict[str, Any]]:
+    rows = []
+    for n, ((_opt, index), seen) in enumerate(_groups(facts).items()):
+        rows.append({"optimizer": n if len({o for o, _ in _groups(facts)}) > 1 else 0, "group": index,
+                     "tensors": len(seen[0].params), "lr_as_applied": [g.lr for g in seen],
+                     "grad_norm_after_backward": [g.grad_after_backward for g in seen],
+                     "grad_norm_at_step": [g.grad_at_step for g in seen], "update_norm": [g.update for g in seen],
+                     "weight_norm": [g.weight for g in seen], "update_ratio": [g.ratio for g in seen]})
+    return rows
+
+
+def headline(facts: AuditFacts) -> str:
+    ema = [v for v in facts.verdicts.values() if v.requires_grad and not v.in_optimizer and v.moved_outside]
+    trainable = [v for v in facts.verdicts.values() if v.requires_grad and v not in ema]
+    good = [v for v in trainable if v.in_optimizer and v.grad_at_step and v.moved_by_step]
+    return (f"Over {facts.calls} step(s) ({len(facts.opt_steps)} optimizer step(s)): {len(good)} of {len(trainable)} "
+            "trainable parameter tensors are in the optimizer, had a finite non-zero gradient when optimizer.step() ran, "
+            "and moved" + (f"; {len(ema)} more, outside the optimizer, were moved by an EMA-like update." if ema else "."))
+
+
+def verified(facts: AuditFacts) -> list[str]:
+    """What the steps measured, as numbers a reader can check without reading the code."""
+    out = []
+    for row in group_rows(facts):
+        out.append(f"group {row['group']} ({row['tensors']} tensors): lr as applied {_span(row['lr_as_applied'])}, "
+                   f"grad norm at step {_span(row['grad_norm_at_step'])}, update/weight {_span(row['update_ratio'])}")
+    changed = [c for s in facts.opt_steps for c in s.changes]
+    if changed:
+        ratios = [c.after / c.before for c in changed if c.after and c.before]
+        out.append(f"gradients changed between backward() and step() (unscale_, clipping or hooks) by a factor {_span(ratios)}, "
+                   "never to zero")
+    else:
+        out.append("no gradient changed between backward() and optimizer.step()")
+    multi = [s for s in facts.opt_steps if len(s.backwards) > 1]
+    if multi:
+        s = multi[0]
+        out.append(f"{len(s.backwards)} backward() calls per optimizer step from {at(s.backwards[0].location)}, "
+                   f"each loss scaled ({s.backwards[0].top}); gradient at the step "
+                   f"{s.backwards[-1].after_norm / (s.backwards[0].after_norm or 1):.2f}x the first micro-batch's")
+    frozen = [v for v in facts.verdicts.values() if not v.requires_grad]
+    if frozen:
+        moved = [v for v in frozen if v.moved_outside]
+        also = f"; {len(moved)} frozen tensor(s) changed outside the optimizer (EMA-like updates)" if moved else ""
+        out.append(f"{len(frozen) - len(moved)} frozen tensor(s) unchanged over the steps" + also)
+    for copy in facts.ema:
+        if any(copy.moved):
+            out.append(f"EMA copy {copy.prefix} of {copy.student or 'the model'} ({len(copy.params)} tensors) moved at "
+                       f"{sum(copy.moved)} of {len(copy.moved)} steps; it kept {_span(copy.kept)} of its gap to the "
+                       "student per step (an EMA keeps its decay)")
+    if facts.scaler_steps:
+        skipped = sum(s.skipped for s in facts.scaler_steps)
+        out.append(f"GradScaler: scale {_span([s.scale for s in facts.scaler_steps if s.scale is not None])}, "
+                   f"{skipped} of {len(facts.scaler_steps)} optimizer steps skipped for inf/nan gradients")
+    counts = [s.state_step for s in facts.opt_steps if s.state_step is not None]
+    if counts:
+        out.append(f"optimizer state step count {_span(counts)} over the steps (never reset)")
+    return out
+
+
+def summary_lines(facts: AuditFacts, findings: list[Finding]) -> list[str]:
+    lines = [headline(facts)]
+    if not facts.opt_steps and not facts.step_error:
+        lines.append("No optimizer.step() ran in the observed steps: nothing was updated"
+                     + (" (the GradScaler skipped every step: the scaled gradients were inf or nan)."
+                        if facts.scaler_steps else "."))
+    if not any(f["severity"] in ("error", "warning") for f in findings):
+        lines += ["Verified: " + v for v in verified(facts)]
+    return lines
+
+
+def _param_rows(facts: AuditFacts) -> list[dict[str, Any]]:
+    rows = []
+    for v in list(facts.verdicts.values())[:MAX_ROWS]:
+        rows.append({"name": v.name, "requires_grad": v.requires_grad, "in_optimizer": v.in_optimizer,
+                     "grad_at_step": "nonfinite" if v.nonfinite else "ok" if v.grad_at_step else "none-or-zero",
+                     "moved_by_step": v.moved_by_step, "moved_outside_optimizer": v.moved_outside, "verdict": v.reason})
+    return rows
+
+
+def facts_table(facts: AuditFacts, findings: list[Finding]) -> dict[str, Any]:
+    ok = not any(f["severity"] in ("error", "warning") for f in findings)
+    moved_outside = [v.name for v in facts.verdicts.values() if v.moved_outside]
+    return {
+        "steps": facts.calls, "mode": facts.mode, "headline": headline(facts),
+        "verdicts": dict(Counter(v.reason for v in facts.verdicts.values())),
+        "per_parameter": _param_rows(facts), "param_groups": group_rows(facts),
+        "optimizer_steps": [{"step": s.call + 1, "at": at(s.location), "backward_calls": len(s.backwards),
+                             "backward_lines": sorted({at(b.location) for b in s.backwards}),
+                             "loss_last_op": [b.top for b in s.backwards], "state_step": s.state_step}
+                            for s in facts.opt_steps[:64]],
+        "order": [{"step": e.call + 1, "event": e.kind, "at": at(e.location)} for e in facts.events[:120]],
+        "changed_between_backward_and_step": [
+            {"step": s.call + 1, "parameter": facts.name(c.param), "before": c.before, "after": c.after,
+             "by": at(c.location), "op": c.op, "writes": c.writers[:8]}
+            for s in facts.opt_steps for c in s.changes][:MAX_ROWS],
+        "moved_outside_optimizer": listed(moved_outside, 20) if moved_outside else "",
+        "ema_copies": [{"copy": c.prefix, "of": c.student, "tensors": len(c.params), "moved_per_step": c.moved,
+                        "kept_gap_per_step": c.kept} for c in facts.ema],
+        "autograd_grad_calls": [{"step": g.call + 1, "at": at(g.location), "create_graph": g.create_graph,
+                                 "inputs_are_parameters": g.inputs_are_parameters, "used_in_backward": g.used_in_backward}
+                                for g in facts.grad_calls[:64]],
+        "optimizers_built_during_steps": [{"step": b.call + 1, "at": at(b.location)} for b in facts.built if b.call >= 0],
+        "attached_during_steps": [{"step": a.call + 1, "at": at(a.location), "tensors": len(a.params)}
+                                  for a in facts.attached if a.call >= 0][:64],
+        "grad_scaler": [{"step": s.call + 1, "at": at(s.location), "scale": s.scale, "skipped": s.skipped}
+                        for s in facts.scaler_steps[:64]],
+        "verified": verified(facts) if ok else [],
+        "step_error": facts.step_error,
+    }

@@ -1,0 +1,231 @@
+"""GP6xx rules about what the optimizer steps did over several steps: learning rates, scheduler order, parameters
+that never move, optimizers rebuilt, EMA copies."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from gradprobe.checks.steps.facts import AuditFacts, at, listed
+from gradprobe.findings import Finding, Rule, Situation
+
+GP603: Rule[AuditFacts] = Rule(
+    code="GP603", name="lr-zero-every-step", severity="error", rank=44,
+    summary="A parameter group's learning rate, as applied by optimizer.step(), was 0 at every observed step.",
+    why="A warm-up that starts at 0 and is stepped per epoch, an integer division in a schedule's lambda, or a group "
+        "built with lr=0: the group's parameters get gradients but never move, and nothing raises.",
+    example="LambdaLR(opt, lambda step: step // warmup_steps)   # 0 for the first warmup_steps steps",
+    message="Group {group} ({count} tensor(s): {names}) had lr 0 when optimizer.step() ran at each of the {steps} observed "
+            "step(s){sched}, while its parameters had gradients: they did not move.",
+    fix="Give group {group} a positive learning rate where it is set ({line}).",
+    situations={
+        "scheduled": Situation(
+            when="a learning-rate scheduler drives the optimizer",
+            fix="Check the schedule at {line}: a warm-up should start above 0 (e.g. LinearLR with "
+                "start_factor>0, or a lambda of (step + 1) / warmup with float division) and be stepped per batch "
+                "when it is counted in batches."),
+    },
+)
+
+GP604: Rule[AuditFacts] = Rule(
+    code="GP604", name="scheduler-before-optimizer", severity="warning", rank=45,
+    summary="scheduler.step() is called before the first optimizer.step(): the schedule's first value is skipped.",
+    why="Since PyTorch 1.1 the scheduler must step after the optimizer; stepping it first advances the schedule before "
+        "any update used it (a warm-up loses its first step, a step decay comes one step early).",
+    example="scheduler.step(); optimizer.step()",
+    message="scheduler.step() at {line} ran before the first optimizer.step() ({step_line}) of the optimizer it drives; "
+            "the order seen: {order}.",
+    fix="Call scheduler.step() after optimizer.step() ({step_line}), once per step (or per epoch, as the schedule is "
+        "counted).",
+)
+
+GP606: Rule[AuditFacts] = Rule(
+    code="GP606", name="parameter-never-moves", severity="error", rank=46,
+    summary="A trainable parameter did not move in any of the observed steps, for the reason measured.",
+    why="Over several real steps every trainable parameter should be in the optimizer, have a finite non-zero gradient "
+        "when optimizer.step() runs, and change. One that does not, silently stays at its initial value.",
+    example="model.head = nn.Linear(16, 2)   # attached after the optimizer was built: it gets gradients, never updates",
+    message="{count} trainable parameter(s) ({names}) never moved over {steps} step(s): {reason}.",
+    fix="Find why the step does not change them: the optimizer's state or the weights may be restored after the step.",
+    situations={
+        "not_in_optimizer": Situation(
+            when="the parameter gets gradients but is in no parameter group",
+            fix="Build the optimizer after the model is complete, or add the parameters: "
+                "`optimizer.add_param_group({{'params': module.parameters()}})`."),
+        "attached": Situation(
+            when="the parameter was attached to the model during the steps, after the optimizer was built",
+            fix="Create this module in the model's constructor (before the optimizer is built) instead of at {line}, or "
+                "add its parameters to the optimizer where it is attached: "
+                "`optimizer.add_param_group({{'params': module.parameters()}})`."),
+        "nonfinite": Situation(
+            when="the gradient at step time is inf or nan",
+            fix="Find where the loss or gradient becomes non-finite (a log of 0, a division by 0, an overflow in half "
+                "precision), or clip/skip such steps explicitly."),
+        "no_grad": Situation(
+            when="the parameter is in the optimizer but never got a gradient",
+            severity="info",
+            fix="If it should train, run trace_grad_path to find what cuts it from the loss; an unused head or pooler "
+                "can also be frozen or removed."),
+    },
+)
+
+GP607: Rule[AuditFacts] = Rule(
+    code="GP607", name="optimizer-state-lost", severity="error", rank=47,
+    summary="The optimizer is rebuilt (or its state emptied) during training, so momentum and Adam's moments restart.",
+    why="An optimizer built inside the training step or each epoch starts with empty state every time: Adam takes its "
+        "bias-corrected first steps again and again (each update about lr in size, whatever the gradient), momentum "
+        "never builds up, and a scheduler attached to the old object no longer drives anything.",
+    example="def train_step(model, batch, _):\n    opt = torch.optim.Adam(model.parameters())   # a new optimizer each step",
+    message="An optimizer over the model's parameters was built at {line} in {calls} of the {steps} observed steps: "
+            "its state (momentum, Adam's moments, step count) restarted each time.",
+    fix="Build the optimizer once, before the training loop, and reuse it in every step instead of building it at {line}.",
+    situations={
+        "state_reset": Situation(
+            when="the same optimizer object's state was emptied or its step count went back",
+            message="The state of the optimizer stepped at {line} went back between steps (step count {before} then "
+                    "{after}): its momentum and moments restarted.",
+            fix="Do not reset optimizer.state or load a saved optimizer state inside the training loop; keep the state "
+                "the previous step left."),
+    },
+)
+
+GP609: Rule[AuditFacts] = Rule(
+    code="GP609", name="ema-copy-broken", severity="error", rank=48,
+    summary="An EMA (momentum, teacher) copy of the model is trained by the optimizer, or never moves.",
+    why="A mean teacher, BYOL/DINO target network or EMA copy must follow the student only through its EMA update. "
+        "In the optimizer (and receiving gradients) it is trained directly as well; an EMA update that never changes "
+        "it (a rebound local name, a decay of 1, an update of a copy) leaves it at its initial weights.",
+    example="opt = Adam(model.parameters())   # includes model.teacher, whose output also feeds the loss",
+    message="{count} parameter(s) of {prefix} ({names}) were changed both by optimizer.step() (with a gradient) and "
+            "outside it (an EMA update) in the observed steps: the EMA copy is also trained by the optimizer.",
+    fix="Keep the EMA copy out of the optimizer (build it over the student's parameters only) and compute its output "
+        "under torch.no_grad() or from detached tensors.",
+    situations={
+        "never_moves": Situation(
+            when="an EMA copy outside the optimizer never changed while its student moved",
+            message="{prefix} mirrors {student} ({count} tensors, same names and shapes) and is outside the optimizer, but "
+                    "it did not change in any of the {steps} steps while {student} moved: its EMA update changes nothing.",
+            fix="Update the copy in place, e.g. `for t, s in zip(ema.parameters(), model.parameters()): "
+                "t.lerp_(s.detach(), 1 - decay)` under torch.no_grad() after optimizer.step(); assigning to a loop "
+                "variable or updating a copy of the state dict changes nothing, and a decay of 1 keeps it fixed."),
+        "fixed_teacher": Situation(
+            when="the copy is named teacher/target (it may be a fixed teacher on purpose)",
+            severity="warning",
+            message="{prefix} mirrors {student} ({count} tensors, same names and shapes) and is outside the optimizer, but "
+                    "it did not change in any of the {steps} steps while {student} moved.",
+            fix="If {prefix} is meant to follow {student} (mean teacher, BYOL/DINO target), update it in place after each "
+                "optimizer step (`t.lerp_(s.detach(), 1 - decay)`); if it is a fixed teacher, freeze it "
+                "(requires_grad_(False)) to say so."),
+    },
+)
+
+_EMA_NAME = re.compile(r"ema|momentum|teacher|target|shadow|averag|avg|mean_t|polyak", re.IGNORECASE)
+_STRONG_EMA = re.compile(r"ema|momentum|shadow|averag|avg|mean_t|polyak", re.IGNORECASE)
+
+
+@GP603.detector
+def detect_lr_zero(facts: AuditFacts) -> Iterator[Finding]:
+    groups: dict[tuple[int, int], list] = {}
+    for s in facts.opt_steps:
+        for g in s.groups:
+            groups.setdefault((s.optimizer, g.index), []).append((s, g))
+    for (opt, index), seen in groups.items():
+        if any(g.lr != 0 for _, g in seen):
+            continue
+        with_grad = {p for s, g in seen for p in g.params if (s.params[p].grad_at_step or 0) > 0}
+        if not with_grad:
+            continue
+        names = sorted(facts.name(p) for p in with_grad)
+        site = facts.schedule_sites.get(opt) or (facts.optimizer_site if opt == facts.initial_optimizer else next(
+            (b.location for b in facts.built if b.optimizer == opt), None))
+        scheduled = opt in facts.scheduled
+        yield GP603.finding("scheduled" if scheduled else None, parameters=names, location=site,
+                            evidence={"lr_as_applied": [g.lr for _, g in seen], "optimizer_steps": len(seen)},
+                            group=index, count=len(names), names=listed(names), steps=len(seen),
+                            sched=" (a scheduler drives this optimizer)" if scheduled else "", line=at(site))
+
+
+@GP604.detector
+def detect_scheduler_first(facts: AuditFacts) -> Iterator[Finding]:
+    for opt in {e.optimizer for e in facts.events if e.kind == "scheduler_step"}:
+        order = [e for e in facts.events if e.optimizer == opt and e.kind in ("scheduler_step", "optimizer_step")]
+        steps = [e for e in order if e.kind == "optimizer_step"]
+        if not steps or order[0].kind != "scheduler_step" or order[0].location is None:
+            continue
+        text = ", ".join(f"{e.kind.replace('_step', '')}.step() {at(e.location)}" for e in order[:4])
+        yield GP604.finding(location=order[0].location, evidence={"order": [e.kind for e in order[:8]]},
+                            line=at(order[0].location), step_line=at(steps[0].location), order=text)
+
+
+_REASONS = {
+    "not-in-optimizer": ("not_in_optimizer", "they get a gradient but are in no parameter group"),
+    "nonfinite": ("nonfinite", "their gradient was inf or nan when optimizer.step() ran"),
+    "not-moved": (None, "they are in the optimizer, had a finite non-zero gradient and a non-zero learning rate when "
+                        "optimizer.step() ran, and the step still left them unchanged"),
+    "no-grad": ("no_grad", "they are in the optimizer but got no gradient at any step"),
+}
+
+
+@GP606.detector
+def detect_never_moves(facts: AuditFacts) -> Iterator[Finding]:
+    teachers = {p for c in facts.ema if c.hint for p in c.params}
+    by_reason: dict[str, list[int]] = {}
+    for pid, v in facts.verdicts.items():
+        if v.reason in _REASONS and pid not in teachers and facts.opt_steps:
+            key = "attached" if v.reason == "not-in-optimizer" and v.attached is not None else v.reason
+            by_reason.setdefault(key, []).append(pid)
+    for key, pids in by_reason.items():
+        names = sorted(facts.name(p) for p in pids)
+        situation, reason = _REASONS["not-in-optimizer" if key == "attached" else key]
+        loc = facts.optimizer_site
+        if key == "attached":
+            site = facts.verdicts[pids[0]].attached
+            situation, loc = "attached", site.location if site else None
+            reason = (f"they were attached to the model at {at(loc)} during step {site.call + 1 if site else '?'}, after "
+                      "the optimizer was built, and are in no parameter group")
+        elif key == "no-grad":
+            loc = None
+        yield GP606.finding(situation, parameters=names, location=loc, evidence={"reason": key, "tensors": len(names)},
+                            count=len(names), names=listed(names), steps=facts.calls, reason=reason, line=at(loc))
+
+
+@GP607.detector
+def detect_state_lost(facts: AuditFacts) -> Iterator[Finding]:
+    built = [b for b in facts.built if b.overlaps_model and b.call >= 0]
+    calls = {b.call for b in built}
+    if len(calls) >= 2:
+        yield GP607.finding(location=built[0].location, evidence={"built_in_steps": sorted(c + 1 for c in calls)},
+                            line=at(built[0].location), calls=len(calls), steps=facts.calls)
+        return
+    last: dict[int, float] = {}
+    for s in facts.opt_steps:
+        prev = last.get(s.optimizer)
+        if s.state_step is not None and prev is not None and s.state_step <= prev:
+            yield GP607.finding("state_reset", location=s.location, evidence={"state_step": [prev, s.state_step]},
+                                line=at(s.location), before=prev, after=s.state_step)
+            return
+        if s.state_step is not None:
+            last[s.optimizer] = s.state_step
+
+
+@GP609.detector
+def detect_ema(facts: AuditFacts) -> Iterator[Finding]:
+    trained = [pid for pid, v in facts.verdicts.items() if v.in_optimizer and v.moved_by_step and v.moved_outside
+               and v.grad_at_step and _EMA_NAME.search(v.name)]
+    if trained:
+        names = sorted(facts.name(p) for p in trained)
+        prefix = names[0].split(".")[0]
+        yield GP609.finding(parameters=names, location=facts.optimizer_site, evidence={"tensors": len(names)},
+                            count=len(names), prefix=prefix, names=listed(names))
+    student_moved = {pid for pid, v in facts.verdicts.items() if v.moved_by_step}
+    for copy in facts.ema:
+        if not copy.hint or any(copy.moved) or not student_moved & set(copy.students):
+            continue
+        names = sorted(facts.name(p) for p in copy.params)
+        situation = "never_moves" if _STRONG_EMA.search(copy.prefix) else "fixed_teacher"
+        yield GP609.finding(situation, parameters=names, location=copy.site,
+                            evidence={"moved_per_step": copy.moved, "tensors": len(names)},
+                            prefix=copy.prefix, student=copy.student or "the model", count=len(names), steps=facts.calls)
+
+
+UPDATE_RULES: tuple[Rule[AuditFacts], ...] = (GP603, GP604, GP606, GP607, GP609)
