@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
 from gradprobe.tools import TOOLS
 
+if TYPE_CHECKING:
+    from gradprobe.server.options import ServeOptions
 
-def _target_from_args(args) -> dict:
+
+def _target_from_args(args: argparse.Namespace) -> dict:
     """Flags to a target: FILE's directory is the project unless --project-dir says otherwise."""
     import os
 
@@ -24,7 +28,7 @@ def _target_from_args(args) -> dict:
         return f"{rel}:{name}"
 
     target = {"project_dir": project, "model": ref(args.model) if args.model else rel, "device": args.device,
-              "seed": args.seed, "timeout_s": args.timeout, "setup": args.setup, "python": args.python}
+              "seed": args.seed, "timeout_s": args.timeout, "setup": args.setup, **_common(args)}
     for field in ("inputs", "loss", "optimizer", "train_step"):
         target[field] = ref(getattr(args, field))
     if not (args.project_dir or args.file) and args.model and os.path.isabs(args.model):
@@ -32,13 +36,13 @@ def _target_from_args(args) -> dict:
     return {k: v for k, v in target.items() if v is not None}
 
 
-def _script_target(args) -> dict:
+def _script_target(args: argparse.Namespace) -> dict:
     """--script FILE / --module MOD, and the script's own arguments after `--`."""
     import os
 
     project = os.path.abspath(args.project_dir or (os.path.dirname(os.path.abspath(args.script)) if args.script else "."))
     target = {"project_dir": project, "args": list(args.script_args), "device": args.device, "seed": args.seed,
-              "timeout_s": args.timeout, "python": args.python}
+              "timeout_s": args.timeout, **_common(args)}
     if args.script:
         target["script"] = os.path.relpath(os.path.abspath(args.script), project)
     else:
@@ -46,7 +50,20 @@ def _script_target(args) -> dict:
     return {k: v for k, v in target.items() if v is not None}
 
 
-def _fail(args, kind: str, message: str, code: int) -> int:
+def _common(args: argparse.Namespace) -> dict:
+    """Fields every target form shares. A relative --python is made absolute against this directory (the server,
+    which has no directory of the caller's, refuses one)."""
+    import os
+
+    python = args.python
+    if python and python != "server":
+        python = os.path.abspath(python)
+    env = dict(item.partition("=")[::2] for item in args.env or [])
+    reads = [os.path.abspath(os.path.expanduser(p)) for p in args.read_path or []]
+    return {"python": python, "read_paths": reads or None, "env": env or None, "memory_gb": args.memory_gb}
+
+
+def _fail(args: argparse.Namespace, kind: str, message: str, code: int) -> int:
     """An error the user can act on: one line on stderr (terminal control characters removed: the text may come from
     the user's code, e.g. a tool error its child wrote), or a JSON error object on stdout with --json."""
     if getattr(args, "json", False):
@@ -58,7 +75,7 @@ def _fail(args, kind: str, message: str, code: int) -> int:
     return code
 
 
-def _run_check(args) -> int:
+def _run_check(args: argparse.Namespace) -> int:
     import anyio
     from pydantic import ValidationError
 
@@ -74,8 +91,11 @@ def _run_check(args) -> int:
     options = {}
     if args.command == "check_optimizer_coverage":
         options["step"] = not args.no_step
+    from gradprobe.sandbox.runner import Limits
+    from gradprobe.server.options import default_memory_bytes
+
     try:
-        report = anyio.run(execute, args.command, target, options)
+        report = anyio.run(lambda: execute(args.command, target, options, limits=Limits(memory_bytes=default_memory_bytes())))
     except ToolInputError as exc:
         return _fail(args, "bad-target", str(exc), 2)
     except Exception as exc:  # a gradprobe bug: exit 3, never mistaken for a finding (1); JSON with --json
@@ -96,7 +116,7 @@ def _run_check(args) -> int:
     return 0 if report.get("ok") else 1
 
 
-def serve_options(args):
+def serve_options(args: argparse.Namespace) -> ServeOptions:
     """The one place serving flags become typed options (gradprobe.server.options.ServeOptions)."""
     from gradprobe.sandbox.runner import Limits
     from gradprobe.server.options import HttpOptions, ServeOptions
@@ -108,8 +128,10 @@ def serve_options(args):
                            max_body=args.max_body, public_url=args.public_url, issuer_url=args.issuer_url,
                            max_connections=args.max_connections, header_timeout_s=args.header_timeout,
                            body_timeout_s=args.body_timeout)
-    limits = Limits(memory_bytes=int(args.memory_gb * 1024**3), isolate=not args.no_isolation,
-                    require_isolation=args.require_isolation)
+    from gradprobe.server.options import default_memory_bytes
+
+    memory = int(args.memory_gb * 1024**3) if args.memory_gb else default_memory_bytes()
+    limits = Limits(memory_bytes=memory, isolate=not args.no_isolation, require_isolation=args.require_isolation)
     if args.executor == "ray":
         try:
             import ray  # noqa: F401
@@ -117,6 +139,8 @@ def serve_options(args):
             sys.exit("gradprobe: --executor ray needs Ray: pip install 'gradprobe[ray]'")
     return ServeOptions(max_concurrent=args.max_concurrent, per_caller=args.per_caller, warm=not args.cold,
                         allowed_roots=tuple(args.allow_root or ()), allowed_pythons=tuple(args.allow_python), limits=limits,
+                        allowed_env=tuple(args.allow_env),
+                        max_memory_bytes=int(args.max_memory_gb * 1024**3) if args.max_memory_gb else None,
                         executor=args.executor, ray_address=args.ray_address, http=http)
 
 
@@ -125,7 +149,7 @@ class _Parser(argparse.ArgumentParser):
 
     json_errors = False
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
         if _Parser.json_errors:
             tool = self.prog.split()[-1]
             print(json.dumps({"ok": False, "tool": tool, "error": {"kind": "usage", "message": message}}, indent=1))
@@ -134,6 +158,43 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command line; a reader that goes away (`gradprobe diagnose ... | head`) ends it quietly."""
+    try:
+        _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
+        sys.exit(1)
+
+
+def server_command() -> dict:
+    """How a host starts this server: the console script next to this interpreter (it never puts the working
+    directory on sys.path), else this interpreter with -P (same, Python 3.11+), else plain -m."""
+    import os
+
+    script = os.path.join(os.path.dirname(sys.executable), "gradprobe")
+    if os.path.isfile(script) and os.access(script, os.X_OK) and _script_runs_this_interpreter(script):
+        return {"command": script, "args": ["serve"]}
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
+    return {"command": sys.executable, "args": [*safe, "-m", "gradprobe", "serve"]}
+
+
+def _script_runs_this_interpreter(script: str) -> bool:
+    import os
+
+    try:
+        with open(script, "rb") as f:
+            first = f.readline(4096)
+    except OSError:
+        return False
+    exe = first[2:].strip().decode(errors="replace") if first.startswith(b"#!") else ""
+    return bool(exe) and os.path.realpath(exe) == os.path.realpath(sys.executable)
+
+
+def _main(argv: list[str] | None = None) -> None:
     _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     parser = _Parser(prog="gradprobe", description="Measure why gradients do not flow in PyTorch code.")
     sub = parser.add_subparsers(dest="command")
@@ -143,29 +204,43 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--allow-root", action="append", default=None, metavar="DIR",
                        help="only targets under DIR (repeatable); default over HTTP: the working directory; over stdio: no limit")
     serve.add_argument("--require-isolation", action="store_true",
-                       help="refuse to run user code when an isolation layer (namespaces, Landlock, capabilities, cgroups) is missing")
+                       help="refuse to run user code when an isolation layer (namespaces, Landlock, capabilities, cgroups) "
+                            "is missing")
     serve.add_argument("--no-isolation", action="store_true", help="only the process boundary, limits and a scrubbed environment")
-    serve.add_argument("--memory-gb", type=float, default=8.0, help="memory limit of each check (cgroup; address space on CPU runs)")
+    serve.add_argument("--memory-gb", type=float, default=None,
+                       help="memory limit of each check (cgroup; address space on CPU runs); default: the machine's (or this "
+                            "server's cgroup's) memory less a quarter for the server")
+    serve.add_argument("--max-memory-gb", type=float, default=None,
+                       help="the most a target may ask for with memory_gb (default: the machine's memory less a quarter)")
+    serve.add_argument("--allow-env", action="append", default=[], metavar="NAME",
+                       help="an environment variable a target's `env` may set over HTTP (repeatable; over stdio any may)")
     serve.add_argument("--executor", choices=["local", "ray"], default="local", help="where sandboxed jobs run")
-    serve.add_argument("--ray-address", default="local", help="Ray cluster address ('auto', 'ray://host:10001'); 'local' starts one here")
-    serve.add_argument("--allow-python", action="append", default=[], metavar="PATH", help="an interpreter targets may name (repeatable); with --allow-root or over HTTP, no other is accepted")
+    serve.add_argument("--ray-address", default="local",
+                       help="Ray cluster address ('auto', 'ray://host:10001'); 'local' starts one here")
+    serve.add_argument("--allow-python", action="append", default=[], metavar="PATH",
+                       help="an interpreter targets may name (repeatable; its environment and file must match); with "
+                            "--allow-root or over HTTP, no other is accepted, and a project's own only inside a root")
     http = serve.add_argument_group("Streamable HTTP (for teams)")
     http.add_argument("--http", action="store_true", help="serve Streamable HTTP instead of stdio")
     http.add_argument("--host", default="127.0.0.1")
     http.add_argument("--port", type=int, default=8765)
     http.add_argument("--token-file", default=None, help="one user:token per line (else GRADPROBE_TOKENS=user:token,...)")
     http.add_argument("--insecure-no-auth", action="store_true", help="allow a non-loopback bind without tokens")
-    http.add_argument("--allowed-host", action="append", default=[], help="Host header values to accept (DNS-rebinding protection)")
+    http.add_argument("--allowed-host", action="append", default=[],
+                      help="Host header values to accept (DNS-rebinding protection)")
     http.add_argument("--allowed-origin", action="append", default=[], help="Origin header values to accept")
-    http.add_argument("--per-caller", type=int, default=None, help="running checks per caller (default: half the pool, at least 1)")
+    http.add_argument("--per-caller", type=int, default=None,
+                      help="running checks per caller (default: half the pool, at least 1)")
     http.add_argument("--max-body", type=int, default=1024 * 1024, help="request body limit in bytes")
     http.add_argument("--max-connections", type=int, default=256, help="open connections at once (beyond: 503)")
     http.add_argument("--header-timeout", type=float, default=10.0, help="seconds a connection may take to send a request head")
-    http.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request may take to send its body, from its head")
+    http.add_argument("--body-timeout", type=float, default=30.0,
+                      help="seconds a request may take to send its body, from its head")
     http.add_argument("--public-url", default=None, help="the URL clients use (behind a TLS proxy), for the auth metadata")
-    http.add_argument("--issuer-url", default=None, help="the authorization server advertised to clients (default: the public URL)")
+    http.add_argument("--issuer-url", default=None,
+                      help="the authorization server advertised to clients (default: the public URL)")
     sub.add_parser("demo", help="diagnose a bundled broken model through the real server and client")
-    sub.add_parser("mcp-config", help="print a host config (claude_desktop_config.json) with this interpreter's full path")
+    sub.add_parser("mcp-config", help="print a host config (claude_desktop_config.json) with the console script's full path")
     tool_parsers = {}
     for spec in TOOLS:
         tool = spec.name
@@ -180,7 +255,15 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--setup", default=None, help="inline Python defining model/inputs/...")
         p.add_argument("--script", default=None, help="a training script run to its first step (its own arguments after --)")
         p.add_argument("--module", default=None, help="like --script, for a `python -m` entry point")
-        p.add_argument("--python", default=None)
+        p.add_argument("--python", default=None, metavar="PATH",
+                       help="interpreter that runs the code (default: the project's .venv/venv/env/.pixi/conda environment "
+                            "found from the project up, else this one); 'server' forces this one")
+        p.add_argument("--read-path", action="append", default=None, metavar="PATH",
+                       help="a file or directory the code may read besides the project (data, caches), read-only; repeatable")
+        p.add_argument("--env", action="append", default=None, metavar="NAME=VALUE",
+                       help="an environment variable for the code, e.g. WANDB_MODE=disabled; repeatable")
+        p.add_argument("--memory-gb", type=float, default=None,
+                       help="memory limit of the check (default: this machine's memory less a quarter)")
         p.add_argument("--device", default="cpu")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--timeout", type=float, default=120.0)
@@ -210,8 +293,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.command == "mcp-config":
         # hosts start servers without the user's PATH or virtualenv: name this interpreter by its full path
-        server = {"command": sys.executable, "args": ["-m", "gradprobe", "serve"]}
-        print(json.dumps({"mcpServers": {"gradprobe": server}}, indent=2))
+        print(json.dumps({"mcpServers": {"gradprobe": server_command()}}, indent=2))
         return
     if args.command == "demo":
         from gradprobe.demo import run_demo

@@ -50,8 +50,9 @@ GP113: Rule[Any] = Rule(
             "at the server's memory limit: DefaultCPUAllocator: can't allocate memory)",
     message="A memory limit stopped the check while {phase}: {what}. This is a resource limit, not an error in the code: "
             "nothing is claimed about the code, and what needed this phase to finish was not checked.",
-    fix="Check a smaller model or batch (a tiny config, fewer layers, a batch of 1-2), or raise the memory limit of each "
-        "check: `gradprobe serve --memory-gb N` (default 8 GB; the command-line checks use 8 GB). GPU memory is not "
+    fix="Check a smaller model or batch (a tiny config, fewer layers, a batch of 1-2), or raise the memory limit of the "
+        "check: `\"memory_gb\": N` in the target, `gradprobe diagnose --memory-gb N` on the command line, `gradprobe serve "
+        "--memory-gb N` for a server's default (by default the machine's memory less a quarter). GPU memory is not "
         "capped by gradprobe: on CUDA, free GPU memory or use a smaller model.",
     situations={
         "gpu": Situation(

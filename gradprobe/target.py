@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 REF_HELP = '"FILE_OR_MODULE:CALLABLE", e.g. "train.py:build_model" or "mypkg.models:Net"'
 _DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|auto|meta)$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_ENV_FIXED = frozenset({"HOME", "TMPDIR", "TMP", "TEMP", "PATH"})
 
 Ref = Annotated[str | None, Field(default=None, description=f"{REF_HELP}")]
 
@@ -24,9 +26,9 @@ class Target(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    project_dir: str = Field(description=(
+    project_dir: str = Field(default="", description=(
         "The user's project root (absolute path); put first on the child's sys.path. "
-        "May be left out when `model` is an absolute file path: its directory is then the project."))
+        "May be left out when `model` or `script` is an absolute file path: its directory is then the project."))
     model: Ref = Field(
         default=None,
         description=(
@@ -37,22 +39,44 @@ class Target(BaseModel):
     )
     inputs: Ref = Field(
         default=None,
-        description="Callable returning one batch: a tensor, a tuple (positional args), a dict (keyword args) or an (args, kwargs) pair.",
+        description=("Callable returning one batch: a tensor, a tuple (positional args), a dict (keyword args) "
+                     "or an (args, kwargs) pair."),
     )
-    loss: Ref = Field(default=None, description="Optional callable (output, batch) -> scalar loss. Default: HF .loss, else a fixed random projection of the outputs.")
+    loss: Ref = Field(default=None, description=(
+        "Optional callable (output, batch) -> scalar loss. Default: HF .loss, else a fixed random projection of the outputs."))
     optimizer: Ref = Field(default=None, description="Optional callable (model) -> torch.optim.Optimizer.")
-    train_step: Ref = Field(default=None, description="Optional callable (model, batch, optimizer) doing the user's real step; observed instead of a step of our own.")
+    train_step: Ref = Field(default=None, description=(
+        "Optional callable (model, batch, optimizer) doing the user's real step; observed instead of a step of our own."))
     setup: str | None = Field(
         default=None,
-        description="Optional inline Python run in the child before the references; it may define model, inputs, loss_fn, optimizer, train_step.",
+        description=("Optional inline Python run in the child before the references; it may define model, inputs, "
+                     "loss_fn, optimizer, train_step."),
     )
-    device: str = Field(default="cpu", description='"cpu", "cuda", "cuda:N", "auto" (CUDA when the child sees a GPU), or "meta" (inspect_parameters only: no weights allocated).')
+    device: str = Field(default="cpu", description=(
+        '"cpu", "cuda", "cuda:N", "auto" (CUDA when the child sees a GPU), or "meta" (inspect_parameters only: '
+        "no weights allocated)."))
     seed: int = Field(default=0, description="Random seed set before anything is built, so runs repeat.")
-    python: str | None = Field(default=None, description="Optional interpreter for the child (the project's virtualenv); it needs a compatible torch.")
-    script: str | None = Field(default=None, description="A training script (path relative to project_dir) run as __main__ until its first optimizer step, which is captured and checked (instead of model/inputs/...).")
-    module: str | None = Field(default=None, description="Like `script`, for a `python -m` entry point (a dotted module name importable from project_dir).")
+    python: str | None = Field(default=None, description=(
+        "Interpreter that runs the code (absolute path, e.g. the project's .venv/bin/python; it needs torch). Default: the "
+        "project's own environment (.venv, venv, env, .pixi, conda environment.yml) found in project_dir or its parents, "
+        'else the server\'s interpreter; "server" forces the server\'s.'))
+    script: str | None = Field(default=None, description=(
+        "A training script (path relative to project_dir) run as __main__ until its first optimizer step, which is "
+        "captured and checked (instead of model/inputs/...)."))
+    module: str | None = Field(default=None, description=(
+        "Like `script`, for a `python -m` entry point (a dotted module name importable from project_dir)."))
     args: list[str] = Field(default_factory=list, description="The script's command-line arguments (sys.argv[1:]).")
-    timeout_s: float = Field(default=120.0, gt=0, le=3600, description="Wall-clock limit for the call in the child; past it the child is killed and GP114 is reported.")
+    timeout_s: float = Field(default=120.0, gt=0, le=3600, description=(
+        "Wall-clock limit for the call in the child; past it the child is killed and GP114 is reported."))
+    read_paths: list[str] = Field(default_factory=list, description=(
+        "Absolute paths (files or directories) the code may read besides the project, read-only: data sets, caches "
+        '(e.g. "/data/cifar", "/home/ana/.cache/huggingface"). A server over HTTP accepts only paths inside its allowed roots.'))
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        'Environment variables for the child (never the server\'s own), e.g. {"WANDB_MODE": "disabled"}. '
+        "A server over HTTP accepts only the names its operator allowed (--allow-env)."))
+    memory_gb: float | None = Field(default=None, gt=0, description=(
+        "Memory limit of this check in GB (default: the server's, sized to the machine); up to the server's ceiling "
+        "(--max-memory-gb)."))
 
     @model_validator(mode="before")
     @classmethod
@@ -81,6 +105,38 @@ class Target(BaseModel):
             raise ValueError(f"{v!r} is not a reference: use {REF_HELP}")
         return v
 
+    @field_validator("python")
+    @classmethod
+    def _python_shape(cls, v: str | None) -> str | None:
+        if v is None or v == "server":
+            return v
+        if not v.strip():
+            raise ValueError('empty interpreter: write an absolute path, or "server" for the server\'s own')
+        if not os.path.isabs(v):
+            raise ValueError(f"{v!r} is a relative path: write the interpreter's absolute path, e.g. "
+                             '"/home/ana/proj/.venv/bin/python" (the server cannot know which directory it is relative to)')
+        return v
+
+    @field_validator("read_paths")
+    @classmethod
+    def _read_paths_shape(cls, v: list[str]) -> list[str]:
+        for path in v:
+            if not os.path.isabs(path):
+                raise ValueError(f"read_paths: {path!r} is a relative path: write absolute paths, e.g. \"/data/cifar\"")
+            if os.path.realpath(path) == "/":
+                raise ValueError("read_paths: '/' would show the child the whole machine: name the data's own directory")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_shape(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"env: {name!r} is not a variable name (letters, digits and _)")
+            if name in _ENV_FIXED or name.startswith(("GRADPROBE_", "LD_", "PYTHON")):
+                raise ValueError(f"env: {name} is set by gradprobe's sandbox and cannot be given")
+        return v
+
     @field_validator("device")
     @classmethod
     def _device_shape(cls, v: str) -> str:
@@ -96,6 +152,8 @@ class Target(BaseModel):
             raise ValueError("a `script`/`module` target brings its own model: drop `model`/`setup`")
         if not self.model and not self.setup and not self.script and not self.module:
             raise ValueError('give `model` (e.g. "train.py:build_model" or "case.py") or `setup` code that defines `model`')
+        if not self.project_dir:
+            raise ValueError("`project_dir` is missing: " + _FIELD_HINTS["project_dir"])
         return self
 
     def check_paths(self) -> None:
@@ -113,20 +171,64 @@ class Target(BaseModel):
                 path = os.path.join(self.project_dir, mod)
                 if not os.path.isfile(path):
                     raise ValueError(f"{field}: file {mod!r} not found in project_dir {self.project_dir!r}")
+        self._suggest_script_mode()
+        for path in self.read_paths:
+            if not os.path.exists(path):
+                raise ValueError(f"read_paths: {path!r} does not exist")
         if self.script:
             path = os.path.realpath(os.path.join(self.project_dir, self.script))
             if not path.startswith(os.path.realpath(self.project_dir) + os.sep):
                 raise ValueError(f"script {self.script!r} is outside project_dir {self.project_dir!r}")
             if not os.path.isfile(path):
                 raise ValueError(f"script: file {self.script!r} not found in project_dir {self.project_dir!r}")
-        if self.python is not None and not (os.path.isfile(self.python) and os.access(self.python, os.X_OK)):
-            raise ValueError(f"python {self.python!r} is not an executable file")
+
+
+    def _suggest_script_mode(self) -> None:
+        """The short form on a file without build_model (an ordinary training script): say how to run it as one."""
+        if not self.model or ":" in self.model or not self.model.endswith(".py") or self.setup:
+            return
+        names = _top_level_names(os.path.join(self.project_dir, self.model))
+        if names is None or "build_model" in names:
+            return
+        raise ValueError(
+            f"{self.model} defines no build_model(), so the short form has no model to build. If it is a training script, "
+            f'run it as one: {{"script": "{self.model}", "args": [...]}} (command line: gradprobe diagnose --script '
+            f'{self.model} -- ARGS); it runs to its first optimizer step, which is checked. Or name the callable that '
+            f'returns the model: "model": "{self.model}:CALLABLE"')
+
+
+def _top_level_names(path: str) -> set[str] | None:
+    """Names a file defines at module level (None when it cannot be told: unreadable, a syntax error, `import *`)."""
+    import ast
+
+    try:
+        tree = ast.parse(open(path, encoding="utf-8", errors="replace").read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names: set[str] = set()
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(a.name == "*" for a in node.names):
+                return None
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo.extend(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+                        + [s for h in getattr(node, "handlers", []) for s in h.body])
+    return names
 
 
 DOCS_HINT = "see docs/targets.md"
 _FIELD_HINTS = {
     "target": 'pass {"target": {"model": "/home/ana/proj/train.py"}} (the fields are in docs/targets.md)',
-    "project_dir": 'write the absolute path of your project, e.g. "/home/ana/proj" (or give `model` as an absolute file path)',
+    "project_dir": ('write the absolute path of your project, e.g. "/home/ana/proj" '
+                    "(or give `model` or `script` as an absolute file path)"),
     "model": f"write {REF_HELP}, or just the file, e.g. \"train.py\"",
     "inputs": f"write {REF_HELP.replace('build_model', 'make_batch')}",
     "loss": f"write {REF_HELP.replace('build_model', 'loss_fn')}",
@@ -135,11 +237,14 @@ _FIELD_HINTS = {
     "setup": "write inline Python source that defines `model` (and `inputs`, ...)",
     "device": 'write "cpu", "cuda", "cuda:N", "auto" or "meta"',
     "seed": "write an integer, e.g. 0",
-    "python": 'write the absolute path of an interpreter, e.g. "/home/ana/proj/.venv/bin/python"',
+    "python": 'write the absolute path of an interpreter, e.g. "/home/ana/proj/.venv/bin/python", or "server"',
     "timeout_s": "write a number of seconds between 0 and 3600, e.g. 120",
     "script": 'write the training script\'s path relative to project_dir, e.g. "train.py"',
     "module": 'write a dotted module name run like python -m, e.g. "mypkg.train"',
     "args": 'write a list of strings, e.g. ["--max_iters=1", "--device=cpu"]',
+    "read_paths": 'write a list of absolute paths, e.g. ["/data/cifar", "/home/ana/.cache/huggingface"]',
+    "env": 'write an object of names to strings, e.g. {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}',
+    "memory_gb": "write a number of GB, e.g. 16",
 }
 
 
@@ -165,6 +270,10 @@ def _sentence(err: Any, prefix: str) -> str:
                 '{"model": "/home/ana/proj/train.py"} or {"project_dir": "/home/ana/proj", "model": "train.py"}.')
     msg = str(err.get("msg", "")).removeprefix("Value error, ")
     if kind == "value_error":
+        named = re.match(r"`(\w+)`(.*)", msg, re.S)  # a whole-target check about one field: name it as the field
+        if named and named.group(1) in Target.model_fields and not (loc and str(loc[-1]) in Target.model_fields):
+            path = ((prefix,) if prefix else ()) + loc
+            return f"`{_field_name((path or ('target',)) + (named.group(1),))}`{named.group(2)}."
         return f"`{where}`: {msg}." if loc else f"{prefix or 'target'}: {msg}."
     return f"`{where}` is not valid ({msg[:1].lower() + msg[1:]}): {hint or DOCS_HINT}."
 

@@ -32,7 +32,9 @@ async def test_mcp_config_starts_a_server_without_the_users_path():
     out = subprocess.run([sys.executable, "-m", "gradprobe", "mcp-config"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     server = json.loads(out.stdout)["mcpServers"]["gradprobe"]
-    assert server["command"] == sys.executable and os.path.isabs(server["command"])
+    # the console script next to this interpreter (it never puts the host's working directory on sys.path)
+    assert os.path.isabs(server["command"]) and os.path.dirname(server["command"]) == os.path.dirname(sys.executable)
+    assert server["args"][-1] == "serve" and (server["command"] == sys.executable) == ("-m" in server["args"])
     # what a desktop host gives a server: a bare PATH, no virtualenv, another working directory
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     if os.environ.get("PYTHONPATH"):

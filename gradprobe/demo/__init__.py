@@ -12,10 +12,16 @@ def run_demo() -> int:
     import anyio
     from mcp import Client, StdioServerParameters
 
+    from gradprobe.cli import server_command
     from gradprobe.render import render_text
 
     async def go() -> dict:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "gradprobe", "serve"])
+        from mcp.client.stdio import get_default_environment
+
+        env = get_default_environment()
+        if os.environ.get("PYTHONPATH"):  # a development checkout: the server runs the same gradprobe as this demo
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        params = StdioServerParameters(**server_command(), env=env)
         async with Client(params, read_timeout_seconds=300) as client:
             tools = [t.name for t in (await client.list_tools()).tools]
             print(f"server tools: {', '.join(tools)}")

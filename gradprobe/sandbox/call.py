@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from gradprobe.errors import ToolInputError
@@ -9,6 +10,8 @@ from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
 from gradprobe.sandbox.executor import Executor, LocalExecutor
 from gradprobe.sandbox.failures import ChildFate, child_failure_finding
+from gradprobe.sandbox.hints import GIB, add_lines, annotate, memory_hint, outside_view
+from gradprobe.sandbox.interpreter import HOW_TO_NAME, Interpreter, InterpreterPolicy, choose
 from gradprobe.sandbox.protocol import Job
 from gradprobe.sandbox.runner import ChildOutcome, Limits, ProgressFn
 from gradprobe.target import Target
@@ -24,26 +27,47 @@ async def execute(
     progress: ProgressFn | None = None,
     limits: Limits | None = None,
     executor: Executor | None = None,
+    interpreters: InterpreterPolicy | None = None,
 ) -> dict[str, Any]:
     """Run `tool` on `target` in a fresh sandboxed child (a cold local one unless `executor` says otherwise;
-    `limits` overrides the executor's). Raises ToolInputError for caller mistakes."""
+    `limits` overrides the executor's; `interpreters` is what the server accepts). Raises ToolInputError for caller
+    mistakes."""
     try:
         target.check_paths()
+        interp = choose(target.python, target.project_dir, interpreters)
     except ValueError as exc:
         raise ToolInputError(str(exc)) from exc
-    job = Job(tool=tool, target=target.model_dump(), options=options or {})
     executor = executor or LocalExecutor(limits)
-    outcome = await executor.run(job, python=target.python, timeout_s=target.timeout_s, progress=progress, limits=limits)
+    if target.memory_gb:  # the target's own cap (the server checked it against its ceiling)
+        limits = dataclasses.replace(limits or executor.limits, memory_bytes=int(target.memory_gb * GIB))
+    try:
+        report = await _execute(tool, target, options, interp, progress, limits, executor)
+    finally:
+        interp.close()
+    roots = interpreters.roots if interpreters else ()
+    return add_lines(report, outside_view(report, target, roots), memory_hint(report, (limits or executor.limits).memory_bytes))
+
+
+async def _execute(tool: str, target: Target, options: dict[str, Any] | None, interp: Interpreter,
+                   progress: ProgressFn | None, limits: Limits | None, executor: Executor) -> dict[str, Any]:
+    job = Job(tool=tool, target=target.model_dump(), options=options or {})
+    # a local child runs exactly the file resolved here; a remote one (Ray) resolves the path again on its machine
+    if isinstance(executor, LocalExecutor):
+        outcome = await executor.run(job, python=None if interp.is_server else interp, timeout_s=target.timeout_s,
+                                     progress=progress, limits=limits)
+    else:
+        outcome = await executor.run(job, python=None if interp.is_server else interp.path, timeout_s=target.timeout_s,
+                                     progress=progress, limits=limits)
     sandbox = _sandbox_facts(outcome, target)
     if outcome.tool_error is not None:
         if outcome.tool_error_kind == "interpreter":
-            raise ToolInputError(f"python {target.python or '(server interpreter)'}: {outcome.tool_error}")
+            raise ToolInputError(f"python {interp.path} ({interp.reason}): {outcome.tool_error}; {HOW_TO_NAME}")
         raise ToolInputError(outcome.tool_error)
     if outcome.report is not None and not outcome.timed_out:
         report = outcome.report
         report.setdefault("facts", {})["sandbox"] = sandbox
-        return report
-    fate = _fate(outcome, target)
+        return annotate(report, interp)
+    fate = _fate(outcome, target, interp)
     if outcome.oom and fate.cause == "died":  # a resource limit, measured by the cgroup: neither the code's error nor ours
         cap = (limits or executor.limits).memory_bytes
         finding = resource_limit_finding(
@@ -55,16 +79,16 @@ async def execute(
         report = make_report(tool, [child_failure_finding(fate, outcome.stderr)],
                              ["The target could not be checked."])
     report["facts"]["sandbox"] = sandbox
-    return report
+    return annotate(report, interp)
 
 
-def _fate(outcome: ChildOutcome, target: Target) -> ChildFate:
+def _fate(outcome: ChildOutcome, target: Target, interp: Interpreter) -> ChildFate:
     remote = outcome.note if outcome.mode == "ray" and outcome.note and outcome.report is None else None
     phase = str(outcome.phase)
     return ChildFate(
         phase=phase, timed_out=outcome.timed_out, returncode=outcome.returncode, timeout_s=target.timeout_s,
         script=bool(target.script or target.module), remote_note=remote, start_error=outcome.start_error,
-        python=target.python,
+        python=None if interp.is_server else interp.path, python_reason=interp.reason,
         evidence={"phase": phase, "timed_out": outcome.timed_out, "returncode": outcome.returncode,
                   "stderr_tail": outcome.stderr[-4000:], "stdout_tail": outcome.stdout[-1000:]},
     )

@@ -35,6 +35,25 @@ def interpreter_error(exc: BaseException) -> str:
     return f"this interpreter cannot run gradprobe's checks (it needs torch and pydantic): {type(exc).__name__}: {exc}"
 
 
+def unusable_interpreter() -> str | None:
+    """Why this interpreter cannot run the checks (no torch, a torch or Python too old), or None (standard library
+    only: it runs before the protocol's models are imported)."""
+    from gradprobe.sandbox.interpreter import MIN_PYTHON, MIN_TORCH, SUPPORTED
+
+    here = f"Python {sys.version.split()[0]}"
+    if sys.version_info[:2] < MIN_PYTHON:
+        return f"this interpreter is {here}, older than gradprobe supports ({SUPPORTED})"
+    try:
+        import torch
+    except ImportError as exc:
+        return f"this interpreter ({here}) has no torch ({type(exc).__name__}: {exc}); gradprobe needs {SUPPORTED}"
+    version = str(getattr(torch, "__version__", "0"))
+    parts = tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
+    if parts < MIN_TORCH:
+        return f"this interpreter's torch is {version} ({here}), older than gradprobe supports ({SUPPORTED})"
+    return None
+
+
 class Channel:
     """Protocol messages to the parent over the result pipe."""
 
@@ -64,17 +83,21 @@ def run(job: Job, fd: int) -> None:
     import faulthandler
 
     from gradprobe.sandbox.protocol import Phase, Result
-    from gradprobe.sandbox.run_check import run_job
+    from gradprobe.sandbox.run_check import run_job, runtime_facts
 
     faulthandler.enable()
     chan.progress(Phase.STARTING)
     # the isolation facts are the server's to report (runner.py), not ours
-    chan.finish(Result(report=run_job(job, chan.progress)))
+    report = run_job(job, chan.progress)
+    if isinstance(report, dict) and isinstance(report.get("facts"), dict):
+        report["facts"]["runtime"] = runtime_facts()
+    chan.finish(Result(report=report))
 
 
 def _no_protocol(fd: int, exc: ImportError) -> None:
     """The one message written without the models (pydantic itself may be what the interpreter lacks)."""
-    line: dict[str, Any] = {"type": "result", "report": {"tool_error": interpreter_error(exc), "tool_error_kind": "interpreter"}}
+    error = unusable_interpreter() or interpreter_error(exc)
+    line: dict[str, Any] = {"type": "result", "report": {"tool_error": error, "tool_error_kind": "interpreter"}}
     os.write(fd, (json.dumps(line) + "\n").encode())
     os._exit(0)
 

@@ -164,24 +164,19 @@ def _place(root: str, path: str, is_dir: bool) -> str:
     return target
 
 
-def python_trees(python: str | None) -> list[str]:
-    """Directories an interpreter needs: its installation prefix (a dir holding lib/python3* or pyvenv.cfg),
-    for both the named path and its target; a non-Python program gets only its own file."""
-    out = [sys.prefix, sys.base_prefix, sys.exec_prefix]
-    if python:
-        for p in (os.path.abspath(python), os.path.realpath(python)):
-            prefix = os.path.dirname(os.path.dirname(p))
-            looks = prefix not in ("/", "") and (os.path.exists(os.path.join(prefix, "pyvenv.cfg")) or any(
-                n.startswith("python3") for n in _listdir(os.path.join(prefix, "lib"))))
-            out.append(prefix if looks else p)
-    return out
+def python_trees(policy: Policy) -> list[str]:
+    """Directories an interpreter needs: the server's installation prefixes, and those derived from the interpreter
+    the target runs, which the server resolved once and opened (sandbox/interpreter.py; a program it did not
+    recognise as an installation is one file)."""
+    trees = policy.python_exec.trees if policy.python_exec else []
+    return [sys.prefix, sys.base_prefix, sys.exec_prefix] + [tree.path for tree in trees]
 
 
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
+def clone_python_trees(policy: Policy) -> dict[str, int]:
+    """Detached copies of the interpreter's opened trees, made before unshare (as for the project): the exact
+    directories the server opened are what gets bound, whatever their names point to by now."""
+    trees = policy.python_exec.trees if policy.python_exec else []
+    return {tree.path: _clone_tree(tree.fd) for tree in trees}
 
 
 def _inside(path: str, roots: list[str]) -> bool:
@@ -207,7 +202,33 @@ def open_project(policy: Policy) -> tuple[int, str]:
         os.close(fd)
 
 
-def prepare_view(policy: Policy, newroot: str) -> tuple[list[str], list[bool]]:
+def open_read_paths(policy: Policy) -> list[tuple[str, int]]:
+    """The target's read_paths, each opened and checked like the project (inside the allowed roots when the server
+    has roots), as detached trees to bind read-only (root), or their real paths only (fd -1; Landlock reads them)."""
+    out: list[tuple[str, int]] = []
+    try:
+        for want in policy.read_paths:
+            try:
+                fd = os.open(want, os.O_PATH | os.O_CLOEXEC)
+            except OSError as exc:
+                raise Refused(f"read_paths: {want!r} cannot be opened: {exc.strerror}") from None
+            try:
+                real = os.readlink(f"/proc/self/fd/{fd}")
+                roots = policy.allowed_roots
+                if (roots and not _inside(real, roots)) or real == "/":
+                    raise Refused(f"read_paths: {want!r} is outside the roots this server may read")
+                out.append((real, _clone_tree(fd) if os.geteuid() == 0 else -1))
+            finally:
+                os.close(fd)
+    except BaseException:
+        for _, tree in out:
+            if tree >= 0:
+                os.close(tree)
+        raise
+    return out
+
+
+def prepare_view(policy: Policy, newroot: str, opened: dict[str, int] | None = None) -> tuple[list[str], list[bool]]:
     """In a new mount namespace, the part of the view every call shares: a tmpfs root at `newroot` (an empty dir,
     shadowed in this namespace only) with private /tmp, /dev, /dev/shm, /proc, /sys and the read-only binds.
     Returns the read-only paths (for Landlock) and which binds took the id mapping."""
@@ -218,21 +239,29 @@ def prepare_view(policy: Policy, newroot: str) -> tuple[list[str], list[bool]]:
     _mount("tmpfs", newroot + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy.scratch_bytes},mode=1777")
     ro: list[str] = []
     mapped: list[bool] = []
-    trees = list(SYSTEM_DIRS) + python_trees(policy.python) + [policy.package_root] + list(policy.extra_ro)
+    opened = dict(opened or {})
+    # gradprobe's own package directory only (never the folder holding it: a checkout's other files, a working dir)
+    own = os.path.join(policy.package_root, "gradprobe")
+    trees = list(SYSTEM_DIRS) + python_trees(policy) + [own] + list(policy.extra_ro)
     seen: list[str] = []
     for path in sorted({os.path.abspath(p) for p in trees if p}, key=len):
-        if not os.path.lexists(path) or path == "/":
+        tree = opened.pop(path, None)
+        if tree is None and (not os.path.lexists(path) or path == "/"):
             continue
-        if os.path.islink(path) and os.path.dirname(path) == "/":
+        if tree is None and os.path.islink(path) and os.path.dirname(path) == "/":
             _place(newroot, path, True)  # /bin -> usr/bin on merged-/usr systems
             continue
-        real = os.path.realpath(path)
+        real = path if tree is not None else os.path.realpath(path)
         if _inside(real, seen):
+            if tree is not None:
+                os.close(tree)
             continue
         seen.append(real)
-        _place(newroot, real, os.path.isdir(real))
-        mapped.append(_bind(real, newroot + real, IDMAP_FD))
+        _place(newroot, real, os.path.isdir(f"/proc/self/fd/{tree}") if tree is not None else os.path.isdir(real))
+        mapped.append(_bind(tree if tree is not None else real, newroot + real, IDMAP_FD))
         ro.append(real)
+    for tree in opened.values():
+        os.close(tree)
     _place(newroot, "/etc", True)
     for name in ETC_FILES:
         src = os.path.join("/etc", name)
@@ -258,9 +287,17 @@ def prepare_view(policy: Policy, newroot: str) -> tuple[list[str], list[bool]]:
 
 
 def finish_view(policy: Policy, newroot: str, project_tree: int | None, ro: list[str], mapped: list[bool],
-                report: dict[str, Layer]) -> None:
-    """The call's own part: the project (the tree opened and checked), the scratch dir, then pivot_root."""
+                report: dict[str, Layer], reads: list[tuple[str, int]] | None = None) -> None:
+    """The call's own part: the project and the read_paths (the trees opened and checked), the scratch dir, then
+    pivot_root."""
     scratch = policy.scratch
+    for real, tree in reads or []:
+        if tree < 0 or _inside(real, ro) or not real.startswith("/"):
+            if tree >= 0:
+                os.close(tree)
+            continue
+        mapped.append(_bind(tree, _place(newroot, real, os.path.isdir(f"/proc/self/fd/{tree}")), IDMAP_FD))  # closes it
+        ro.append(real)
     if project_tree is not None:
         proj = policy.project_dir_real or ""
         if not _inside(proj, ro):
@@ -268,6 +305,8 @@ def finish_view(policy: Policy, newroot: str, project_tree: int | None, ro: list
             ro.append(proj)
         else:
             os.close(project_tree)
+    if not _inside(policy.package_root, ro):  # the sys.path entry holding gradprobe: in the view it holds only that
+        ro.append(policy.package_root)  # (and the project when it lives there), so Python may list it
     if not scratch.startswith("/tmp/"):
         raise Refused("the scratch dir must live under /tmp")
     os.makedirs(newroot + scratch, 0o700)
@@ -399,14 +438,16 @@ def confine(policy: Policy, control: socket.socket) -> None:
     project_tree = None
     if policy.project_dir:
         project_tree, policy.project_dir_real = open_project(policy)
+    reads = open_read_paths(policy)
     err = isolation.join_cgroups(policy.cgroups)
     report["cgroup"] = _cgroup_layer(policy.cgroup_state, err)
+    opened = clone_python_trees(policy) if os.geteuid() == 0 else {}
     if os.geteuid() == 0 and enter_namespaces(lambda pid: send(control, Control(pid=pid))):
         report["namespaces"] = Layer.of(True, NS_REPORT)
         report["network"] = Layer.of(True, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT)
         try:
-            ro, mapped = prepare_view(policy, policy.scratch)
-            finish_view(policy, policy.scratch, project_tree, ro, mapped, report)
+            ro, mapped = prepare_view(policy, policy.scratch, opened)
+            finish_view(policy, policy.scratch, project_tree, ro, mapped, report, reads)
             report["identity"] = Layer.of(True, drop_identity())
             isolation.die_with_parent()  # a uid change clears the parent-death signal: set it again
         except (OSError, Refused) as exc:
@@ -421,7 +462,7 @@ def confine(policy: Policy, control: socket.socket) -> None:
         ok, how = isolation.drop_privileges()
         report["identity"] = Layer.of(False, f"same uid as the server ({os.getuid()}); {how}")
         ro = isolation.readable_roots(policy.project_dir_real or policy.scratch, policy.package_root,
-                                      python_trees(policy.python))
+                                      python_trees(policy) + [real for real, _ in reads])
         os.chdir(policy.scratch)
     lock_down(policy, ro, report, control)
 
@@ -455,10 +496,11 @@ def spare(base: Policy, newroot: str, zygote: socket.socket) -> None:
             project_tree = None
             if policy.project_dir:
                 project_tree, policy.project_dir_real = open_project(policy)
+            reads = open_read_paths(policy)
             report["cgroup"] = _cgroup_layer(base.cgroup_state, cgroup_err)
             report["namespaces"] = Layer.of(True, NS_REPORT)
             report["network"] = Layer.of(True, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT)
-            finish_view(policy, newroot, project_tree, ro, mapped, report)
+            finish_view(policy, newroot, project_tree, ro, mapped, report, reads)
             report["identity"] = Layer.of(True, drop_identity())
             isolation.die_with_parent()
         except (OSError, Refused) as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from gradprobe.sandbox.interpreter import Interpreter
 from gradprobe.sandbox.protocol import Job
 from gradprobe.sandbox.runner import ChildOutcome, Limits, ProgressFn, child_env, run_child
 from gradprobe.sandbox.warm import WarmWorker
@@ -35,8 +36,10 @@ class LocalExecutor:
         self.allowed_roots = list(allowed_roots or [])
         self.warm = WarmWorker(child_env("/tmp")) if warm else None
 
-    async def run(self, job: Job, *, python: str | None, timeout_s: float, progress: ProgressFn | None = None,
+    async def run(self, job: Job, *, python: str | Interpreter | None, timeout_s: float, progress: ProgressFn | None = None,
                   limits: Limits | None = None) -> ChildOutcome:
+        """`python`: an interpreter already resolved and held open (executed as that very file), a path (resolved
+        here), or None for the server's own."""
         return await run_child(job, python=python, timeout_s=timeout_s, limits=limits or self.limits, progress=progress,
                                warm=self.warm, allowed_roots=self.allowed_roots)
 

@@ -7,7 +7,7 @@
     GP114 target-timeout        the call's wall-clock limit ran out; the child's process tree was killed
     GP115 child-died            the child crashed, was killed or exited without sending a result
     GP116 remote-worker-failed  the remote executor (a Ray worker) failed before the child could answer
-    GP117 interpreter-failed    the interpreter the target names could not be started
+    GP117 interpreter-failed    the interpreter the target names could not be started (or ended before our child)
 
 Torch-free: the parent (GP112 blocked, GP114-GP117) and the child (GP000, GP100, GP106, GP112) both emit these.
 """
@@ -149,6 +149,16 @@ GP117: Rule[Any] = Rule(
     message="The interpreter {python} could not be started: {error}.",
     fix="Name an interpreter that runs (try it with `PYTHON -c 'import torch'`), or leave target.python out to use the "
         "server's.",
+    situations={
+        "ended_first": Situation(
+            when="the interpreter was executed but ended before gradprobe's child started (not a Python that can run "
+                 "gradprobe, or it failed at start)",
+            message="The interpreter {python} ({reason}) {exit} before gradprobe's child started: it is not a Python that "
+                    "can run gradprobe (Python >= 3.10 with torch >= 2.1), or it failed at start. No user code ran.",
+            fix="See evidence.stderr_tail for what it printed; name the right one with the target's `python` (an absolute "
+                'path, e.g. "/home/ana/proj/.venv/bin/python"; `--python` on the command line), or `"python": "server"` '
+                "for the server's own."),
+    },
 )
 
 
@@ -234,12 +244,15 @@ class ChildFate:
     evidence: Mapping[str, Any]
     remote_note: str | None = None  # the remote executor's word on a task that failed
     start_error: str | None = None  # launch.py's word: the target's interpreter could not be executed
-    python: str | None = None
+    python: str | None = None  # the interpreter the target runs (None: the server's own)
+    python_reason: str = ""  # why that interpreter was chosen
 
     @property
-    def cause(self) -> Literal["interpreter", "blocked", "timeout", "remote", "died"]:
+    def cause(self) -> Literal["interpreter", "ended_first", "blocked", "timeout", "remote", "died"]:
         if self.start_error is not None:
             return "interpreter"
+        if not self.timed_out and self.remote_note is None and self.python and self.phase == Phase.STARTING:
+            return "ended_first"  # no user code ran: the target's interpreter could not start gradprobe's child
         if self.timed_out:
             return "blocked" if self.script and self.phase == Phase.RUNNING_SCRIPT else "timeout"
         return "remote" if self.remote_note is not None else "died"
@@ -250,6 +263,9 @@ def child_failure_finding(fate: ChildFate, stderr: str) -> Finding:
     cause, ev = fate.cause, fate.evidence
     if cause == "interpreter":
         return GP117.finding(python=fate.python or "(server interpreter)", error=fate.start_error, evidence=ev)
+    if cause == "ended_first":
+        return GP117.finding("ended_first", python=fate.python, reason=fate.python_reason,
+                             exit=describe_exit(fate.returncode), evidence=ev)
     if cause == "blocked":  # the script's own timer could not interrupt it (a blocking C call, e.g. a network wait)
         return GP112.finding("blocked", timeout=fate.timeout_s, evidence=ev)
     if cause == "timeout":

@@ -34,7 +34,14 @@ def main() -> None:
     except confine.Refused as exc:
         confine.send(control, Control(refused=str(exc)))
         os._exit(71)
+    spec = policy.python_exec
+    for tree in spec.trees if spec else []:  # bound already (or read through Landlock): the user's code holds none
+        os.close(tree.fd)
     try:
+        if spec is not None and spec.fd is not None:  # the very file the server resolved and opened, never a name again
+            exe, argv = f"/proc/self/fd/{spec.fd}", [spec.argv0 or python, "-I", child]
+            os.set_inheritable(spec.fd, _is_script(exe))  # a `#!` script's interpreter opens it by that name
+            os.execve(exe, argv, dict(os.environ))
         os.execve(python, [python, "-I", child], dict(os.environ))
     except OSError as exc:
         os.write(2, f"gradprobe: cannot start {python}: {exc.strerror}\n".encode())
@@ -47,6 +54,19 @@ def _tell_parent(line: str) -> None:
         os.write(int(os.environ.get("GRADPROBE_RESULT_FD", "-1")), (line + "\n").encode())
     except (OSError, ValueError):
         pass
+
+
+def _is_script(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return True
+    try:
+        return os.read(fd, 2) == b"#!"
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 if __name__ == "__main__":

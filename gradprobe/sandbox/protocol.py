@@ -78,6 +78,24 @@ class CgroupSpec(WireModel):
 
 
 @model
+class OpenTree(WireModel):
+    """A directory (or a single file) the server opened (O_PATH) and passes to the launcher at the same fd number."""
+
+    path: str  # its real path, read from the open fd when it was opened
+    fd: int
+
+
+@model
+class PythonExec(WireModel):
+    """The interpreter the target runs, resolved once by the server (sandbox/interpreter.py): the launcher executes
+    exactly the open file `fd` (/proc/self/fd/N) as `argv0`, and binds only `trees` (its installation prefixes)."""
+
+    fd: int | None = None
+    argv0: str = ""
+    trees: list[OpenTree] = Field(default_factory=list)
+
+
+@model
 class Policy(WireModel):
     """How the confining code (confine.py) builds the call's boundary."""
 
@@ -91,8 +109,10 @@ class Policy(WireModel):
     allowed_roots: list[str] = Field(default_factory=list)
     package_root: str = ""
     scratch: str = ""
-    python: str | None = None
+    python: str | None = None  # the interpreter's real path (None: the server's own)
+    python_exec: PythonExec | None = None  # that interpreter as opened by the server (None: the server's own)
     extra_ro: list[str] = Field(default_factory=list)
+    read_paths: list[str] = Field(default_factory=list)  # the target's read_paths, opened and checked like the project
     scratch_bytes: int = 1024**3
     shm_bytes: int = 512 * 1024**2
     devices: list[str] = Field(default_factory=list)

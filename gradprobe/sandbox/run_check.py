@@ -17,6 +17,11 @@ def run_job(job: Job | Mapping[str, Any], progress: Progress) -> ToolError | dic
     spec = BY_NAME.get(job.tool)
     if spec is None:
         return ToolError(tool_error=f"unknown tool {job.tool!r}")
+    from gradprobe.sandbox.child import unusable_interpreter
+
+    unusable = unusable_interpreter()
+    if unusable:
+        return ToolError(tool_error=unusable, tool_error_kind="interpreter")
     try:
         from gradprobe.loading import load_target  # noqa: F401  (torch: the interpreter's first need)
     except Exception as exc:  # torch missing or too old in the chosen interpreter
@@ -81,6 +86,16 @@ def _cuda_facts(device: str) -> dict[str, Any]:
         "memory_allocated_mb": round(torch.cuda.memory_allocated(dev) / 2**20, 1),
         "max_memory_allocated_mb": round(torch.cuda.max_memory_allocated(dev) / 2**20, 1),
     }
+
+
+def runtime_facts() -> dict[str, Any]:
+    """What this interpreter is (reported by the child; the server adds how it was chosen)."""
+    import platform
+    import sys
+
+    torch = sys.modules.get("torch")
+    return {"python_version": platform.python_version(), "torch_version": str(getattr(torch, "__version__", "")) or None,
+            "executable": sys.executable}
 
 
 def _peak_rss_mb() -> float:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 
 from gradprobe.sandbox.cgroups import CallCgroup, server_dir_name
+from gradprobe.sandbox.interpreter import Interpreter, InterpreterError, resolve
 from gradprobe.sandbox.isolation import become_subreaper
 from gradprobe.sandbox.protocol import (CHILD_MESSAGE, ChildLimits, CgroupSpec, Control, Job, Layer, Phase, Policy,
                                         Progress, Result, StartFailed, ToolError, shown)
@@ -148,13 +149,13 @@ async def _reader_for(fd: int, limit: int = RESULT_CAP) -> tuple[asyncio.StreamR
     return reader, transport
 
 
-async def _launch_cold(job: Job, python: str | None, scratch: str, env: dict[str, str], fds: tuple[int, ...],
+async def _launch_cold(job: Job, python: Interpreter | None, scratch: str, env: dict[str, str], fds: tuple[int, ...],
                        policy: Policy) -> tuple[int, asyncio.Future[int]]:
     out_w, err_w, res_w, ctl = fds
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", LAUNCH, str(ctl), policy.model_dump_json(), python or sys.executable, CHILD,
-        stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w,
-        cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)), start_new_session=True, pass_fds=(res_w, ctl),
+        sys.executable, "-I", LAUNCH, str(ctl), policy.model_dump_json(), python.real if python else sys.executable, CHILD,
+        stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w, cwd=scratch, env=dict(env, GRADPROBE_RESULT_FD=str(res_w)),
+        start_new_session=True, pass_fds=(res_w, ctl, *(python.fds() if python else ())),
     )
     assert proc.stdin is not None
     proc.stdin.write(job.model_dump_json().encode())
@@ -204,7 +205,7 @@ def _reap_later(cgroup: CallCgroup | None, scratch: str, orphan: int | None) -> 
     threading.Thread(target=work, daemon=True, name="gradprobe-reap").start()
 
 
-def make_policy(job: Job, limits: Limits, *, scratch: str, python: str | None, timeout_s: float,
+def make_policy(job: Job, limits: Limits, *, scratch: str, python: Interpreter | None, timeout_s: float,
                 allowed_roots: list[str] | None) -> Policy:
     """How the confining code builds this call's boundary."""
     device = job.target.get("device") or "cpu"
@@ -213,8 +214,12 @@ def make_policy(job: Job, limits: Limits, *, scratch: str, python: str | None, t
         cgroup_spec=CgroupSpec(memory_bytes=limits.memory_bytes, pids=limits.pids, server=server_dir_name())
         if limits.isolate else None,
         project_dir=job.target.get("project_dir"), allowed_roots=[os.path.realpath(r) for r in allowed_roots or []],
-        package_root=PACKAGE_ROOT, scratch=scratch, python=python,
-        extra_ro=[p for p in sys.path if p and os.path.isdir(p)],
+        package_root=PACKAGE_ROOT, scratch=scratch,
+        # the interpreter, resolved once: the launcher executes exactly that open file, and only the installation
+        # prefixes derived from it are bound (never the server's working directory or other sys.path entries)
+        python=python.real if python else None, python_exec=python.exec_spec() if python else None,
+        extra_ro=[],
+        read_paths=[str(p) for p in job.target.get("read_paths") or []],  # bound per call, like the project
         scratch_bytes=limits.scratch_bytes, shm_bytes=limits.shm_bytes,
         devices=_gpu_devices() if device.startswith("cuda") or device == "auto" else [],
         limits=limits.for_child(timeout_s, device),
@@ -251,11 +256,12 @@ class _Results:
 class _ChildCall:
     """One run of `run_child`: the child's start, its pipes, the wait, the outcome, the teardown."""
 
-    def __init__(self, job: Job, *, python: str | None, timeout_s: float, limits: Limits, progress: ProgressFn | None,
+    def __init__(self, job: Job, *, python: Interpreter | None, timeout_s: float, limits: Limits, progress: ProgressFn | None,
                  warm: WarmWorker | None, allowed_roots: list[str] | None):
         self.python, self.timeout_s, self.limits, self.progress, self.warm = python, timeout_s, limits, progress, warm
         self.scratch = tempfile.mkdtemp(prefix="gradprobe-call-", dir="/tmp")
         self.env = child_env(self.scratch)
+        self.env.update({str(k): str(v) for k, v in (job.target.get("env") or {}).items()})  # the target's own (checked)
         self.policy = make_policy(job, limits, scratch=self.scratch, python=python, timeout_s=timeout_s,
                                   allowed_roots=allowed_roots)
         if self.policy.project_dir:  # the child mounts the directory it opens at this path (and refuses one outside the roots)
@@ -472,7 +478,7 @@ class _ChildCall:
 async def run_child(
     job: Job,
     *,
-    python: str | None = None,
+    python: str | Interpreter | None = None,
     timeout_s: float = 120.0,
     limits: Limits | None = None,
     progress: ProgressFn | None = None,
@@ -481,6 +487,18 @@ async def run_child(
 ) -> ChildOutcome:
     """Run one job in a fresh confined child (forked from the warm worker when one is given and
     usable, else launch.py + the named interpreter); never raises for anything the child does."""
+    if isinstance(python, str):  # a path (a Ray worker, a library caller): resolved once, here
+        try:
+            interp = resolve(python, "named by the target's `python`", "target")
+        except InterpreterError as exc:
+            return ChildOutcome(None, str(exc), Phase.STARTING, None, False, "", "", 0.0, tool_error_kind="interpreter")
+        try:
+            return await run_child(job, python=interp, timeout_s=timeout_s, limits=limits, progress=progress, warm=warm,
+                                   allowed_roots=allowed_roots)
+        finally:
+            interp.close()
+    if python is not None and python.is_server:
+        python = None
     call = _ChildCall(job, python=python, timeout_s=timeout_s, limits=limits or Limits(), progress=progress, warm=warm,
                       allowed_roots=allowed_roots)
     return await call.run()

@@ -4,8 +4,70 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from gradprobe.sandbox.runner import Limits
+
+if TYPE_CHECKING:
+    from gradprobe.sandbox.executor import Executor
+    from gradprobe.sandbox.interpreter import InterpreterPolicy
+
+GIB = 1024**3
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        text = open(path).read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_limits() -> list[int]:
+    """Memory limits of this process's cgroup and its ancestors (v2 memory.max, v1 memory.limit_in_bytes)."""
+    out: list[int] = []
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            base, fname = "/sys/fs/cgroup", "memory.max"
+        elif "memory" in controllers.split(","):
+            base, fname = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
+        else:
+            continue
+        while True:
+            value = _read_int(os.path.join(base + path.rstrip("/"), fname))
+            if value and value < 1 << 60:
+                out.append(value)
+            if path in ("/", ""):
+                break
+            path = os.path.dirname(path)
+    return out
+
+
+def machine_memory_bytes() -> int | None:
+    """What this process may use: the machine's memory, or its cgroup's limit when lower."""
+    total = None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    limits = [x for x in [total, *_cgroup_limits()] if x]
+    return min(limits) if limits else None
+
+
+def default_memory_bytes() -> int:
+    """Each check's default cap: what the machine (or the server's cgroup) has, less room for the server itself
+    (a quarter, at least 2 GiB); 8 GiB when that cannot be read."""
+    have = machine_memory_bytes()
+    if not have:
+        return 8 * GIB
+    return max(GIB, have - max(2 * GIB, have // 4))
 
 
 @dataclass(frozen=True)
@@ -31,6 +93,8 @@ class ServeOptions:
     warm: bool = True
     allowed_roots: tuple[str, ...] = ()  # empty: no limit over stdio; the working directory over HTTP
     allowed_pythons: tuple[str, ...] = ()
+    allowed_env: tuple[str, ...] = ()  # variable names a target's `env` may set over HTTP
+    max_memory_bytes: int | None = None  # the ceiling a target's `memory_gb` may ask for (None: the machine's default)
     limits: Limits = field(default_factory=Limits)
     executor: str = "local"  # or "ray"
     ray_address: str = "local"
@@ -52,7 +116,36 @@ class ServeOptions:
             return [os.path.realpath(r) for r in self.allowed_roots]
         return [os.path.realpath(os.getcwd())] if self.http is not None else []
 
-    def make_executor(self):
+    @property
+    def memory_ceiling(self) -> int:
+        return max(self.max_memory_bytes or default_memory_bytes(), self.limits.memory_bytes or 0)
+
+    def refuse(self, target: Any) -> str | None:
+        """Why this server will not run a target's own settings (read_paths, env, memory_gb), or None. Over HTTP (or with
+        allowed roots), read_paths only inside the roots; over HTTP, env only with names the operator allowed."""
+        roots = self.roots
+        for path in target.read_paths:
+            real = os.path.realpath(path)
+            if roots and not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
+                return f"read_paths: {path!r} is outside the roots this server may read: {', '.join(roots)}"
+        names = sorted(set(target.env) - set(self.allowed_env))
+        if self.http is not None and names:
+            return (f"env: this server does not let callers set {', '.join(names)} (its operator allows: "
+                    f"{', '.join(self.allowed_env) or 'none'}; gradprobe serve --allow-env NAME)")
+        if target.memory_gb and target.memory_gb * GIB > self.memory_ceiling:
+            return (f"memory_gb: {target.memory_gb:g} GB is more than this server allows per check "
+                    f"({self.memory_ceiling / GIB:.1f} GB; its operator sets it with --max-memory-gb)")
+        return None
+
+    def interpreter_policy(self) -> InterpreterPolicy:
+        """Which interpreters targets may run (sandbox/interpreter.py): with allowed roots (always over HTTP), a named
+        one only when listed with --allow-python, a project's own only inside a root or listed."""
+        from gradprobe.sandbox.interpreter import InterpreterPolicy
+
+        roots = self.roots
+        return InterpreterPolicy.make(roots, self.allowed_pythons, strict=bool(roots))
+
+    def make_executor(self) -> Executor:
         """The Executor (sandbox/executor.py) these options ask for."""
         if self.executor == "ray":
             from gradprobe.sandbox.ray_executor import RayExecutor

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 import os
-import sys
 from dataclasses import dataclass, field
 
 import anyio
@@ -44,6 +43,7 @@ class Runtime:
         self.limits = options.limits
         self.allowed_roots = options.roots
         self.allowed_pythons = [os.path.realpath(p) for p in options.allowed_pythons]
+        self.interpreters = options.interpreter_policy()
         self.executor: Executor = executor or options.make_executor()
         self.phase_total = float(len(PHASES))
         clean_stale()  # cgroup subtrees of gradprobe servers that are gone
@@ -69,6 +69,9 @@ class Runtime:
         """Refuse, before any child starts and before anything about the path is looked at, a project or a model
         file outside every allowed root (symlinks and .. resolved): one answer whether it exists or not. The child
         checks the project again on the directory it opens (confine.py)."""
+        refused = self.options.refuse(target)  # the target's read_paths, env and memory_gb
+        if refused:
+            raise ToolInputError(refused)
         if not self.allowed_roots:
             return
         refs = [getattr(target, f) for f in ("model", "inputs", "loss", "optimizer", "train_step")]
@@ -76,10 +79,7 @@ class Runtime:
         for path in [target.project_dir, *files]:
             if not os.path.isabs(target.project_dir) or not self._inside(path):
                 raise ToolInputError(f"{path!r} is outside the roots this server may read: {', '.join(self.allowed_roots)}")
-        if target.python is not None:  # only interpreters the operator listed (--allow-python), wherever they are
-            py = os.path.realpath(target.python)
-            if py not in self.allowed_pythons and py != os.path.realpath(sys.executable):
-                raise ToolInputError(f"python {target.python!r} is not an interpreter this server allows (--allow-python)")
+        # the interpreter (named or found) is checked where it is resolved, once: sandbox/interpreter.py
 
     def _can_run(self, caller: str) -> bool:
         return self.running < self.max_concurrent and self._running.get(caller, 0) < self.per_caller

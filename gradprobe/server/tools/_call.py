@@ -34,7 +34,11 @@ TARGET_HELP = (
     '("train.py:build_model", or just "case.py" to pick up build_model/make_inputs/loss_fn/'
     "make_optimizer/train_step from that file), inputs, loss, optimizer, train_step (same "
     "FILE_OR_MODULE:CALLABLE form), setup (inline Python defining model/inputs/...), device "
-    '("cpu", "cuda", "auto"), seed, timeout_s. The code runs in a sandboxed child process, never in the server. '
+    '("cpu", "cuda", "auto"), seed, timeout_s. The code runs in a sandboxed child process, never in the server, with '
+    "the project's own Python environment (.venv, venv, env, .pixi or the conda env of environment.yml, found from "
+    "project_dir up), else the server's interpreter: set python to an interpreter's absolute path to choose another "
+    '("server" for the server\'s own); every report says which one ran. read_paths names data or cache directories '
+    "outside the project the code may read; env sets variables (e.g. WANDB_MODE); memory_gb raises the memory limit. "
     "A dict batch is passed as keyword arguments (keys forward does not take stay for loss_fn(output, batch)); "
     "the full format, with a worked example, is docs/targets.md in the gradprobe repository."
 )
@@ -68,7 +72,8 @@ async def call_tool(runtime: Runtime, tool: str, target: Target, options: dict[s
     try:
         runtime.check_target(target)
         async with runtime.slot(ctx, caller):
-            report = await execute(tool, target, options, progress=progress, executor=runtime.executor)
+            report = await execute(tool, target, options, progress=progress, executor=runtime.executor,
+                                   interpreters=runtime.interpreters)
         if post is not None:
             extra_content = post(report)
         outcome = "ok" if report.get("ok") else "findings"

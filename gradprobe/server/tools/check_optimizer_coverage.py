@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult
@@ -11,6 +11,11 @@ from pydantic import Field
 from gradprobe.server.models import Report
 from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer
+
+    from gradprobe.server.runtime import Runtime
 
 DESCRIPTION = f"""Compare the user's optimizer with the model by tensor identity: trainable parameters
 in no param group (GP201), stale tensors from a rebuilt/deep-copied model (GP202), frozen or
@@ -25,8 +30,9 @@ Use it when the loss does not go down although gradients exist. The target needs
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}, "step": true}}"""
 
 
-def register(server, runtime) -> None:
-    @server.tool(name="check_optimizer_coverage", title="Check optimizer coverage", description=DESCRIPTION, annotations=READ_ONLY)
+def register(server: MCPServer, runtime: Runtime) -> None:
+    @server.tool(name="check_optimizer_coverage", title="Check optimizer coverage", description=DESCRIPTION,
+                 annotations=READ_ONLY)
     async def check_optimizer_coverage(
         target: Target,
         ctx: Context,

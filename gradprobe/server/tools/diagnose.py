@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult, ImageContent
@@ -12,6 +12,11 @@ from gradprobe.flowchart import flow_mermaid, flow_svg
 from gradprobe.server.models import Report
 from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer
+
+    from gradprobe.server.runtime import Runtime
 
 DESCRIPTION = f"""Start here when "gradients don't flow" or "the model does not learn". Loads the user's
 code once in a sandbox and runs every check that applies: registration (GP1xx), optimizer
@@ -35,7 +40,7 @@ def _picture(report: dict) -> list:
     return [ImageContent(type="image", data=base64.b64encode(svg).decode(), mime_type="image/svg+xml")]
 
 
-def register(server, runtime) -> None:
+def register(server: MCPServer, runtime: Runtime) -> None:
     @server.tool(name="diagnose", title="Diagnose gradient flow", description=DESCRIPTION, annotations=READ_ONLY)
     async def diagnose(target: Target, ctx: Context) -> Annotated[CallToolResult, Report]:
         return await call_tool(runtime, "diagnose", target, {}, ctx, post=_picture)

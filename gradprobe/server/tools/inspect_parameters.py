@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult
@@ -10,6 +10,11 @@ from mcp.types import CallToolResult
 from gradprobe.server.models import Report
 from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer
+
+    from gradprobe.server.runtime import Runtime
 
 DESCRIPTION = f"""Load the user's model in a sandbox and list every registered parameter and buffer
 (name, shape, dtype, device, requires_grad, is_leaf, tied aliases), plus what the model should
@@ -24,7 +29,7 @@ device="meta" inspects models too large for the machine without allocating weigh
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "model.py:build_model"}}}}"""
 
 
-def register(server, runtime) -> None:
+def register(server: MCPServer, runtime: Runtime) -> None:
     @server.tool(name="inspect_parameters", title="Inspect parameters", description=DESCRIPTION, annotations=READ_ONLY)
     async def inspect_parameters(target: Target, ctx: Context) -> Annotated[CallToolResult, Report]:
         return await call_tool(runtime, "inspect_parameters", target, {}, ctx)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult
@@ -11,6 +11,11 @@ from pydantic import Field
 from gradprobe.server.models import Report
 from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer
+
+    from gradprobe.server.runtime import Runtime
 
 DESCRIPTION = f"""Find every user-defined torch.autograd.Function the model calls during one forward,
 capture the real inputs each received, and check its backward on float64 copies: analytical vs
@@ -25,16 +30,19 @@ module or plain function explicitly on the target's inputs.
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "model.py"}}}}"""
 
 
-def register(server, runtime) -> None:
+def register(server: MCPServer, runtime: Runtime) -> None:
     @server.tool(name="run_gradcheck", title="Check custom autograd Functions", description=DESCRIPTION, annotations=READ_ONLY)
     async def run_gradcheck(
         target: Target,
         ctx: Context,
-        function: Annotated[str | None, Field(description='Check only this: "file.py:MyFn" (autograd.Function, module class/factory or function).')] = None,
+        function: Annotated[str | None, Field(description=(
+            'Check only this: "file.py:MyFn" (autograd.Function, module class/factory or function).'))] = None,
         check_second_order: Annotated[bool, Field(description="Also compare second derivatives (gradgradcheck).")] = False,
-        fast_mode: Annotated[bool | None, Field(description="Force fast mode on (true) or off (false); default: chosen by input size.")] = None,
+        fast_mode: Annotated[bool | None, Field(description=(
+            "Force fast mode on (true) or off (false); default: chosen by input size."))] = None,
         atol: Annotated[float | None, Field(gt=0, description="Absolute tolerance (default 1e-5).")] = None,
         rtol: Annotated[float | None, Field(gt=0, description="Relative tolerance (default 1e-3).")] = None,
     ) -> Annotated[CallToolResult, Report]:
-        options = {"function": function, "check_second_order": check_second_order, "fast_mode": fast_mode, "atol": atol, "rtol": rtol}
+        options = {"function": function, "check_second_order": check_second_order, "fast_mode": fast_mode,
+                   "atol": atol, "rtol": rtol}
         return await call_tool(runtime, "run_gradcheck", target, options, ctx)

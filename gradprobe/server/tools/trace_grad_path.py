@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult
@@ -11,6 +11,11 @@ from pydantic import Field
 from gradprobe.server.models import Report
 from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer
+
+    from gradprobe.server.runtime import Runtime
 
 DESCRIPTION = f"""Run one real step of the user's model (their train_step when given, else forward +
 loss + backward) with every torch op observed, and report, per trainable parameter, whether the
@@ -28,7 +33,7 @@ Use it for "my layer gets no gradient" / "element 0 of tensors does not require 
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}}}"""
 
 
-def register(server, runtime) -> None:
+def register(server: MCPServer, runtime: Runtime) -> None:
     @server.tool(name="trace_grad_path", title="Trace the gradient path", description=DESCRIPTION, annotations=READ_ONLY)
     async def trace_grad_path(
         target: Target,

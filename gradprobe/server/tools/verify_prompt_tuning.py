@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult
@@ -11,6 +11,11 @@ from pydantic import Field
 from gradprobe.server.models import Report
 from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
 from gradprobe.target import Target
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer
+
+    from gradprobe.server.runtime import Runtime
 
 DESCRIPTION = f"""For soft-prompt / prefix / p-tuning (hand-written or PEFT) on Hugging Face causal LMs:
 find the prompt, observe one real step with the base model's forward and generate() watched, and
@@ -26,11 +31,12 @@ cache in training (GP509), prompt not a leaf (GP510), reentrant checkpointing wi
 Example: {{"target": {{"project_dir": "/home/ana/pt", "model": "train.py"}}, "prompt": "soft_prompt"}}"""
 
 
-def register(server, runtime) -> None:
+def register(server: MCPServer, runtime: Runtime) -> None:
     @server.tool(name="verify_prompt_tuning", title="Verify prompt tuning", description=DESCRIPTION, annotations=READ_ONLY)
     async def verify_prompt_tuning(
         target: Target,
         ctx: Context,
-        prompt: Annotated[str | None, Field(description="Parameter name or attribute path of the soft prompt (default: detected).")] = None,
+        prompt: Annotated[str | None, Field(description=(
+            "Parameter name or attribute path of the soft prompt (default: detected)."))] = None,
     ) -> Annotated[CallToolResult, Report]:
         return await call_tool(runtime, "verify_prompt_tuning", target, {"prompt": prompt}, ctx)

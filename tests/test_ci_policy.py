@@ -1,0 +1,48 @@
+"""Issue 26 item 9: CI runs what it claims. Under CI a test that would skip for a missing Python package fails; a
+GPU skip stays a skip; every skip is listed with its reason."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+from conftest import ROOT
+
+PROBE = '''
+import pytest
+
+
+def test_needs_a_package_nobody_installed():
+    pytest.importorskip("no_such_package_for_gradprobe_tests")
+
+
+@pytest.mark.skipif(True, reason="no CUDA device on this machine")
+def test_needs_a_gpu():
+    pass
+'''
+
+
+def _run(tmp_path, ci: bool) -> subprocess.CompletedProcess:
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")  # its addopts (-rs)
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = str(ROOT)
+    if ci:
+        env["CI"] = "true"
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                           "test_probe.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_under_ci_a_missing_package_fails_and_a_gpu_skip_is_listed(tmp_path):
+    out = _run(tmp_path, ci=True)
+    assert "1 failed, 1 skipped" in out.stdout, out.stdout + out.stderr
+    assert "add the package to the `test` extra" in out.stdout and "SKIPPED [1]" in out.stdout, out.stdout
+    assert "no CUDA device on this machine" in out.stdout, out.stdout
+
+
+def test_outside_ci_both_skip_with_their_reasons(tmp_path):
+    out = _run(tmp_path, ci=False)
+    assert "2 skipped" in out.stdout and "no_such_package_for_gradprobe_tests" in out.stdout, out.stdout + out.stderr
