@@ -2,7 +2,8 @@
 
 Run as `python -I .../gradprobe/sandbox/child.py` by launch.py (already confined:
 see confine.py), or called in a warm worker's confined fork; gradprobe reaches the
-child by path, so any interpreter with a compatible torch (and pydantic) works. The
+child by path, so any interpreter with a compatible torch works (the standard library and
+torch are all the child imports). The
 job arrives on stdin; progress events and the result leave as protocol messages
 (protocol.py), one JSON line each, on a dedicated pipe (fd given in
 GRADPROBE_RESULT_FD), never on stdout, which belongs to the user's prints. Every
@@ -32,7 +33,7 @@ def _bootstrap_path() -> None:
 
 def interpreter_error(exc: BaseException) -> str:
     """The tool error for an interpreter that lacks what the child needs."""
-    return f"this interpreter cannot run gradprobe's checks (it needs torch and pydantic): {type(exc).__name__}: {exc}"
+    return f"this interpreter cannot run gradprobe's checks (it needs torch): {type(exc).__name__}: {exc}"
 
 
 def unusable_interpreter() -> str | None:
@@ -95,7 +96,7 @@ def run(job: Job, fd: int) -> None:
 
 
 def _no_protocol(fd: int, exc: ImportError) -> None:
-    """The one message written without the models (pydantic itself may be what the interpreter lacks)."""
+    """The one message written without the models (an import the protocol needs may be what the interpreter lacks)."""
     error = unusable_interpreter() or interpreter_error(exc)
     line: dict[str, Any] = {"type": "result", "report": {"tool_error": error, "tool_error_kind": "interpreter"}}
     os.write(fd, (json.dumps(line) + "\n").encode())
