@@ -7,7 +7,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gradprobe.findings import Finding
 from gradprobe.report import make_report
