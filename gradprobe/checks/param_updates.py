@@ -33,6 +33,23 @@ GP207: Rule[StuckFacts] = Rule(
             when="the line responsible is known (the optimizer's, or the zero_grad() between backward and step)",
             message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
                     "{reason} (line {line} of {file})."),
+        "zero_lr": Situation(
+            when="their param group has lr 0 (the line is the one that gave it lr 0, where known)",
+            message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
+                    "{reason}{where}.",
+            fix="Give their param group a positive learning rate where it is set{where} (see GP205); the zero_grad/step "
+                "order is not the cause."),
+        "not_in_optimizer": Situation(
+            when="they are in no param group of the optimizer",
+            message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
+                    "{reason}{where}.",
+            fix="Add them to the optimizer built{where} (build it from model.parameters() once the model is complete)."),
+        "not_stepped": Situation(
+            when="optimizer.step() did not run after backward (or a GradScaler skipped it)",
+            message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
+                    "{reason}.",
+            fix="Call optimizer.step() after backward() (with a GradScaler: scaler.step(optimizer); scaler.update(), "
+                "and check the gradients for inf/NaN)."),
     },
 )
 
@@ -132,7 +149,7 @@ def _reason(p: torch.Tensor, in_opt: set[int], lr_of: dict[int, Any], stepped: b
 
 
 def measure_stuck(model: nn.Module, optimizer: Any, before: dict[int, torch.Tensor], obs: StepObserver,
-                  explained: set[str], opt_site: dict[str, Any] | None) -> StuckFacts:
+                  explained: set[str], opt_site: dict[str, Any] | None, zero_lr_at: dict[str, Any] | None = None) -> StuckFacts:
     names = param_names(model)
     in_opt = {id(t) for g in optimizer.param_groups for t in g["params"]}
     lr_of = {id(t): g.get("lr") for g in optimizer.param_groups for t in g["params"]}
@@ -147,8 +164,11 @@ def measure_stuck(model: nn.Module, optimizer: Any, before: dict[int, torch.Tens
         name = names[id(p)][0]
         if name not in explained:
             stuck.setdefault(_reason(p, in_opt, lr_of, stepped, obs), []).append(name)
-    where = {NOT_IN_OPTIMIZER: opt_site, ZERO_LR: opt_site, ZEROED_BETWEEN: _zeroed_between_at(obs)}
+    where = {NOT_IN_OPTIMIZER: opt_site, ZERO_LR: zero_lr_at or opt_site, ZEROED_BETWEEN: _zeroed_between_at(obs)}
     return StuckFacts(stuck, where, obs.events[:30])
+
+
+_BY_REASON = {ZERO_LR: "zero_lr", NOT_IN_OPTIMIZER: "not_in_optimizer", NOT_STEPPED: "not_stepped"}
 
 
 @GP207.detector
@@ -156,11 +176,15 @@ def detect_not_updated(facts: StuckFacts) -> Iterator[Finding]:
     for reason, params in facts.stuck.items():
         at = facts.where.get(reason)
         where = {"line": at["line"], "file": at["file"].rsplit("/", 1)[-1]} if at else {}
-        yield GP207.finding("at_line" if at else None, count=len(params), reason=reason, **where,
+        said = f" (line {where['line']} of {where['file']})" if at else ""
+        situation = _BY_REASON.get(reason) or ("at_line" if at else None)
+        yield GP207.finding(situation, count=len(params), reason=reason, **where, where=said,
                             parameters=params, location=at, evidence={"reason": reason, "call_order": facts.events})
 
 
 def stuck_findings(model: nn.Module, optimizer: Any, before: dict[int, torch.Tensor], obs: StepObserver,
-                   explained: set[str], opt_site: dict[str, Any] | None) -> list[Finding]:
-    """GP207 for the parameters (but those in `explained`) that had a gradient and did not move."""
-    return run_rules((GP207,), measure_stuck(model, optimizer, before, obs, explained, opt_site))
+                   explained: set[str], opt_site: dict[str, Any] | None,
+                   zero_lr_at: dict[str, Any] | None = None) -> list[Finding]:
+    """GP207 for the parameters (but those in `explained`) that had a gradient and did not move; `zero_lr_at` is the
+    line that gave a group lr 0 (its builder or scheduler), where known."""
+    return run_rules((GP207,), measure_stuck(model, optimizer, before, obs, explained, opt_site, zero_lr_at))
