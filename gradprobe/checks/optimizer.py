@@ -66,14 +66,14 @@ GP201: Rule[CoverageFacts] = Rule(
             message="{count} trainable parameter(s) are in no param group of {optimizer}: {names}. They get gradients but "
                     "step() never updates them. They were set on the model at line {line} of {file}, after the optimizer "
                     "was built.",
-            fix="Build the optimizer after the model is complete, from model.parameters() "
-                "(or add a group: optimizer.add_param_group({{'params': module.parameters()}}))."),
+            fix="Move the assignment at line {line} of {file} before the optimizer is built, or add what it set: "
+                "optimizer.add_param_group({{'params': <the new module>.parameters()}})."),
         "fed": Situation(
             when="the measured step gave them a gradient",
             message="{count} trainable parameter(s) got a gradient in this step but are in no param group of the optimizer: "
                     "{names}. step() never updates them.",
-            fix="Build the optimizer after the model is complete, from model.parameters() "
-                "(or add a group: optimizer.add_param_group({{'params': module.parameters()}}))."),
+            fix="They learn nothing while they get gradients: build the optimizer from model.parameters() once the model "
+                "is complete, or add them: optimizer.add_param_group({{'params': [<these parameters>]}})."),
         "idle": Situation(
             when="the measured step gave them no gradient: nothing is lost in this step",
             severity="info",
@@ -120,8 +120,8 @@ GP202: Rule[CoverageFacts] = Rule(
             message="{optimizer} holds {count} tensor(s) that are not the model's current parameters; the model was "
                     "rebuilt or a parameter replaced. The replacement happened during the step (e.g. a data-dependent "
                     "initialisation on the first call).",
-            fix="Initialise in place so the optimizer keeps the same tensors (with torch.no_grad(): "
-                "self.<param>.copy_(<value>)), or build the optimizer after the first forward."),
+            fix="Find the module whose forward assigns a new nn.Parameter on its first call and initialise in place there "
+                "(with torch.no_grad(): self.<param>.copy_(<value>)), or build the optimizer after the first forward."),
     },
 )
 
