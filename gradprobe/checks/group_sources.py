@@ -32,6 +32,7 @@ class GroupSources:
     keys: dict[int, list[str]] = field(default_factory=dict)  # id(group dict) -> its keys as the user gave them
     schedulers: list[tuple[Any, Loc | None]] = field(default_factory=list)  # (scheduler, the user line that built it)
     refused: tuple[list[dict[str, Any]], dict[str, Any]] | None = None  # (groups already added, the refused one)
+    returned: list[Any] = field(default_factory=list)  # optimizers a user function returned (make_optimizer's tuple)
     keep: list[Any] = field(default_factory=list)
 
     def source_of(self, group: dict[str, Any]) -> Loc | None:
@@ -91,6 +92,9 @@ class GroupRecorder:
         if event != "return" or not self.user.is_user_file(frame.f_code.co_filename):
             return
         src = self.sources
+        for opt in (arg if isinstance(arg, (tuple, list)) else arg.values() if isinstance(arg, dict) else [arg]):
+            if isinstance(opt, torch.optim.Optimizer) and all(o is not opt for o in src.returned):
+                src.returned.append(opt)
         for value in list(frame.f_locals.values()) + [arg]:
             for group in _groups_in(value):
                 if id(group) not in src.built_by:

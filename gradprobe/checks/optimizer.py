@@ -26,6 +26,7 @@ from gradprobe.checks.param_groups import (
     zero_lr_explained,
 )
 from gradprobe.checks.param_updates import StepObserver, snapshot, stuck_findings
+from gradprobe.checks.several_optimizers import held_by_others, shared_parameter_findings
 from gradprobe.checks.torchcompat import (
     OPTIMIZER_EMPTY,
     OPTIMIZER_NON_LEAF,
@@ -283,7 +284,8 @@ def measure_coverage(model: nn.Module, optimizer: torch.optim.Optimizer, record:
     facts.total = sum(len(g["params"]) for g in optimizer.param_groups)
     trainable = [(n[0], p) for n, p in ((names[id(p)], p) for p in model.parameters()) if p.requires_grad]
     facts.trainable = len(trainable)
-    missing = [(n, p) for n, p in trainable if id(p) not in seen]
+    others = held_by_others(optimizer, record)  # another optimizer (a GAN's other one) updates these
+    missing = [(n, p) for n, p in trainable if id(p) not in seen and id(p) not in others]
     facts.missing = [n for n, _ in missing]
     explained = _pair_stale(facts, stale, missing, record, model, seq) if stale else set()
     facts.rest = [(n, p.numel()) for n, p in missing if n not in explained]
@@ -374,7 +376,7 @@ def check_coverage(model: nn.Module, optimizer: Any, record: BuildRecord | None 
     if not isinstance(optimizer, torch.optim.Optimizer):
         return run_rules((GP209,), optimizer), []
     facts = measure_coverage(model, optimizer, record)
-    return run_rules(COVERAGE_RULES, facts), facts.groups
+    return run_rules(COVERAGE_RULES, facts) + shared_parameter_findings(model, optimizer, record), facts.groups
 
 
 def replaced_during_step(model: nn.Module, optimizer: Any, record: BuildRecord | None, seen: set[tuple]) -> list[Finding]:
