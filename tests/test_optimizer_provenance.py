@@ -90,3 +90,20 @@ def test_every_gp2xx_situation_has_its_own_fix_text():
         assert len(set(own.values())) == len(own), (code, own)
         assert doc["fix"] not in own.values(), (code, doc["fix"])
         assert fixes
+
+
+@pytest.mark.anyio
+async def test_two_optimizers_over_the_same_parameters_are_named_with_both_lines(client, tmp_path):
+    f = _one(await _findings(client, tmp_path, "gp210_gan_optimizer_holds_both.py"), "GP210")
+    assert f["severity"] == "error" and f["parameters"] == ["D.0.weight", "D.0.bias", "D.2.weight", "D.2.bias"]
+    assert f["location"]["line"] == 37 and f["evidence"]["first_optimizer_at"]["line"] == 36
+    assert "line 36" in f["message"] and "line 37" in f["message"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("tool", ["check_optimizer_coverage", "diagnose"])
+async def test_a_gan_with_one_optimizer_per_network_is_clean(client, tmp_path, tool):
+    """The discriminator's parameters are not in the generator's optimizer: they are the other optimizer's, not GP201."""
+    findings = await _findings(client, tmp_path, "healthy_gan_two_optimizers.py", tool)
+    assert not [f for f in findings if f["severity"] in ("error", "warning")], findings
+    assert not [f for f in findings if f["code"] in ("GP201", "GP210")], findings
