@@ -107,3 +107,12 @@ async def test_a_gan_with_one_optimizer_per_network_is_clean(client, tmp_path, t
     findings = await _findings(client, tmp_path, "healthy_gan_two_optimizers.py", tool)
     assert not [f for f in findings if f["severity"] in ("error", "warning")], findings
     assert not [f for f in findings if f["code"] in ("GP201", "GP210")], findings
+
+
+@pytest.mark.anyio
+async def test_a_step_on_the_wrong_optimizer_is_named_with_its_line(client, tmp_path):
+    findings = await _findings(client, tmp_path, "gp211_gan_steps_wrong_optimizer.py")
+    f = _one(findings, "GP211")
+    assert f["location"]["line"] == 46 and f["parameters"] == ["D.0.weight", "D.0.bias", "D.2.weight", "D.2.bias"]
+    assert f["evidence"]["owner_optimizer_at"]["line"] == 35 and f["evidence"]["stepped_optimizer_at"]["line"] == 36
+    assert not [g for g in findings if g["code"] == "GP207"], findings  # the unmoved discriminator is GP211's

@@ -26,7 +26,12 @@ from gradprobe.checks.param_groups import (
     zero_lr_explained,
 )
 from gradprobe.checks.param_updates import StepObserver, snapshot, stuck_findings
-from gradprobe.checks.several_optimizers import held_by_others, shared_parameter_findings
+from gradprobe.checks.several_optimizers import (
+    StepOwners,
+    held_by_others,
+    shared_parameter_findings,
+    wrong_step_parameters,
+)
 from gradprobe.checks.torchcompat import (
     OPTIMIZER_EMPTY,
     OPTIMIZER_NON_LEAF,
@@ -418,7 +423,7 @@ def analyze_step(model: nn.Module, optimizer: Any, before: dict[int, torch.Tenso
     (those GP201 and GP202 already explain are left out)."""
     already = {n for f in coverage if f["code"] in (GP201.code, GP202.code) for n in f["parameters"]}
     warmup, zero_lr_at = zero_lr_explained(coverage)
-    already |= warmup
+    already |= warmup | wrong_step_parameters(coverage)
     return stuck_findings(model, optimizer, before, obs, already, opt_site, zero_lr_at or opt_site)
 
 
@@ -427,8 +432,10 @@ def check_step(loaded: Loaded, coverage: list[Finding]) -> tuple[list[Finding], 
     from gradprobe.loading import BuildRecorder
 
     before = snapshot(loaded.model)
-    with StepObserver(loaded.model, loaded.optimizer, loaded.user) as obs, BuildRecorder(loaded.user, loaded.record):
+    owners = StepOwners(loaded.model, loaded.optimizer, loaded.record, loaded.user)
+    with StepObserver(loaded.model, loaded.optimizer, loaded.user) as obs, owners, BuildRecorder(loaded.user, loaded.record):
         result = run_step(loaded, optimizer_step=True)
+    coverage += owners.findings()
     coverage += replaced_during_step(loaded.model, loaded.optimizer, loaded.record,
                                      {(f["code"], tuple(f["parameters"])) for f in coverage})
     err = result.error

@@ -10,13 +10,15 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn as nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gradprobe.checks._step import param_names
 from gradprobe.findings import Finding, Rule, run_rules
+from gradprobe.userframes import UserCode
 
 if TYPE_CHECKING:
     from gradprobe.loading import BuildRecord
@@ -35,6 +37,18 @@ GP210: Rule[SharedFacts] = Rule(
     fix="Give each optimizer only its own network's parameters: the {first} at {first_at} and the {second} at "
         "{second_at} must hold disjoint sets (e.g. model.generator.parameters() for one and "
         "model.discriminator.parameters() for the other, not model.parameters()).",
+)
+
+GP211: Rule[StepFacts] = Rule(
+    code="GP211", name="step-on-wrong-optimizer", severity="error", rank=16,
+    summary="An optimizer's step() ran while none of its parameters had a gradient, and another optimizer's did.",
+    why="With several optimizers (GAN, actor-critic), stepping the one whose network the last backward() did not reach "
+        "updates nothing, while the network that got the gradients is not updated by that step.",
+    example="d_loss.backward(); opt_g.step()  # meant opt_d.step()",
+    message="{optimizer} (built at {built_at}) stepped at {step_at} while none of its {count} parameter(s) had a "
+            "gradient; {other} (built at {other_at}) held the {waiting} parameter(s) that did: {names}.",
+    fix="Step the optimizer that owns the parameters the preceding backward() reached: call {other}'s step() at "
+        "{step_at} (the one built at {other_at}), not the one built at {built_at}.",
 )
 
 
@@ -108,3 +122,67 @@ def detect_shared(facts: SharedFacts) -> Iterator[Finding]:
 def shared_parameter_findings(model: nn.Module, optimizer: Any, record: BuildRecord | None) -> list[Finding]:
     """GP210 for every pair of optimizers, built by the target and still held, over the same parameters."""
     return run_rules((GP210,), measure_shared(model, optimizer, record))
+
+
+@dataclass
+class StepFacts:
+    """Each step() of the target's optimizers during one measured step: which optimizer, its line, what had gradients."""
+
+    wrong: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _has_grad(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [t for g in opt.param_groups for t in g["params"] if t.grad is not None and bool(t.grad.detach().abs().sum() > 0)]
+
+
+class StepOwners:
+    """While a step runs, notes each step() of the live optimizers: wrong when its own parameters had no gradient and
+    another live optimizer's had."""
+
+    def __init__(self, model: nn.Module, optimizer: Any, record: BuildRecord | None, user: UserCode) -> None:
+        self.model, self.user = model, user
+        self.live = _live(optimizer, record) if record is not None else []
+        self.sites = {id(o): (record.optimizer_sites.get(id(o)) or (0, None))[1] for o in self.live} if record else {}
+        self.facts = StepFacts()
+
+    def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if not any(opt is o for o in self.live) or _has_grad(opt):
+            return
+        for other in self.live:
+            waiting = _has_grad(other) if other is not opt else []
+            if waiting:
+                names = param_names(self.model)
+                self.facts.wrong.append({
+                    "optimizer": opt, "other": other, "step_at": self.user.innermost(skip=2),
+                    "count": sum(len(g["params"]) for g in opt.param_groups),
+                    "waiting": [names.get(id(t), [f"<tensor {tuple(t.shape)}>"])[0] for t in waiting]})
+                return
+
+    def __enter__(self) -> StepOwners:
+        self._handle = register_optimizer_step_pre_hook(self._pre_step) if len(self.live) > 1 else None
+        return self
+
+    def __exit__(self, *exc: object) -> Literal[False]:
+        if self._handle is not None:
+            self._handle.remove()
+        return False
+
+    def findings(self) -> list[Finding]:
+        return run_rules((GP211,), self)
+
+
+@GP211.detector
+def detect_wrong_step(owners: StepOwners) -> Iterator[Finding]:
+    for w in owners.facts.wrong:
+        opt, other, waiting = w["optimizer"], w["other"], w["waiting"]
+        yield GP211.finding(optimizer=type(opt).__name__, built_at=_at(owners.sites.get(id(opt))), step_at=_at(w["step_at"]),
+                            count=w["count"], other=type(other).__name__, other_at=_at(owners.sites.get(id(other))),
+                            waiting=len(waiting), names=", ".join(waiting[:6]) + ("..." if len(waiting) > 6 else ""),
+                            parameters=waiting, location=w["step_at"],
+                            evidence={"stepped_optimizer_at": owners.sites.get(id(opt)),
+                                      "owner_optimizer_at": owners.sites.get(id(other))})
+
+
+def wrong_step_parameters(findings: list[Finding]) -> set[str]:
+    """The parameters a GP211 finding already explains (their owner was not stepped): not GP207 again."""
+    return {n for f in findings if f["code"] == GP211.code for n in f["parameters"]}
