@@ -39,7 +39,7 @@ GP210: Rule[SharedFacts] = Rule(
         "model.discriminator.parameters() for the other, not model.parameters()).",
 )
 
-GP211: Rule[StepFacts] = Rule(
+GP211: Rule[StepOwners] = Rule(
     code="GP211", name="step-on-wrong-optimizer", severity="error", rank=16,
     summary="An optimizer's step() ran while none of its parameters had a gradient, and another optimizer's did.",
     why="With several optimizers (GAN, actor-critic), stepping the one whose network the last backward() did not reach "
