@@ -27,7 +27,6 @@ from gradprobe.checks.param_groups import (
 )
 from gradprobe.checks.param_updates import StepObserver, snapshot, stuck_findings
 from gradprobe.checks.several_optimizers import (
-    StepOwners,
     held_by_others,
     shared_parameter_findings,
     wrong_step_parameters,
@@ -422,9 +421,10 @@ def analyze_step(model: nn.Module, optimizer: Any, before: dict[int, torch.Tenso
     """Parameters with a nonzero gradient after backward that one real step left unchanged, and why
     (those GP201 and GP202 already explain are left out)."""
     already = {n for f in coverage if f["code"] in (GP201.code, GP202.code) for n in f["parameters"]}
+    wrong = obs.owners.findings() if obs.owners is not None else []  # a step() on the other optimizer (GP211)
     warmup, zero_lr_at = zero_lr_explained(coverage)
-    already |= warmup | wrong_step_parameters(coverage)
-    return stuck_findings(model, optimizer, before, obs, already, opt_site, zero_lr_at or opt_site)
+    already |= warmup | wrong_step_parameters(wrong)
+    return wrong + stuck_findings(model, optimizer, before, obs, already, opt_site, zero_lr_at or opt_site)
 
 
 def check_step(loaded: Loaded, coverage: list[Finding]) -> tuple[list[Finding], dict[str, Any]]:
@@ -432,10 +432,9 @@ def check_step(loaded: Loaded, coverage: list[Finding]) -> tuple[list[Finding], 
     from gradprobe.loading import BuildRecorder
 
     before = snapshot(loaded.model)
-    owners = StepOwners(loaded.model, loaded.optimizer, loaded.record, loaded.user)
-    with StepObserver(loaded.model, loaded.optimizer, loaded.user) as obs, owners, BuildRecorder(loaded.user, loaded.record):
+    with StepObserver(loaded.model, loaded.optimizer, loaded.user, loaded.record) as obs, \
+            BuildRecorder(loaded.user, loaded.record):
         result = run_step(loaded, optimizer_step=True)
-    coverage += owners.findings()
     coverage += replaced_during_step(loaded.model, loaded.optimizer, loaded.record,
                                      {(f["code"], tuple(f["parameters"])) for f in coverage})
     err = result.error

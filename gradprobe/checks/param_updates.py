@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import param_names
+from gradprobe.checks.several_optimizers import StepOwners
 from gradprobe.checks.torchcompat import untraced
 from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, Rule, Situation, run_rules
@@ -69,8 +70,10 @@ def _grad_max(p: torch.Tensor) -> float:
 class StepObserver:
     """Records zero_grad/step calls and each parameter's gradient at step() time."""
 
-    def __init__(self, model: nn.Module, optimizer: Any, user: UserCode | None = None) -> None:
+    def __init__(self, model: nn.Module, optimizer: Any, user: UserCode | None = None, record: Any = None) -> None:
         self.model, self.optimizer, self.user = model, optimizer, user
+        # with the build record: which of the target's optimizers each step() ran on (GP211)
+        self.owners = StepOwners(model, optimizer, record, user) if record is not None and user is not None else None
         self.events: list[str] = []
         self.sites: dict[int, dict[str, Any] | None] = {}  # event index -> the user line of a zero_grad call
         self.grad_at_step: dict[int, float] = {}
@@ -88,6 +91,8 @@ class StepObserver:
 
     def __enter__(self) -> StepObserver:
         stack = self._stack = contextlib.ExitStack()
+        if self.owners is not None:
+            stack.enter_context(self.owners)
         stack.enter_context(patched(torch.optim.Optimizer, "zero_grad",
                                     self._zero_grad_spy(torch.optim.Optimizer.zero_grad, "optimizer.zero_grad")))
         stack.enter_context(patched(nn.Module, "zero_grad", self._zero_grad_spy(nn.Module.zero_grad, "model.zero_grad")))
