@@ -48,6 +48,7 @@ class BuildRecord:
     frozen_sites: dict = field(default_factory=dict)  # id(tensor) -> (seq, location) of requires_grad -> False
     hook_sites: dict = field(default_factory=dict)  # id(tensor) -> (seq, location) of register_hook
     grad_off_sites: list = field(default_factory=list)  # (seq, location) where grad mode was switched off
+    group_sources: Any = None  # checks.group_sources.GroupSources: where make_optimizer's param groups came from
     keep: list = field(default_factory=list)  # keeps recorded objects alive so ids stay unique
 
     def site_of(self, module: nn.Module, name: str) -> dict | None:
@@ -349,8 +350,11 @@ def _make_optimizer(make_optimizer: Any, model: nn.Module, user: UserCode,
     if isinstance(make_optimizer, torch.optim.Optimizer) or not callable(make_optimizer):
         optimizer, make_optimizer = make_optimizer, None
     else:
+        from gradprobe.checks.group_sources import GroupRecorder, GroupSources
+
+        record.group_sources = GroupSources()
         try:
-            with BuildRecorder(user, record):
+            with BuildRecorder(user, record), GroupRecorder(user, record.group_sources):
                 optimizer = _call_user("making the optimizer", make_optimizer, model)
         except TargetError as exc:
             optimizer_error = exc

@@ -139,7 +139,8 @@ def _observe(loaded: Any, prompt_on: bool) -> _Observed:
     with contextlib.ExitStack() as stack:
         # where the step itself sets module attributes: lazily created state, parameters replaced on the first call
         stack.enter_context(BuildRecorder(loaded.user, loaded.record))
-        step_obs = stack.enter_context(optimizer.StepObserver(model, opt, loaded.user)) if opt is not None else None
+        step_obs = (stack.enter_context(optimizer.StepObserver(model, opt, loaded.user, loaded.record))
+                    if opt is not None else None)
         stack.enter_context(capture)
         stack.enter_context(direct)
         if base_obs is not None:

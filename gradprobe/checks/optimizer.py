@@ -9,14 +9,28 @@ Whether one real step moved the parameters is checks/param_updates.py.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import module_of, param_names, run_step
+from gradprobe.checks.param_groups import (
+    DUPLICATE_RULES,
+    ZERO_LR_RULES,
+    CoverageFacts,
+    first_step_lr_zero_finding,
+    group_lr_sources,
+    refused_duplicates,
+    scan_groups,
+    zero_lr_explained,
+)
 from gradprobe.checks.param_updates import StepObserver, snapshot, stuck_findings
+from gradprobe.checks.several_optimizers import (
+    held_by_others,
+    shared_parameter_findings,
+    wrong_step_parameters,
+)
 from gradprobe.checks.torchcompat import (
     OPTIMIZER_EMPTY,
     OPTIMIZER_NON_LEAF,
@@ -31,7 +45,8 @@ from gradprobe.userframes import enclosing_def
 if TYPE_CHECKING:  # loading imports the checks package: no import cycle at run time
     from gradprobe.loading import BuildRecord, Loaded
 
-__all__ = ["StepObserver", "snapshot", "analyze_step", "check_coverage", "optimizer_findings", "optimizer_report"]
+__all__ = ["StepObserver", "snapshot", "first_step_lr_zero_finding", "analyze_step", "check_coverage", "optimizer_findings",
+           "optimizer_report"]
 
 Loc = dict[str, Any]
 
@@ -56,14 +71,14 @@ GP201: Rule[CoverageFacts] = Rule(
             message="{count} trainable parameter(s) are in no param group of {optimizer}: {names}. They get gradients but "
                     "step() never updates them. They were set on the model at line {line} of {file}, after the optimizer "
                     "was built.",
-            fix="Build the optimizer after the model is complete, from model.parameters() "
-                "(or add a group: optimizer.add_param_group({{'params': module.parameters()}}))."),
+            fix="Move the assignment at line {line} of {file} before the optimizer is built, or add what it set: "
+                "optimizer.add_param_group({{'params': <the new module>.parameters()}})."),
         "fed": Situation(
             when="the measured step gave them a gradient",
             message="{count} trainable parameter(s) got a gradient in this step but are in no param group of the optimizer: "
                     "{names}. step() never updates them.",
-            fix="Build the optimizer after the model is complete, from model.parameters() "
-                "(or add a group: optimizer.add_param_group({{'params': module.parameters()}}))."),
+            fix="They learn nothing while they get gradients: build the optimizer from model.parameters() once the model "
+                "is complete, or add them: optimizer.add_param_group({{'params': [<these parameters>]}})."),
         "idle": Situation(
             when="the measured step gave them no gradient: nothing is lost in this step",
             severity="info",
@@ -110,8 +125,8 @@ GP202: Rule[CoverageFacts] = Rule(
             message="{optimizer} holds {count} tensor(s) that are not the model's current parameters; the model was "
                     "rebuilt or a parameter replaced. The replacement happened during the step (e.g. a data-dependent "
                     "initialisation on the first call).",
-            fix="Initialise in place so the optimizer keeps the same tensors (with torch.no_grad(): "
-                "self.<param>.copy_(<value>)), or build the optimizer after the first forward."),
+            fix="Find the module whose forward assigns a new nn.Parameter on its first call and initialise in place there "
+                "(with torch.no_grad(): self.<param>.copy_(<value>)), or build the optimizer after the first forward."),
     },
 )
 
@@ -127,45 +142,6 @@ GP203: Rule[CoverageFacts] = Rule(
         "frozen_at": Situation(
             when="the line that froze them is known",
             message="The optimizer holds {count} frozen parameter(s) (requires_grad=False), frozen at line {line} of {file}."),
-    },
-)
-
-GP204: Rule[CoverageFacts] = Rule(
-    code="GP204", name="duplicate-param-in-optimizer", severity="error", rank=14,
-    summary="One parameter in several param groups.",
-    why="Recent PyTorch refuses it; older versions update the tensor twice per step with different hyperparameters.",
-    example="Adam([{'params': model.parameters()}, {'params': model.head.parameters(), 'lr': 1e-2}])",
-    message="{count} parameter(s) appear in more than one param group.",
-    fix="Partition the parameters so each appears in exactly one group.",
-    situations={
-        "refused": Situation(
-            when="torch refused to build the optimizer for it",
-            message="make_optimizer failed: {error}. A parameter appears in several param groups."),
-    },
-)
-
-GP205: Rule[CoverageFacts] = Rule(
-    code="GP205", name="zero-learning-rate", severity="warning", rank=99,
-    summary="A param group with lr == 0.",
-    why="Its parameters get gradients but never move.",
-    example="{'params': model.encoder.parameters(), 'lr': 0.0}",
-    message="param group {group} has lr=0: its {count} tensors never move.",
-    fix="Give the group a positive lr, or freeze those parameters explicitly with requires_grad_(False).",
-    situations={
-        "warmup_unjudged": Situation(
-            when="a script's first optimizer step ran at lr 0 in every group (a warm-up from 0), and no later step was reached",
-            severity="info",  # expected of a warm-up from 0: information, not the catalogue's warning
-            message="The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), typically a "
-                    "scheduler warming up from 0: that step moves nothing, as expected; no later step with a nonzero "
-                    "learning rate was reached, so updates were not judged.",
-            fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step."),
-        "warmup_judged": Situation(
-            when="a script's first optimizer step ran at lr 0 in every group, and updates were judged on a later step",
-            severity="info",
-            message="The script's first optimizer step ran with learning rate 0 in every param group ({lrs}), typically a "
-                    "scheduler warming up from 0: that step moves nothing, as expected; updates were judged on a later "
-                    "step (learning rates {judged_on}).",
-            fix="Nothing to fix if a warm-up schedule starts at 0; to judge updates, let the script run past the first step."),
     },
 )
 
@@ -205,7 +181,7 @@ GP209: Rule[Any] = Rule(
     fix="Subclass torch.optim.Optimizer (or wrap the update in one) so its step can be observed.",
 )
 
-COVERAGE_RULES = (GP205, GP208, GP202, GP201, GP204, GP203, GP206)
+COVERAGE_RULES = (*ZERO_LR_RULES, GP208, GP202, GP201, *DUPLICATE_RULES, GP203, GP206)
 
 
 def _names(names: list[str], n: int = 6) -> str:
@@ -269,54 +245,6 @@ def _frozen_site(record: BuildRecord | None, tensors: list[torch.Tensor]) -> Loc
 
 # ---- measure ----------------------------------------------------------------------------------------------------
 
-@dataclass
-class CoverageFacts:
-    """The optimizer's param groups compared, by identity, with the model's parameters."""
-
-    kind: str  # the optimizer's class name
-    site: Loc | None  # where the user built it
-    groups: list[dict[str, Any]] = field(default_factory=list)  # one row per param group (the report's facts)
-    zero_lr: list[tuple[int, int, list[str]]] = field(default_factory=list)  # (group, tensors, names) with lr == 0
-    total: int = 0  # tensors in all groups
-    trainable: int = 0  # the model's trainable parameters
-    dupes: list[tuple[str, int, int]] = field(default_factory=list)  # (name, first group, other group)
-    stale: list[dict[str, Any]] = field(default_factory=list)  # tensors not in the model: shape and what they likely were
-    replaced: list[str] = field(default_factory=list)  # the parameters the stale tensors were
-    replaced_at: Loc | None = None
-    missing: list[str] = field(default_factory=list)  # trainable parameters in no group, all of them
-    rest: list[tuple[str, int]] = field(default_factory=list)  # ... those the stale tensors do not explain (name, numel)
-    added_at: Loc | None = None  # where `rest` was set on the model after the optimizer, in the function that built it
-    frozen: list[str] = field(default_factory=list)
-    frozen_at: Loc | None = None
-    nonleaf: list[str] = field(default_factory=list)
-    during_step: bool = False  # measured again after a step that replaced parameters
-
-
-def _scan_groups(facts: CoverageFacts, optimizer: torch.optim.Optimizer, names: dict[int, list[str]],
-                 seen: dict[int, int]) -> list[torch.Tensor]:
-    """Walk the param groups once: group rows, zero lr, duplicates, frozen and non-leaf tensors; return the stale ones."""
-    stale: list[torch.Tensor] = []
-    for gi, group in enumerate(optimizer.param_groups):
-        gnames = []
-        for t in group["params"]:
-            n = names.get(id(t), [None])[0]
-            gnames.append(n or f"<tensor {tuple(t.shape)} not in the model>")
-            if id(t) in seen and seen[id(t)] != gi:
-                facts.dupes.append((n or str(tuple(t.shape)), seen[id(t)], gi))
-            seen.setdefault(id(t), gi)
-            if n is None:
-                stale.append(t)
-            elif not t.requires_grad:
-                facts.frozen.append(n)
-            if not t.is_leaf:
-                facts.nonleaf.append(n or str(tuple(t.shape)))
-        facts.groups.append({"index": gi, "lr": group.get("lr"), "weight_decay": group.get("weight_decay"),
-                             "tensors": len(group["params"]), "names": gnames})
-        if group.get("lr") == 0:
-            facts.zero_lr.append((gi, len(group["params"]), [g for g in gnames if not g.startswith("<")]))
-    return stale
-
-
 def _pair_stale(facts: CoverageFacts, stale: list[torch.Tensor], missing: Sequence[tuple[str, torch.Tensor]],
                 record: BuildRecord | None, model: nn.Module, seq: int | None) -> set[str]:
     """Pair each stale tensor with the missing parameter it most likely was: same shape, same order."""
@@ -356,15 +284,18 @@ def measure_coverage(model: nn.Module, optimizer: torch.optim.Optimizer, record:
     seq, site = _opt_site(record, optimizer)
     facts = CoverageFacts(kind=type(optimizer).__name__, site=site, during_step=during_step)
     seen: dict[int, int] = {}
-    stale = _scan_groups(facts, optimizer, names, seen)
+    stale = scan_groups(facts, optimizer, names, seen)
     facts.total = sum(len(g["params"]) for g in optimizer.param_groups)
     trainable = [(n[0], p) for n, p in ((names[id(p)], p) for p in model.parameters()) if p.requires_grad]
     facts.trainable = len(trainable)
-    missing = [(n, p) for n, p in trainable if id(p) not in seen]
+    others = held_by_others(optimizer, record)  # another optimizer (a GAN's other one) updates these
+    missing = [(n, p) for n, p in trainable if id(p) not in seen and id(p) not in others]
     facts.missing = [n for n, _ in missing]
     explained = _pair_stale(facts, stale, missing, record, model, seq) if stale else set()
     facts.rest = [(n, p.numel()) for n, p in missing if n not in explained]
     facts.added_at = _added_after(facts, record, model, seq)
+    if facts.zero_lr:
+        group_lr_sources(facts, optimizer, record.group_sources if record is not None else None)
     if facts.frozen:
         # where they were frozen says more than where the optimizer was built (that line is in the evidence)
         facts.frozen_at = _frozen_site(record, [t for g in optimizer.param_groups for t in g["params"] if not t.requires_grad])
@@ -372,12 +303,6 @@ def measure_coverage(model: nn.Module, optimizer: torch.optim.Optimizer, record:
 
 
 # ---- detectors --------------------------------------------------------------------------------------------------
-
-@GP205.detector
-def detect_zero_lr(facts: CoverageFacts) -> Iterator[Finding]:
-    for gi, count, gnames in facts.zero_lr:
-        yield GP205.finding(group=gi, count=count, parameters=gnames, location=facts.site, evidence={"group": gi, "lr": 0})
-
 
 @GP208.detector
 def detect_empty(facts: CoverageFacts) -> Iterator[Finding]:
@@ -426,13 +351,6 @@ def detect_missing(facts: CoverageFacts) -> Iterator[Finding]:
                   "model_trainable": facts.trainable})
 
 
-@GP204.detector
-def detect_duplicates(facts: CoverageFacts) -> Iterator[Finding]:
-    if facts.dupes:
-        yield GP204.finding(count=len(facts.dupes), parameters=[d[0] for d in facts.dupes], location=facts.site,
-                            evidence={"duplicates": [{"name": d[0], "groups": [d[1], d[2]]} for d in facts.dupes]})
-
-
 @GP203.detector
 def detect_frozen(facts: CoverageFacts) -> Iterator[Finding]:
     if facts.frozen:
@@ -462,7 +380,7 @@ def check_coverage(model: nn.Module, optimizer: Any, record: BuildRecord | None 
     if not isinstance(optimizer, torch.optim.Optimizer):
         return run_rules((GP209,), optimizer), []
     facts = measure_coverage(model, optimizer, record)
-    return run_rules(COVERAGE_RULES, facts), facts.groups
+    return run_rules(COVERAGE_RULES, facts) + shared_parameter_findings(model, optimizer, record), facts.groups
 
 
 def replaced_during_step(model: nn.Module, optimizer: Any, record: BuildRecord | None, seen: set[tuple]) -> list[Finding]:
@@ -503,7 +421,10 @@ def analyze_step(model: nn.Module, optimizer: Any, before: dict[int, torch.Tenso
     """Parameters with a nonzero gradient after backward that one real step left unchanged, and why
     (those GP201 and GP202 already explain are left out)."""
     already = {n for f in coverage if f["code"] in (GP201.code, GP202.code) for n in f["parameters"]}
-    return stuck_findings(model, optimizer, before, obs, already, opt_site)
+    wrong = obs.owners.findings() if obs.owners is not None else []  # a step() on the other optimizer (GP211)
+    warmup, zero_lr_at = zero_lr_explained(coverage)
+    already |= warmup | wrong_step_parameters(wrong)
+    return wrong + stuck_findings(model, optimizer, before, obs, already, opt_site, zero_lr_at or opt_site)
 
 
 def check_step(loaded: Loaded, coverage: list[Finding]) -> tuple[list[Finding], dict[str, Any]]:
@@ -511,7 +432,8 @@ def check_step(loaded: Loaded, coverage: list[Finding]) -> tuple[list[Finding], 
     from gradprobe.loading import BuildRecorder
 
     before = snapshot(loaded.model)
-    with StepObserver(loaded.model, loaded.optimizer, loaded.user) as obs, BuildRecorder(loaded.user, loaded.record):
+    with StepObserver(loaded.model, loaded.optimizer, loaded.user, loaded.record) as obs, \
+            BuildRecorder(loaded.user, loaded.record):
         result = run_step(loaded, optimizer_step=True)
     coverage += replaced_during_step(loaded.model, loaded.optimizer, loaded.record,
                                      {(f["code"], tuple(f["parameters"])) for f in coverage})
@@ -537,20 +459,15 @@ def check_optimizer_coverage(model: nn.Module, optimizer: Any, batch: Any = None
     return optimizer_report(loaded, step=step and (batch is not None or train_step is not None))
 
 
-def first_step_lr_zero_finding(lrs: list[Any], location: Loc | None, judged_on: list[Any] | None) -> Finding:
-    """Script mode: the first optimizer step ran at lr 0 everywhere (a warm-up from 0): info, not a warning.
-    With `judged_on` (the lrs of a later step that was checked), updates were judged there."""
-    return GP205.finding("warmup_unjudged" if judged_on is None else "warmup_judged", lrs=lrs, judged_on=judged_on,
-                         location=location, evidence={"learning_rates": lrs, "first_step_lr_zero": True})
-
-
 def build_failure_findings(loaded: Loaded) -> list[Finding]:
     """make_optimizer raised: torch's refusals are the GP2xx they name; a memory limit stopped it; else the user's code raised."""
     exc = loaded.optimizer_error
     assert exc is not None
     text = str(exc.cause or exc)
     loc = loaded.user.innermost_of_traceback(exc.cause) if exc.cause is not None else None
-    for marker, rule in ((OPTIMIZER_EMPTY, GP208), (OPTIMIZER_PARAM_IN_SEVERAL_GROUPS, GP204), (OPTIMIZER_NON_LEAF, GP206)):
+    if OPTIMIZER_PARAM_IN_SEVERAL_GROUPS in text:
+        return [refused_duplicates(text, loaded.record.group_sources, param_names(loaded.model), loc, loaded.user)]
+    for marker, rule in ((OPTIMIZER_EMPTY, GP208), (OPTIMIZER_NON_LEAF, GP206)):
         if marker in text:
             return [rule.finding("refused", error=text, location=loc, evidence={"error": text})]
     limit = allocation_failure(exc.cause)

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import param_names
+from gradprobe.checks.several_optimizers import StepOwners
 from gradprobe.checks.torchcompat import untraced
 from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, Rule, Situation, run_rules
@@ -33,6 +34,23 @@ GP207: Rule[StuckFacts] = Rule(
             when="the line responsible is known (the optimizer's, or the zero_grad() between backward and step)",
             message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
                     "{reason} (line {line} of {file})."),
+        "zero_lr": Situation(
+            when="their param group has lr 0 (the line is the one that gave it lr 0, where known)",
+            message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
+                    "{reason}{where}.",
+            fix="Give their param group a positive learning rate where it is set{where} (see GP205); the zero_grad/step "
+                "order is not the cause."),
+        "not_in_optimizer": Situation(
+            when="they are in no param group of the optimizer",
+            message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
+                    "{reason}{where}.",
+            fix="Add them to the optimizer built{where} (build it from model.parameters() once the model is complete)."),
+        "not_stepped": Situation(
+            when="optimizer.step() did not run after backward (or a GradScaler skipped it)",
+            message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
+                    "{reason}.",
+            fix="Call optimizer.step() after backward() (with a GradScaler: scaler.step(optimizer); scaler.update(), "
+                "and check the gradients for inf/NaN)."),
     },
 )
 
@@ -52,8 +70,10 @@ def _grad_max(p: torch.Tensor) -> float:
 class StepObserver:
     """Records zero_grad/step calls and each parameter's gradient at step() time."""
 
-    def __init__(self, model: nn.Module, optimizer: Any, user: UserCode | None = None) -> None:
+    def __init__(self, model: nn.Module, optimizer: Any, user: UserCode | None = None, record: Any = None) -> None:
         self.model, self.optimizer, self.user = model, optimizer, user
+        # with the build record: which of the target's optimizers each step() ran on (GP211)
+        self.owners = StepOwners(model, optimizer, record, user) if record is not None and user is not None else None
         self.events: list[str] = []
         self.sites: dict[int, dict[str, Any] | None] = {}  # event index -> the user line of a zero_grad call
         self.grad_at_step: dict[int, float] = {}
@@ -71,6 +91,8 @@ class StepObserver:
 
     def __enter__(self) -> StepObserver:
         stack = self._stack = contextlib.ExitStack()
+        if self.owners is not None:
+            stack.enter_context(self.owners)
         stack.enter_context(patched(torch.optim.Optimizer, "zero_grad",
                                     self._zero_grad_spy(torch.optim.Optimizer.zero_grad, "optimizer.zero_grad")))
         stack.enter_context(patched(nn.Module, "zero_grad", self._zero_grad_spy(nn.Module.zero_grad, "model.zero_grad")))
@@ -132,7 +154,7 @@ def _reason(p: torch.Tensor, in_opt: set[int], lr_of: dict[int, Any], stepped: b
 
 
 def measure_stuck(model: nn.Module, optimizer: Any, before: dict[int, torch.Tensor], obs: StepObserver,
-                  explained: set[str], opt_site: dict[str, Any] | None) -> StuckFacts:
+                  explained: set[str], opt_site: dict[str, Any] | None, zero_lr_at: dict[str, Any] | None = None) -> StuckFacts:
     names = param_names(model)
     in_opt = {id(t) for g in optimizer.param_groups for t in g["params"]}
     lr_of = {id(t): g.get("lr") for g in optimizer.param_groups for t in g["params"]}
@@ -147,8 +169,11 @@ def measure_stuck(model: nn.Module, optimizer: Any, before: dict[int, torch.Tens
         name = names[id(p)][0]
         if name not in explained:
             stuck.setdefault(_reason(p, in_opt, lr_of, stepped, obs), []).append(name)
-    where = {NOT_IN_OPTIMIZER: opt_site, ZERO_LR: opt_site, ZEROED_BETWEEN: _zeroed_between_at(obs)}
+    where = {NOT_IN_OPTIMIZER: opt_site, ZERO_LR: zero_lr_at or opt_site, ZEROED_BETWEEN: _zeroed_between_at(obs)}
     return StuckFacts(stuck, where, obs.events[:30])
+
+
+_BY_REASON = {ZERO_LR: "zero_lr", NOT_IN_OPTIMIZER: "not_in_optimizer", NOT_STEPPED: "not_stepped"}
 
 
 @GP207.detector
@@ -156,11 +181,15 @@ def detect_not_updated(facts: StuckFacts) -> Iterator[Finding]:
     for reason, params in facts.stuck.items():
         at = facts.where.get(reason)
         where = {"line": at["line"], "file": at["file"].rsplit("/", 1)[-1]} if at else {}
-        yield GP207.finding("at_line" if at else None, count=len(params), reason=reason, **where,
+        said = f" (line {where['line']} of {where['file']})" if at else ""
+        situation = _BY_REASON.get(reason) or ("at_line" if at else None)
+        yield GP207.finding(situation, count=len(params), reason=reason, **where, where=said,
                             parameters=params, location=at, evidence={"reason": reason, "call_order": facts.events})
 
 
 def stuck_findings(model: nn.Module, optimizer: Any, before: dict[int, torch.Tensor], obs: StepObserver,
-                   explained: set[str], opt_site: dict[str, Any] | None) -> list[Finding]:
-    """GP207 for the parameters (but those in `explained`) that had a gradient and did not move."""
-    return run_rules((GP207,), measure_stuck(model, optimizer, before, obs, explained, opt_site))
+                   explained: set[str], opt_site: dict[str, Any] | None,
+                   zero_lr_at: dict[str, Any] | None = None) -> list[Finding]:
+    """GP207 for the parameters (but those in `explained`) that had a gradient and did not move; `zero_lr_at` is the
+    line that gave a group lr 0 (its builder or scheduler), where known."""
+    return run_rules((GP207,), measure_stuck(model, optimizer, before, obs, explained, opt_site, zero_lr_at))
