@@ -226,7 +226,7 @@ def prepare_view(policy: dict, newroot: str) -> tuple[list[str], list[bool]]:
             _place(newroot, path, True)  # /bin -> usr/bin on merged-/usr systems
             continue
         real = os.path.realpath(path)
-        if _inside(real, seen):
+        if _inside(real, seen) or _inside("/tmp", [real]):  # /tmp (a server started there) is the call's own tmpfs
             continue
         seen.append(real)
         _place(newroot, real, os.path.isdir(real))
@@ -334,6 +334,20 @@ def _keeper(child: int) -> None:
     os._exit(os.WEXITSTATUS(status))
 
 
+def close_other_fds(keep: set[int]) -> None:
+    """Close every descriptor but `keep`: the user's code holds only the call's own (stdio, result pipe)."""
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]  # the listing's own descriptor is closed by now
+    except OSError:
+        fds = list(range(3, 1 << 16))
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def send(control: socket.socket, obj: dict) -> None:
     control.sendall((json.dumps(obj) + "\n").encode())
 
@@ -435,7 +449,7 @@ def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
             send(zygote, {"ready": True})
         except OSError:
             pass
-        req, fds = _recv_job(zygote)
+        req, fds = recv_job(zygote)
         _libc.prctl(15, b"gp-call", 0, 0, 0)
         zygote.close()
         out_fd, err_fd, res_fd, ctl_fd = fds
@@ -464,6 +478,7 @@ def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
             os.close(fd)
         os.environ.clear()
         os.environ.update(req["env"])
+        close_other_fds({0, 1, 2, res_fd, ctl_fd})  # the id-map namespace and anything else of the worker's
         lock_down(policy, ro, report, control)
         from gradprobe.sandbox.child import run
 
@@ -475,12 +490,12 @@ def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
 VIEW_KEYS = ("enabled", "python", "package_root", "extra_ro", "scratch_bytes", "shm_bytes", "devices")
 
 
-def _recv_job(sock: socket.socket) -> tuple[dict, list[int]]:
+def recv_job(sock: socket.socket) -> tuple[dict, list[int]]:
     buf, fds = b"", []
     while len(buf) < 4 or len(buf) < 4 + struct.unpack("!I", buf[:4])[0]:
         msg, got, _flags, _addr = socket.recv_fds(sock, 1 << 20, 8)
         if not msg:
-            os._exit(0)  # the warm worker went away before a job came
+            os._exit(0)  # the warm worker (or the server holding the job socket) went away before a job came
         buf += msg
         fds += got
     (n,) = struct.unpack("!I", buf[:4])
