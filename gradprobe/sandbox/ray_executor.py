@@ -19,7 +19,8 @@ import shutil
 import tempfile
 from typing import Any
 
-from gradprobe.sandbox.runner import OUTPUT_CAP, RESULT_CAP, ChildOutcome, Limits, ProgressFn
+from gradprobe.render import clean
+from gradprobe.sandbox.runner import OUTPUT_CAP, PROGRESS_CAP, RESULT_CAP, ChildOutcome, Limits, ProgressFn
 
 WIRE_CAP = RESULT_CAP + 4 * OUTPUT_CAP + 64 * 1024  # a result, stdout and stderr (escaped), and the rest
 
@@ -59,7 +60,7 @@ def parse_outcome(data: object) -> ChildOutcome:
         returncode=int(code) if code is not None else None, timed_out=raw.get("timed_out") is True,
         stdout=text("stdout", 2 * OUTPUT_CAP) or "", stderr=text("stderr", 2 * OUTPUT_CAP) or "",
         seconds=float(number("seconds") or 0.0),
-        events=[str(e)[:40] for e in raw.get("events") or [] if isinstance(e, str)][:200] if isinstance(raw.get("events"), list) else [],
+        events=[clean(e)[:40] for e in raw["events"] if isinstance(e, str)][:PROGRESS_CAP] if isinstance(raw.get("events"), list) else [],
         mode="ray", note=text("note", 2000, None), oom=raw.get("oom") is True,
         isolation=_isolation(mapping("isolation")),
         tool_error_kind="interpreter" if raw.get("tool_error_kind") == "interpreter" else "caller",

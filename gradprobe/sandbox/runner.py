@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from gradprobe.sandbox.cgroups import CallCgroup, server_dir_name
+from gradprobe.render import clean
 from gradprobe.sandbox.isolation import become_subreaper
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
@@ -31,6 +32,7 @@ LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUT_CAP = 64 * 1024
 RESULT_CAP = 8 * 1024 * 1024
+PROGRESS_CAP, PHASE_CAP = 64, 16  # progress events, and distinct phases, one call may send
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 ProgressFn = Callable[[str, float | None], Awaitable[None]]
@@ -355,7 +357,10 @@ async def run_child(
                 if not isinstance(msg, dict):
                     continue
                 if msg.get("type") == "progress" and isinstance(msg.get("phase"), str):
-                    state["phase"] = msg["phase"][:40]
+                    phase = clean(msg["phase"])[:40]  # no terminal control characters reach a client
+                    if len(state["events"]) >= PROGRESS_CAP or (phase not in state["events"] and len(set(state["events"])) >= PHASE_CAP):
+                        continue
+                    state["phase"] = phase
                     state["events"].append(state["phase"])
                     if progress is not None:
                         await progress(state["phase"], time.monotonic() - t0)
