@@ -32,6 +32,7 @@ LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUT_CAP = 64 * 1024
 RESULT_CAP = 8 * 1024 * 1024
+SETUP_S = 60.0  # before a call's timeout starts: confinement, the server's checks, a cold child importing torch
 PROGRESS_CAP, PHASE_CAP = 64, 16  # progress events, and distinct phases, one call may send
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
@@ -305,7 +306,7 @@ async def run_child(
         pipes = []
         out, err = CappedStream(), CappedStream()
         state: dict[str, Any] = {"phase": "starting", "report": None, "tool_error": None, "tool_error_kind": "caller",
-                                 "events": [], "bytes": 0}
+                                 "events": [], "bytes": 0, "started": asyncio.Event()}
 
         async def control() -> None:
             """The confining code's messages (before any user code runs), checked from outside, then "go"."""
@@ -362,6 +363,8 @@ async def run_child(
                         continue
                     state["phase"] = phase
                     state["events"].append(state["phase"])
+                    if phase != "starting":
+                        state["started"].set()  # the child is on the user's code: the call's time runs from here
                     if progress is not None:
                         await progress(state["phase"], time.monotonic() - t0)
                 elif msg.get("type") == "result" and isinstance(msg.get("report"), dict):
@@ -382,6 +385,9 @@ async def run_child(
         # the call ends when the child has sent its result or exited (or its time is up), not when every inherited
         # pipe closes: grandchildren the user's code left behind must not hold the call open; the child's exit and
         # the teardown of its namespaces happen after the reply
+        started = asyncio.ensure_future(state["started"].wait())  # confining, checks and (cold) torch: SETUP_S
+        await asyncio.wait([started, exited, readers[0]], timeout=SETUP_S, return_when=asyncio.FIRST_COMPLETED)
+        started.cancel()
         deadline = time.monotonic() + timeout_s
         done, _ = await asyncio.wait([exited, readers[0]], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         got = state["report"] is not None or state["tool_error"] is not None

@@ -44,15 +44,16 @@ class WarmWorker:
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None and self.sock is not None
+        """Running and ready: it has imported torch and the model code (what /health reports as the warm worker)."""
+        return self.proc is not None and self.proc.poll() is None and self.sock is not None and bool(self.info.get("ready"))
 
     async def ensure(self) -> bool:
         """Start the worker if needed; False (with self.error set) when it cannot run."""
-        if self.alive and self.info.get("ready"):
+        if self.alive:
             return True
         self._starting = self._starting or asyncio.Lock()
         async with self._starting:
-            if self.alive and self.info.get("ready"):
+            if self.alive:
                 return True
             try:
                 await asyncio.wait_for(self._start(), START_TIMEOUT_S)
