@@ -45,6 +45,7 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Callable
 
 from gradprobe.sandbox import isolation
 
@@ -187,8 +188,21 @@ def _inside(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def open_project(policy: dict) -> tuple[int, str]:
-    """Open the project directory and check *that* directory against the allowed roots."""
+def privileged() -> bool:
+    """CAP_SYS_ADMIN in effect: a root server that can build every layer itself (root without capabilities cannot)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> 21 & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
+
+
+def open_project(policy: dict, clone: bool = True) -> tuple[int | None, str]:
+    """Open the project directory and check *that* directory against the allowed roots; with `clone`, a detached
+    copy of its mount tree (what gets bound into the view)."""
     want = policy["project_dir"]
     try:
         fd = os.open(want, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -199,9 +213,7 @@ def open_project(policy: dict) -> tuple[int, str]:
         roots = policy.get("allowed_roots") or []
         if roots and not _inside(real, roots):
             raise Refused(f"project_dir {want!r} is outside the roots this server may read")
-        if os.geteuid() != 0:
-            return -1, real
-        return _clone_tree(fd), real
+        return (_clone_tree(fd) if clone else None), real
     finally:
         os.close(fd)
 
@@ -269,7 +281,10 @@ def finish_view(policy: dict, newroot: str, project_tree: int | None, ro: list[s
     if not scratch.startswith("/tmp/"):
         raise Refused("the scratch dir must live under /tmp")
     os.makedirs(newroot + scratch, 0o700)
-    os.chown(newroot + scratch, NOBODY, NOBODY)
+    try:
+        os.chown(newroot + scratch, NOBODY, NOBODY)
+    except OSError:
+        pass  # in an unprivileged user namespace 65534 is not mapped: the call keeps the server's uid
     os.mkdir(newroot + "/.old")
     os.chdir(newroot)
     _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
@@ -348,6 +363,15 @@ def close_other_fds(keep: set[int]) -> None:
                 pass
 
 
+_CONTROL: list[socket.socket] = []  # the call's control socket while confine() runs
+
+
+def send_refusal(why: str) -> None:
+    if _CONTROL:
+        send(_CONTROL[0], {"refused": why})
+    os._exit(71)
+
+
 def send(control: socket.socket, obj: dict) -> None:
     control.sendall((json.dumps(obj) + "\n").encode())
 
@@ -359,12 +383,26 @@ NET_REPORT_LO = "own network namespace: only its private loopback, up (a torchru
 _LOOPBACK = [False]  # the call's own loopback is up: IPv4 on it is allowed (Landlock TCP, seccomp AF_INET)
 
 
-def enter_namespaces(tell) -> bool:
+def _map_own_ids(uid: int, gid: int) -> None:
+    """In a user namespace just made without privilege: map our own uid/gid (the only mapping allowed then)."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def enter_namespaces(tell: Callable[[int], None], user: bool = False) -> bool:
     """unshare every namespace and fork: returns True in the child (pid 1 of the new pid namespace); this process
     becomes the keeper (never returns). `tell(child_pid)` lets the server know the child's pid. False if unshare
-    failed (nothing changed)."""
-    if _libc.unshare(NS_FLAGS) != 0:
+    failed (nothing changed). With `user` (a server without root), a user namespace first, as bubblewrap does
+    unprivileged: the others belong to it, and its capabilities build the view."""
+    uid, gid = os.geteuid(), os.getegid()
+    if _libc.unshare(NS_FLAGS | (CLONE_NEWUSER if user else 0)) != 0:
         return False
+    if user:
+        try:
+            _map_own_ids(uid, gid)
+        except OSError as exc:  # in the new namespaces already: no way back to the weaker path
+            send_refusal(f"could not build the sandbox: user namespace id map: {exc.strerror}")
     _LOOPBACK[0] = isolation.loopback_up()[0]  # still root in the new network namespace
     child = os.fork()
     if child != 0:
@@ -375,10 +413,11 @@ def enter_namespaces(tell) -> bool:
     return True
 
 
-def lock_down(policy: dict, ro: list[str], report: dict, control: socket.socket) -> None:
-    """After the view: Landlock, seccomp, rlimits; then tell the server and wait for its "go"."""
-    ok, how = isolation.landlock(ro, ["/tmp", "/dev/shm", policy["scratch"]], ["/dev/" + n for n in DEV_NODES],
-                                 tcp=_LOOPBACK[0])
+def lock_down(policy: dict, ro: list[str], report: dict, control: socket.socket, private: bool = True) -> None:
+    """After the view: Landlock, seccomp, rlimits; then tell the server and wait for its "go". Without a `private`
+    view (its own /tmp and /dev/shm), only the call's scratch dir is writable: no other call's is even readable."""
+    rw = ["/tmp", "/dev/shm", policy["scratch"]] if private else [policy["scratch"]]
+    ok, how = isolation.landlock(ro, rw, ["/dev/" + n for n in DEV_NODES], tcp=_LOOPBACK[0])
     report["filesystem"] = how if ok else f"MISSING: {how}"
     ok, how = isolation.seccomp_filter(inet=_LOOPBACK[0])
     report["syscalls"] = how if ok else f"MISSING: {how}"
@@ -404,12 +443,15 @@ def confine(policy: dict, control: socket.socket) -> None:
         send(control, {"pid": os.getpid(), "layers": {"isolation": "off (--no-isolation)"}})
         control.close()
         return
+    root = privileged()
+    _CONTROL[:] = [control]
     project_tree = None
-    if policy.get("project_dir"):
-        project_tree, policy["project_dir_real"] = open_project(policy)
+    if policy.get("project_dir"):  # checked here, before any namespace; cloned before them when root
+        project_tree, policy["project_dir_real"] = open_project(policy, clone=root)
     err = isolation.join_cgroups(policy.get("cgroups") or [])
     report["cgroup"] = policy.get("cgroup_state", "off") if not err else f"MISSING: {err}"
-    if os.geteuid() == 0 and enter_namespaces(lambda pid: send(control, {"pid": pid})):
+    tell = lambda pid: send(control, {"pid": pid})  # noqa: E731
+    if root and enter_namespaces(tell):
         report["namespaces"], report["network"] = NS_REPORT, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT
         try:
             ro, mapped = prepare_view(policy, policy["scratch"])
@@ -419,10 +461,14 @@ def confine(policy: dict, control: socket.socket) -> None:
         except (OSError, Refused) as exc:
             send(control, {"refused": f"could not build the sandbox: {exc}"})
             os._exit(71)
+    elif not root and enter_namespaces(tell, user=True):
+        ro = _confine_in_user_namespace(policy, report, control)
     else:
+        if project_tree is not None:
+            os.close(project_tree)
         send(control, {"pid": os.getpid()})
-        report["namespaces"] = "MISSING: no pid or mount namespace (the server is not root, or unshare failed)"
-        report["view"] = "MISSING: no private file-system view"
+        report["namespaces"] = "MISSING: no pid or mount namespace (the server is not root, and no user namespace)"
+        report["view"] = "MISSING: no private file-system view (only the call's scratch dir is writable)"
         ok, how = isolation.new_network_namespace()
         report["network"] = how if ok else f"MISSING: {how}"
         ok, how = isolation.drop_privileges()
@@ -430,7 +476,32 @@ def confine(policy: dict, control: socket.socket) -> None:
         ro = isolation.readable_roots(policy.get("project_dir_real") or policy["scratch"], policy["package_root"],
                                       python_trees(policy.get("python")))
         os.chdir(policy["scratch"])
+        lock_down(policy, ro, report, control, private=False)
+        return
     lock_down(policy, ro, report, control)
+
+
+def _confine_in_user_namespace(policy: dict, report: dict, control: socket.socket) -> list[str]:
+    """A server without root, in the call's pid 1 inside its own user namespace: the same view as root builds (the
+    project opened and checked again in the new mount namespace, and bound), then every capability dropped."""
+    report["namespaces"] = NS_REPORT + "; in an unprivileged user namespace"
+    report["network"] = NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT
+    try:
+        project_tree = None
+        if policy.get("project_dir"):
+            project_tree, policy["project_dir_real"] = open_project(policy)
+        ro, mapped = prepare_view(policy, policy["scratch"])
+        finish_view(policy, policy["scratch"], project_tree, ro, mapped, report)
+        ok, how = isolation.drop_privileges()
+        if not ok:
+            raise OSError(0, how)
+        report["identity"] = f"MISSING: same uid as the server ({os.getuid()}), no root to change it; {how}"
+        isolation.die_with_parent()
+        _libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: the server (same uid, no capabilities) checks it from outside
+    except (OSError, Refused) as exc:
+        send(control, {"refused": f"could not build the sandbox: {exc}"})
+        os._exit(71)
+    return ro
 
 
 def spare(base: dict, newroot: str, zygote: socket.socket) -> None:
