@@ -46,6 +46,7 @@ import socket
 import struct
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from gradprobe.sandbox import isolation
 
@@ -118,7 +119,8 @@ def make_idmap_userns() -> int | None:
 def _clone_tree(fd: int) -> int:
     """A detached copy of the mount tree at the opened directory `fd` (made before unshare: a mount of another
     namespace cannot be cloned afterwards)."""
-    return _check(_libc.syscall(SYS_OPEN_TREE, fd, b"", ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | AT_EMPTY_PATH | os.O_CLOEXEC)), "open_tree")
+    flags = ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | AT_EMPTY_PATH | os.O_CLOEXEC)
+    return _check(_libc.syscall(SYS_OPEN_TREE, fd, b"", flags), "open_tree")
 
 
 def _bind(source: str | int, target: str, idmap: int | None, writable: bool = False, devices: bool = False) -> bool:
@@ -127,7 +129,8 @@ def _bind(source: str | int, target: str, idmap: int | None, writable: bool = Fa
     if isinstance(source, int):
         tree = source
     else:
-        tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)), f"open_tree {source}")
+        flags = ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)
+        tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), flags), f"open_tree {source}")
     try:
         base = (0 if writable else MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | (0 if devices else MOUNT_ATTR_NODEV)
         mapped = False
@@ -135,12 +138,14 @@ def _bind(source: str | int, target: str, idmap: int | None, writable: bool = Fa
             if attrs & MOUNT_ATTR_IDMAP and fd is None:
                 continue
             buf = ctypes.create_string_buffer(struct.pack("QQQQ", attrs, 0, 0, fd or 0))
-            if _libc.syscall(SYS_MOUNT_SETATTR, tree, b"", ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), buf, ctypes.c_size_t(32)) == 0:
+            where = ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE)
+            if _libc.syscall(SYS_MOUNT_SETATTR, tree, b"", where, buf, ctypes.c_size_t(32)) == 0:
                 mapped = bool(attrs & MOUNT_ATTR_IDMAP)
                 break
         else:
             _check(-1, f"mount_setattr {target}")
-        _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount {target}")
+        move = ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)
+        _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), move), f"move_mount {target}")
         return mapped
     finally:
         os.close(tree)
@@ -256,7 +261,8 @@ def prepare_view(policy: dict, newroot: str) -> tuple[list[str], list[bool]]:
         src = os.path.join("/dev", name)
         if os.path.exists(src):
             _bind(src, _place(newroot, src, os.path.isdir(src)), None, writable=True, devices=True)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    links = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"))
+    for name, target in links:
         os.symlink(target, newroot + "/dev/" + name)
     _place(newroot, "/dev/shm", True)
     _mount("tmpfs", newroot + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy['shm_bytes']},mode=1777")
@@ -293,7 +299,8 @@ def finish_view(policy: dict, newroot: str, project_tree: int | None, ro: list[s
     _mount(None, "/", None, MS_BIND | 32 | MS_RDONLY | MS_NOSUID | MS_NODEV)  # MS_REMOUNT: the view's own root read-only
     os.chdir(scratch)
     report["view"] = (f"pivot_root into a minimal tree: {len(ro)} read-only binds ({sum(mapped)} id-mapped), fresh /proc, "
-                      f"private tmpfs /tmp ({policy['scratch_bytes'] >> 20} MiB, holds scratch) and /dev/shm ({policy['shm_bytes'] >> 20} MiB)")
+                      f"private tmpfs /tmp ({policy['scratch_bytes'] >> 20} MiB, holds scratch) "
+                      f"and /dev/shm ({policy['shm_bytes'] >> 20} MiB)")
 
 
 def drop_identity() -> str:
@@ -309,7 +316,7 @@ def drop_identity() -> str:
 def apply_rlimits(limits: dict) -> None:
     import resource
 
-    def cap(which, value):
+    def cap(which: int, value: Any) -> None:
         if value is None:
             return
         try:

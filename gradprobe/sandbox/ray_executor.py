@@ -60,7 +60,8 @@ def parse_outcome(data: object) -> ChildOutcome:
         returncode=int(code) if code is not None else None, timed_out=raw.get("timed_out") is True,
         stdout=text("stdout", 2 * OUTPUT_CAP) or "", stderr=text("stderr", 2 * OUTPUT_CAP) or "",
         seconds=float(number("seconds") or 0.0),
-        events=[clean(e)[:40] for e in raw["events"] if isinstance(e, str)][:PROGRESS_CAP] if isinstance(raw.get("events"), list) else [],
+        events=[clean(e)[:40] for e in raw.get("events") or [] if isinstance(e, str)][:PROGRESS_CAP]
+        if isinstance(raw.get("events"), list) else [],
         mode="ray", note=text("note", 2000, None), oom=raw.get("oom") is True,
         isolation=_isolation(mapping("isolation")),
         tool_error_kind="interpreter" if raw.get("tool_error_kind") == "interpreter" else "caller",
@@ -117,7 +118,7 @@ class RayExecutor:
             os.environ["RAY_AUTH_MODE"] = "token"
             os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
             os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
-            from ray._raylet import Config
+            from ray._raylet import Config  # type: ignore[attr-defined]
 
             Config.initialize("")  # Ray caches its config at import: let this process see token mode too
         return {"address": "local", "_temp_dir": self.temp_dir, "_node_ip_address": "127.0.0.1", "num_cpus": num_cpus}

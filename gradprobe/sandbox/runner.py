@@ -359,7 +359,8 @@ async def run_child(
                     continue
                 if msg.get("type") == "progress" and isinstance(msg.get("phase"), str):
                     phase = clean(msg["phase"])[:40]  # no terminal control characters reach a client
-                    if len(state["events"]) >= PROGRESS_CAP or (phase not in state["events"] and len(set(state["events"])) >= PHASE_CAP):
+                    events = state["events"]
+                    if len(events) >= PROGRESS_CAP or (phase not in events and len(set(events)) >= PHASE_CAP):
                         continue
                     state["phase"] = phase
                     state["events"].append(state["phase"])

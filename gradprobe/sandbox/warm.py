@@ -121,7 +121,7 @@ class WarmWorker:
             else:
                 self._early_exits[msg["exit"]] = msg["code"]
 
-    def _died(self, proc) -> None:
+    def _died(self, proc: subprocess.Popen) -> None:
         err = RuntimeError("the warm worker exited")
         for fut in list(self._forked.values()) + list(self._exits.values()):
             if not fut.done():
@@ -152,7 +152,8 @@ class WarmWorker:
             else:
                 threading.Thread(target=work, daemon=True, name="gradprobe-spare-groups").start()
 
-    async def fork(self, job: dict, cwd: str, env: dict, fds: tuple[int, ...], policy: dict) -> tuple[int, asyncio.Future, dict | None]:
+    async def fork(self, job: dict, cwd: str, env: dict, fds: tuple[int, ...],
+                   policy: dict) -> tuple[int, asyncio.Future, dict | None]:
         """Fork a child for `job` with stdout/stderr/result/control on `fds`, confined by `policy` (confine.py);
         returns (pid, future of its exit code, the state of the call's cgroup that the worker made and the child
         joined, for CallCgroup.adopt: the caller tears it down). The worker sees only the base settings (BASE_KEYS):

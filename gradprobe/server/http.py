@@ -35,10 +35,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def transport_security(host: str, port: int, allowed_hosts: list[str], allowed_origins: list[str]):
+def transport_security(host: str, port: int, allowed_hosts: list[str], allowed_origins: list[str]) -> Any:
     from mcp.server.transport_security import TransportSecuritySettings
 
-    hosts = list(allowed_hosts) or ([f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"] if is_loopback(host) else [f"{host}:{port}"])
+    local = [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"]
+    hosts = list(allowed_hosts) or (local if is_loopback(host) else [f"{host}:{port}"])
     origins = list(allowed_origins) or [f"http://{h}" for h in hosts]
     return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
 
@@ -101,6 +102,28 @@ def connection_caps(max_connections: int) -> tuple[int, int]:
     return max(2, min(total, max(8, max_connections // 4))), total
 
 
+def _idle(conn: Any) -> bool:
+    """No request in progress: none sent yet, a head still trickling in, or between keep-alive requests."""
+    cycle = conn.cycle
+    return cycle is None or cycle.response_complete
+
+
+def make_room(others: list, host: str, per_address: int, total: int) -> bool:
+    """Close the oldest idle connections until one more from `host` fits; False when only busy ones are left."""
+    same = [c for c in others if c._host == host]
+    for pool, cap in ((same, per_address), (others, total)):
+        while len(pool) + 1 > cap:
+            idle = [c for c in pool if _idle(c)]
+            if not idle:
+                return False
+            victim = min(idle, key=lambda c: c._since)
+            victim.transport.close()
+            for group in (same, others):
+                if victim in group:
+                    group.remove(victim)
+    return True
+
+
 def request_timeout_protocol(head_s: float, body_s: float, max_connections: int = 256) -> type:
     """uvicorn's h11 protocol, closing a connection whose request head has not arrived `head_s` after it opened (or
     after its previous response), or whose body has not arrived `body_s` after its head: half-finished requests,
@@ -118,25 +141,11 @@ def request_timeout_protocol(head_s: float, body_s: float, max_connections: int 
         _host = ""
         _since = 0.0  # when it last became idle (opened, or finished a response)
 
-        def _idle(self) -> bool:
-            cycle = self.cycle
-            return cycle is None or cycle.response_complete
-
         def _make_room(self) -> None:
             others = [c for c in self.connections if c is not self and isinstance(c, RequestTimeoutProtocol)
                       and not c.transport.is_closing()]
-            same = [c for c in others if c._host == self._host]
-            for pool, cap in ((same, per_address), (others, total)):
-                while len(pool) + 1 > cap:
-                    idle = [c for c in pool if c._idle()]
-                    if not idle:
-                        self.transport.close()  # everything there is working: the newcomer waits for none of it
-                        return
-                    victim = min(idle, key=lambda c: c._since)
-                    victim.transport.close()
-                    for group in (same, others):
-                        if victim in group:
-                            group.remove(victim)
+            if not make_room(others, self._host, per_address, total):
+                self.transport.close()  # everything there is working: the newcomer waits for none of it
 
         def _arm(self, seconds: float) -> None:
             self._disarm()
@@ -176,7 +185,7 @@ def request_timeout_protocol(head_s: float, body_s: float, max_connections: int 
             self._since = self.loop.time()
             self._arm(head_s)
 
-        def connection_lost(self, exc) -> None:
+        def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
 
@@ -200,7 +209,7 @@ class RedactingFilter(logging.Filter):
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def _escape(value):
+def _escape(value: Any) -> Any:
     return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", value) if isinstance(value, str) else value
 
 
