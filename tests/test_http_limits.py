@@ -10,9 +10,13 @@ import time
 
 import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from conftest import ROOT, wait_healthy
-from test_http import HEADERS, INIT, TOKENS, free_port
+from test_http import HEADERS, INIT, TOKENS, authed, free_port
+from test_sandbox_hostile import project
+from test_sandbox_memory import SCAN, _halves
 
 PER_CALLER = 32  # gradprobe.server.sessions.PER_CALLER
 PER_ADDRESS = 64  # gradprobe.server.http.connection_caps(256)[0]: connections one source address keeps
@@ -31,7 +35,7 @@ def server(tmp_path_factory):
     )
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, proc)
-    yield {"url": url, "port": port}
+    yield {"url": url, "port": port, "root": tmp}
     proc.terminate()
     try:
         proc.communicate(timeout=10)
@@ -94,3 +98,27 @@ def test_idle_connections_cannot_switch_the_server_off(server):
     finally:
         for s in socks:
             s.close()
+
+
+@pytest.mark.anyio
+async def test_one_users_request_is_not_in_the_next_users_memory(server):
+    """Over HTTP: alice's call carries a marker in inline `setup`; bob's next call searches its whole memory."""
+    import json
+
+    a, b = _halves()
+    setup = f"import torch, torch.nn as nn\nKEY = '{a}{b}'\nmodel = nn.Linear(3, 1)\ninputs = torch.randn(2, 3)\n"
+    probe = server["root"] / "bob"
+    probe.mkdir()
+    tmp = project(probe, SCAN.replace("PAIRS", repr([(a, b)])))
+    async with authed("alice-secret-token") as http:
+        async with Client(streamable_http_client(server["url"] + "/mcp", http_client=http)) as c:
+            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(server["root"]), "setup": setup}})
+            assert not r.is_error, r.content
+    async with authed("bob-secret-token") as http:
+        async with Client(streamable_http_client(server["url"] + "/mcp", http_client=http)) as c:
+            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": tmp, "model": "case.py"}})
+    msg = r.structured_content["findings"][0]["message"]
+    assert "PROBE[" in msg, msg
+    seen = json.loads(msg.split("PROBE[", 1)[1].rsplit("]", 1)[0])
+    assert seen["scanned"] > 10 << 20 and seen["halves"] >= 1, seen
+    assert seen["raw"] == {} and seen["objects"] == [], seen
