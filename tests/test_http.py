@@ -234,9 +234,9 @@ async def test_model_given_as_an_absolute_path_alone_and_roots_still_apply(http_
 
 def test_connection_cap_idle_connections_and_a_flood_of_bad_requests(tmp_path):
     """Its own server (--max-connections 8 --header-timeout 1): connections past the cap make room by closing the
-    oldest idle ones (so /health is still served), idle ones are closed by the server; hundreds of bad requests write a bounded log (a count of the lines
-    dropped, never one line per request), and what a request brings (a Host header with a newline-like C1 byte)
-    reaches the log escaped."""
+    oldest idle ones (so /health is still served), idle ones are closed by the server; hundreds of bad requests
+    write a bounded log (a count of the lines dropped, never one line per request), and what a request brings (a
+    Host header with a newline-like C1 byte) reaches the log escaped."""
     (tmp_path / "tokens").write_text(TOKENS)
     port = free_port()
     out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"

@@ -45,7 +45,8 @@ def _zygote_of(server: int) -> int | None:
 
 def test_health_reports_the_warm_worker_only_once_it_has_imported_torch(tmp_path):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), "--allow-root", str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port),
+                             "--allow-root", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     try:
         deadline = time.monotonic() + 90

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import sys
 import time
 
 import anyio

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from gradprobe.sandbox.cgroups import CallCgroup, server_dir_name
 from gradprobe.render import clean
+from gradprobe.sandbox.cgroups import CallCgroup, server_dir_name
 from gradprobe.sandbox.isolation import become_subreaper
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
