@@ -45,6 +45,8 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from gradprobe.sandbox import isolation
 from gradprobe.sandbox.protocol import ChildLimits, Control, Job, Layer, Policy
@@ -118,7 +120,8 @@ def make_idmap_userns() -> int | None:
 def _clone_tree(fd: int) -> int:
     """A detached copy of the mount tree at the opened directory `fd` (made before unshare: a mount of another
     namespace cannot be cloned afterwards)."""
-    return _check(_libc.syscall(SYS_OPEN_TREE, fd, b"", ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | AT_EMPTY_PATH | os.O_CLOEXEC)), "open_tree")
+    flags = ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | AT_EMPTY_PATH | os.O_CLOEXEC)
+    return _check(_libc.syscall(SYS_OPEN_TREE, fd, b"", flags), "open_tree")
 
 
 def _bind(source: str | int, target: str, idmap: int | None, writable: bool = False, devices: bool = False) -> bool:
@@ -127,7 +130,8 @@ def _bind(source: str | int, target: str, idmap: int | None, writable: bool = Fa
     if isinstance(source, int):
         tree = source
     else:
-        tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)), f"open_tree {source}")
+        flags = ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)
+        tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), flags), f"open_tree {source}")
     try:
         base = (0 if writable else MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | (0 if devices else MOUNT_ATTR_NODEV)
         mapped = False
@@ -135,12 +139,14 @@ def _bind(source: str | int, target: str, idmap: int | None, writable: bool = Fa
             if attrs & MOUNT_ATTR_IDMAP and fd is None:
                 continue
             buf = ctypes.create_string_buffer(struct.pack("QQQQ", attrs, 0, 0, fd or 0))
-            if _libc.syscall(SYS_MOUNT_SETATTR, tree, b"", ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), buf, ctypes.c_size_t(32)) == 0:
+            where = ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE)
+            if _libc.syscall(SYS_MOUNT_SETATTR, tree, b"", where, buf, ctypes.c_size_t(32)) == 0:
                 mapped = bool(attrs & MOUNT_ATTR_IDMAP)
                 break
         else:
             _check(-1, f"mount_setattr {target}")
-        _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount {target}")
+        move = ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)
+        _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), move), f"move_mount {target}")
         return mapped
     finally:
         os.close(tree)
@@ -188,8 +194,21 @@ def _inside(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def open_project(policy: Policy) -> tuple[int, str]:
-    """Open the project directory and check *that* directory against the allowed roots."""
+def privileged() -> bool:
+    """CAP_SYS_ADMIN in effect: a root server that can build every layer itself (root without capabilities cannot)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> 21 & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
+
+
+def open_project(policy: Policy, clone: bool = True) -> tuple[int | None, str]:
+    """Open the project directory and check *that* directory against the allowed roots; with `clone`, a detached
+    copy of its mount tree (what gets bound into the view)."""
     want = policy.project_dir or ""
     try:
         fd = os.open(want, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -200,9 +219,7 @@ def open_project(policy: Policy) -> tuple[int, str]:
         roots = policy.allowed_roots
         if roots and not _inside(real, roots):
             raise Refused(f"project_dir {want!r} is outside the roots this server may read")
-        if os.geteuid() != 0:
-            return -1, real
-        return _clone_tree(fd), real
+        return (_clone_tree(fd) if clone else None), real
     finally:
         os.close(fd)
 
@@ -227,7 +244,7 @@ def prepare_view(policy: Policy, newroot: str) -> tuple[list[str], list[bool]]:
             _place(newroot, path, True)  # /bin -> usr/bin on merged-/usr systems
             continue
         real = os.path.realpath(path)
-        if _inside(real, seen):
+        if _inside(real, seen) or _inside("/tmp", [real]):  # /tmp (a server started there) is the call's own tmpfs
             continue
         seen.append(real)
         _place(newroot, real, os.path.isdir(real))
@@ -245,7 +262,8 @@ def prepare_view(policy: Policy, newroot: str) -> tuple[list[str], list[bool]]:
         src = os.path.join("/dev", name)
         if os.path.exists(src):
             _bind(src, _place(newroot, src, os.path.isdir(src)), None, writable=True, devices=True)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    links = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"))
+    for name, target in links:
         os.symlink(target, newroot + "/dev/" + name)
     _place(newroot, "/dev/shm", True)
     _mount("tmpfs", newroot + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy.shm_bytes},mode=1777")
@@ -271,7 +289,10 @@ def finish_view(policy: Policy, newroot: str, project_tree: int | None, ro: list
     if not scratch.startswith("/tmp/"):
         raise Refused("the scratch dir must live under /tmp")
     os.makedirs(newroot + scratch, 0o700)
-    os.chown(newroot + scratch, NOBODY, NOBODY)
+    try:
+        os.chown(newroot + scratch, NOBODY, NOBODY)
+    except OSError:
+        pass  # in an unprivileged user namespace 65534 is not mapped: the call keeps the server's uid
     os.mkdir(newroot + "/.old")
     os.chdir(newroot)
     _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
@@ -297,7 +318,7 @@ def drop_identity() -> str:
 def apply_rlimits(limits: ChildLimits) -> None:
     import resource
 
-    def cap(which, value):
+    def cap(which: int, value: Any) -> None:
         if value is None:
             return
         try:
@@ -337,6 +358,29 @@ def _keeper(child: int) -> None:
     os._exit(os.WEXITSTATUS(status))
 
 
+def close_other_fds(keep: set[int]) -> None:
+    """Close every descriptor but `keep`: the user's code holds only the call's own (stdio, result pipe)."""
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]  # the listing's own descriptor is closed by now
+    except OSError:
+        fds = list(range(3, 1 << 16))
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+_CONTROL: list[socket.socket] = []  # the call's control socket while confine() runs
+
+
+def send_refusal(why: str) -> None:
+    if _CONTROL:
+        send(_CONTROL[0], Control(refused=why))
+    os._exit(71)
+
+
 def send(sock: socket.socket, msg: Control | dict[str, object]) -> None:
     """A Control message to the server (the control socket), or a plain one to the warm worker (a spare's socket)."""
     line = msg.model_dump_json(exclude_none=True) if isinstance(msg, Control) else json.dumps(msg)
@@ -350,12 +394,26 @@ NET_REPORT_LO = "own network namespace: only its private loopback, up (a torchru
 _LOOPBACK = [False]  # the call's own loopback is up: IPv4 on it is allowed (Landlock TCP, seccomp AF_INET)
 
 
-def enter_namespaces(tell) -> bool:
+def _map_own_ids(uid: int, gid: int) -> None:
+    """In a user namespace just made without privilege: map our own uid/gid (the only mapping allowed then)."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def enter_namespaces(tell: Callable[[int], None], user: bool = False) -> bool:
     """unshare every namespace and fork: returns True in the child (pid 1 of the new pid namespace); this process
     becomes the keeper (never returns). `tell(child_pid)` lets the server know the child's pid. False if unshare
-    failed (nothing changed)."""
-    if _libc.unshare(NS_FLAGS) != 0:
+    failed (nothing changed). With `user` (a server without root), a user namespace first, as bubblewrap does
+    unprivileged: the others belong to it, and its capabilities build the view."""
+    uid, gid = os.geteuid(), os.getegid()
+    if _libc.unshare(NS_FLAGS | (CLONE_NEWUSER if user else 0)) != 0:
         return False
+    if user:
+        try:
+            _map_own_ids(uid, gid)
+        except OSError as exc:  # in the new namespaces already: no way back to the weaker path
+            send_refusal(f"could not build the sandbox: user namespace id map: {exc.strerror}")
     _LOOPBACK[0] = isolation.loopback_up()[0]  # still root in the new network namespace
     child = os.fork()
     if child != 0:
@@ -366,10 +424,11 @@ def enter_namespaces(tell) -> bool:
     return True
 
 
-def lock_down(policy: Policy, ro: list[str], report: dict[str, Layer], control: socket.socket) -> None:
-    """After the view: Landlock, seccomp, rlimits; then tell the server and wait for its "go"."""
-    ok, how = isolation.landlock(ro, ["/tmp", "/dev/shm", policy.scratch], ["/dev/" + n for n in DEV_NODES],
-                                 tcp=_LOOPBACK[0])
+def lock_down(policy: Policy, ro: list[str], report: dict[str, Layer], control: socket.socket, private: bool = True) -> None:
+    """After the view: Landlock, seccomp, rlimits; then tell the server and wait for its "go". Without a `private`
+    view (its own /tmp and /dev/shm), only the call's scratch dir is writable: no other call's is even readable."""
+    rw = ["/tmp", "/dev/shm", policy.scratch] if private else [policy.scratch]
+    ok, how = isolation.landlock(ro, rw, ["/dev/" + n for n in DEV_NODES], tcp=_LOOPBACK[0])
     report["filesystem"] = Layer.of(ok, how)
     ok, how = isolation.seccomp_filter(inet=_LOOPBACK[0])
     report["syscalls"] = Layer.of(ok, how)
@@ -396,12 +455,18 @@ def confine(policy: Policy, control: socket.socket) -> None:
         send(control, Control(pid=os.getpid(), layers={"isolation": Layer(enforced=None, text="off (--no-isolation)")}))
         control.close()
         return
+    root = privileged()
+    _CONTROL[:] = [control]
     project_tree = None
-    if policy.project_dir:
-        project_tree, policy.project_dir_real = open_project(policy)
+    if policy.project_dir:  # checked here, before any namespace; cloned before them when privileged
+        project_tree, policy.project_dir_real = open_project(policy, clone=root)
     err = isolation.join_cgroups(policy.cgroups)
     report["cgroup"] = _cgroup_layer(policy.cgroup_state, err)
-    if os.geteuid() == 0 and enter_namespaces(lambda pid: send(control, Control(pid=pid))):
+
+    def tell(pid: int) -> None:
+        send(control, Control(pid=pid))
+
+    if root and enter_namespaces(tell):
         report["namespaces"] = Layer.of(True, NS_REPORT)
         report["network"] = Layer.of(True, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT)
         try:
@@ -412,10 +477,14 @@ def confine(policy: Policy, control: socket.socket) -> None:
         except (OSError, Refused) as exc:
             send(control, Control(refused=f"could not build the sandbox: {exc}"))
             os._exit(71)
+    elif not root and enter_namespaces(tell, user=True):
+        ro = _confine_in_user_namespace(policy, report, control)
     else:
+        if project_tree is not None:
+            os.close(project_tree)
         send(control, Control(pid=os.getpid()))
-        report["namespaces"] = Layer.of(False, "no pid or mount namespace (the server is not root, or unshare failed)")
-        report["view"] = Layer.of(False, "no private file-system view")
+        report["namespaces"] = Layer.of(False, "no pid or mount namespace (the server is not root, and no user namespace)")
+        report["view"] = Layer.of(False, "no private file-system view (only the call's scratch dir is writable)")
         ok, how = isolation.new_network_namespace()
         report["network"] = Layer.of(ok, how)
         ok, how = isolation.drop_privileges()
@@ -423,7 +492,32 @@ def confine(policy: Policy, control: socket.socket) -> None:
         ro = isolation.readable_roots(policy.project_dir_real or policy.scratch, policy.package_root,
                                       python_trees(policy.python))
         os.chdir(policy.scratch)
+        lock_down(policy, ro, report, control, private=False)
+        return
     lock_down(policy, ro, report, control)
+
+
+def _confine_in_user_namespace(policy: Policy, report: dict[str, Layer], control: socket.socket) -> list[str]:
+    """A server without root, in the call's pid 1 inside its own user namespace: the same view as root builds (the
+    project opened and checked again in the new mount namespace, and bound), then every capability dropped."""
+    report["namespaces"] = Layer.of(True, NS_REPORT + "; in an unprivileged user namespace")
+    report["network"] = Layer.of(True, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT)
+    try:
+        project_tree = None
+        if policy.project_dir:
+            project_tree, policy.project_dir_real = open_project(policy)
+        ro, mapped = prepare_view(policy, policy.scratch)
+        finish_view(policy, policy.scratch, project_tree, ro, mapped, report)
+        ok, how = isolation.drop_privileges()
+        if not ok:
+            raise OSError(0, how)
+        report["identity"] = Layer.of(False, f"same uid as the server ({os.getuid()}), no root to change it; {how}")
+        isolation.die_with_parent()
+        _libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: the server (same uid, no capabilities) checks it from outside
+    except (OSError, Refused) as exc:
+        send(control, Control(refused=f"could not build the sandbox: {exc}"))
+        os._exit(71)
+    return ro
 
 
 def spare(base: Policy, newroot: str, zygote: socket.socket) -> None:
@@ -442,7 +536,7 @@ def spare(base: Policy, newroot: str, zygote: socket.socket) -> None:
             send(zygote, {"ready": True})
         except OSError:
             pass
-        req, fds = _recv_job(zygote)
+        req, fds = recv_job(zygote)
         _libc.prctl(15, b"gp-call", 0, 0, 0)
         zygote.close()
         out_fd, err_fd, res_fd, ctl_fd = fds
@@ -472,6 +566,7 @@ def spare(base: Policy, newroot: str, zygote: socket.socket) -> None:
             os.close(fd)
         os.environ.clear()
         os.environ.update(req["env"])
+        close_other_fds({0, 1, 2, res_fd, ctl_fd})  # the id-map namespace and anything else of the worker's
         lock_down(policy, ro, report, control)
         from gradprobe.sandbox.child import run
 
@@ -488,12 +583,12 @@ def _cgroup_layer(state: Layer, err: str | None) -> Layer:
 VIEW_KEYS = ("enabled", "python", "package_root", "extra_ro", "scratch_bytes", "shm_bytes", "devices")
 
 
-def _recv_job(sock: socket.socket) -> tuple[dict, list[int]]:
+def recv_job(sock: socket.socket) -> tuple[dict, list[int]]:
     buf, fds = b"", []
     while len(buf) < 4 or len(buf) < 4 + struct.unpack("!I", buf[:4])[0]:
         msg, got, _flags, _addr = socket.recv_fds(sock, 1 << 20, 8)
         if not msg:
-            os._exit(0)  # the warm worker went away before a job came
+            os._exit(0)  # the warm worker (or the server holding the job socket) went away before a job came
         buf += msg
         fds += got
     (n,) = struct.unpack("!I", buf[:4])
