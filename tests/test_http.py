@@ -233,10 +233,10 @@ async def test_model_given_as_an_absolute_path_alone_and_roots_still_apply(http_
 
 
 def test_connection_cap_idle_connections_and_a_flood_of_bad_requests(tmp_path):
-    """Its own server (--max-connections 8 --header-timeout 1): connections past the cap get 503 at once, idle ones
-    are closed by the server and it serves again; hundreds of bad requests write a bounded log (a count of the lines
-    dropped, never one line per request), and what a request brings (a Host header with a newline-like C1 byte)
-    reaches the log escaped."""
+    """Its own server (--max-connections 8 --header-timeout 1): connections past the cap make room by closing the
+    oldest idle ones (so /health is still served), idle ones are closed by the server; hundreds of bad requests
+    write a bounded log (a count of the lines dropped, never one line per request), and what a request brings (a
+    Host header with a newline-like C1 byte) reaches the log escaped."""
     (tmp_path / "tokens").write_text(TOKENS)
     port = free_port()
     out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
@@ -250,7 +250,7 @@ def test_connection_cap_idle_connections_and_a_flood_of_bad_requests(tmp_path):
         wait_healthy(url, proc)
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
         time.sleep(0.2)  # the server has accepted them
-        assert httpx2.get(f"{url}/health", timeout=5).status_code == 503  # past the cap: refused at once
+        assert httpx2.get(f"{url}/health", timeout=5).status_code == 200  # past the cap: idle ones made room
         assert all(_closed_by_server(s) for s in idle)  # idle ones are closed by the server (--header-timeout 1) ...
         for s in idle:
             s.close()

@@ -76,3 +76,35 @@ async def test_a_dead_worker_is_a_clear_finding(executor, tmp_path):
     report = await execute("inspect_parameters", target, executor=executor, limits=Limits(isolate=False))
     f = report["findings"][0]
     assert f["code"] == "GP116" and "Ray worker" in f["message"], f["message"]
+
+
+def test_a_result_that_is_not_capped_json_bytes_is_refused():
+    from gradprobe.sandbox.ray_executor import WIRE_CAP, parse_outcome
+
+    for bad in ({"report": {}}, b"\x80\x04K\x01.", b"[1]", b"{" + b" " * WIRE_CAP + b"}"):
+        with pytest.raises(ValueError):
+            parse_outcome(bad)
+    ok = parse_outcome(b'{"report": {"findings": []}, "phase": "done", "returncode": 0, "stdout": 3, "mode": "x"}')
+    assert ok.report == {"findings": []} and ok.stdout == "" and ok.mode == "ray"
+
+
+@pytest.mark.anyio
+async def test_local_mode_ignores_a_planted_cluster_address_and_file(tmp_path):
+    """`--ray-address local` through the real server: RAY_ADDRESS and a cluster file in Ray's temp directory name a
+    cluster that is not ours; the server starts its own private instance (0700 temp dir, loopback) and jobs run."""
+    from mcp import Client
+
+    from conftest import server_params
+
+    planted = tmp_path / "raytmp" / "ray"
+    planted.mkdir(parents=True)
+    (planted / "ray_current_cluster").write_text("127.0.0.1:9\n")
+    env = {"RAY_ADDRESS": "127.0.0.1:9", "RAY_TMPDIR": str(tmp_path / "raytmp")}
+    target = {"project_dir": str(EXAMPLES), "model": "gp103_heads_in_dict.py", "timeout_s": 60}
+    with anyio.fail_after(120):
+        async with Client(server_params(env, ("--executor", "ray", "--ray-address", "local")), read_timeout_seconds=120) as c:
+            result = await c.call_tool("inspect_parameters", {"target": target})
+    sc = result.structured_content
+    assert sc["facts"]["sandbox"]["child"].startswith("a Ray task"), sc
+    assert any(f["code"] == "GP103" for f in sc["findings"]), sc["findings"]
+    assert not any(p.name.startswith("session") for p in planted.iterdir())  # nothing of ours went to the planted dir

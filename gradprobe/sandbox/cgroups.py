@@ -80,7 +80,7 @@ class CallCgroup:
         self.dirs.append(path)
         return path
 
-    def _make(self, memory_bytes, pids_max) -> None:
+    def _make(self, memory_bytes: int | None, pids_max: int) -> None:
         if os.path.exists(os.path.join(BASE, "cgroup.controllers")):  # pure v2
             d = self._mk(BASE)
             if memory_bytes:

@@ -44,284 +44,31 @@ import os
 import signal
 import socket
 import struct
-import sys
+from collections.abc import Callable
+from typing import Any
 
 from gradprobe.sandbox import isolation
 from gradprobe.sandbox.protocol import ChildLimits, Control, Job, Layer, Policy
-
-_libc = ctypes.CDLL(None, use_errno=True)
-NOBODY = 65534
-
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
-MNT_DETACH = 2
-SYS_PIVOT_ROOT, SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 155, 428, 429, 442
-OPEN_TREE_CLONE, AT_RECURSIVE, AT_EMPTY_PATH, AT_FDCWD = 1, 0x8000, 0x1000, -100
-MOVE_MOUNT_F_EMPTY_PATH = 4
-MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_IDMAP = 1, 2, 4, 0x100000
-
-ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "passwd", "group", "hosts", "host.conf",
-             "localtime", "timezone", "os-release", "alternatives", "protocols", "services", "mime.types", "gai.conf")
-DEV_NODES = ("null", "zero", "full", "random", "urandom")
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
-
-IDMAP_FD: int | None = None  # a user namespace mapping uid/gid 0 -> 65534, made once per process that confines
-
-
-class Refused(Exception):
-    """The call must not start (a path outside the roots, a layer required but missing)."""
-
-
-def _check(rc: int, what: str) -> int:
-    if rc < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-    return rc
-
-
-def _mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _check(_libc.mount(src.encode() if src else None, target.encode(), fstype.encode() if fstype else None,
-                       ctypes.c_ulong(flags), data.encode() if data else None), f"mount {target}")
-
-
-def make_idmap_userns() -> int | None:
-    """An fd of a user namespace whose uid/gid 0 is 65534 outside, for id-mapped mounts (None if impossible)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            ok = _libc.unshare(CLONE_NEWUSER) == 0
-            os.write(w, b"1" if ok else b"0")
-            os.close(w)
-            signal.pause()
-        finally:
-            os._exit(0)
-    os.close(w)
-    try:
-        if os.read(r, 1) != b"1":
-            return None
-        for name, text in (("uid_map", f"0 {NOBODY} 1"), ("setgroups", "deny"), ("gid_map", f"0 {NOBODY} 1")):
-            with open(f"/proc/{pid}/{name}", "w") as f:
-                f.write(text)
-        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    finally:
-        os.close(r)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-
-
-def _clone_tree(fd: int) -> int:
-    """A detached copy of the mount tree at the opened directory `fd` (made before unshare: a mount of another
-    namespace cannot be cloned afterwards)."""
-    return _check(_libc.syscall(SYS_OPEN_TREE, fd, b"", ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | AT_EMPTY_PATH | os.O_CLOEXEC)), "open_tree")
-
-
-def _bind(source: str | int, target: str, idmap: int | None, writable: bool = False, devices: bool = False) -> bool:
-    """Bind `source` (a path, or a detached tree from _clone_tree) at `target`, read-only and nosuid, id-mapped
-    when the file system allows; returns whether the id mapping took."""
-    if isinstance(source, int):
-        tree = source
-    else:
-        tree = _check(_libc.syscall(SYS_OPEN_TREE, AT_FDCWD, source.encode(), ctypes.c_uint(OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC)), f"open_tree {source}")
-    try:
-        base = (0 if writable else MOUNT_ATTR_RDONLY) | MOUNT_ATTR_NOSUID | (0 if devices else MOUNT_ATTR_NODEV)
-        mapped = False
-        for attrs, fd in (((base | MOUNT_ATTR_IDMAP), idmap), (base, None)):
-            if attrs & MOUNT_ATTR_IDMAP and fd is None:
-                continue
-            buf = ctypes.create_string_buffer(struct.pack("QQQQ", attrs, 0, 0, fd or 0))
-            if _libc.syscall(SYS_MOUNT_SETATTR, tree, b"", ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), buf, ctypes.c_size_t(32)) == 0:
-                mapped = bool(attrs & MOUNT_ATTR_IDMAP)
-                break
-        else:
-            _check(-1, f"mount_setattr {target}")
-        _check(_libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount {target}")
-        return mapped
-    finally:
-        os.close(tree)
-
-
-def _place(root: str, path: str, is_dir: bool) -> str:
-    """Create `path` under `root` (parents 0755), following the symlinks of the real system."""
-    target = root + path
-    parent = os.path.dirname(path)
-    if parent != path and not os.path.lexists(root + parent):
-        _place(root, parent, True)
-    if os.path.lexists(target):
-        return target
-    if os.path.islink(path) and path != "/":
-        os.symlink(os.readlink(path), target)
-        return target
-    if is_dir:
-        os.mkdir(target, 0o755)
-    else:
-        open(target, "w").close()
-    return target
-
-
-def python_trees(policy: Policy) -> list[str]:
-    """Directories an interpreter needs: the server's installation prefixes, and those derived from the interpreter
-    the target runs, which the server resolved once and opened (sandbox/interpreter.py; a program it did not
-    recognise as an installation is one file)."""
-    trees = policy.python_exec.trees if policy.python_exec else []
-    return [sys.prefix, sys.base_prefix, sys.exec_prefix] + [tree.path for tree in trees]
-
-
-def clone_python_trees(policy: Policy) -> dict[str, int]:
-    """Detached copies of the interpreter's opened trees, made before unshare (as for the project): the exact
-    directories the server opened are what gets bound, whatever their names point to by now."""
-    trees = policy.python_exec.trees if policy.python_exec else []
-    return {tree.path: _clone_tree(tree.fd) for tree in trees}
-
-
-def _inside(path: str, roots: list[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
-def open_project(policy: Policy) -> tuple[int, str]:
-    """Open the project directory and check *that* directory against the allowed roots."""
-    want = policy.project_dir or ""
-    try:
-        fd = os.open(want, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise Refused(f"project_dir {want!r} cannot be opened: {exc.strerror}") from None
-    try:
-        real = os.readlink(f"/proc/self/fd/{fd}")
-        roots = policy.allowed_roots
-        if roots and not _inside(real, roots):
-            raise Refused(f"project_dir {want!r} is outside the roots this server may read")
-        if os.geteuid() != 0:
-            return -1, real
-        return _clone_tree(fd), real
-    finally:
-        os.close(fd)
-
-
-def open_read_paths(policy: Policy) -> list[tuple[str, int]]:
-    """The target's read_paths, each opened and checked like the project (inside the allowed roots when the server
-    has roots), as detached trees to bind read-only (root), or their real paths only (fd -1; Landlock reads them)."""
-    out: list[tuple[str, int]] = []
-    try:
-        for want in policy.read_paths:
-            try:
-                fd = os.open(want, os.O_PATH | os.O_CLOEXEC)
-            except OSError as exc:
-                raise Refused(f"read_paths: {want!r} cannot be opened: {exc.strerror}") from None
-            try:
-                real = os.readlink(f"/proc/self/fd/{fd}")
-                roots = policy.allowed_roots
-                if (roots and not _inside(real, roots)) or real == "/":
-                    raise Refused(f"read_paths: {want!r} is outside the roots this server may read")
-                out.append((real, _clone_tree(fd) if os.geteuid() == 0 else -1))
-            finally:
-                os.close(fd)
-    except BaseException:
-        for _, tree in out:
-            if tree >= 0:
-                os.close(tree)
-        raise
-    return out
-
-
-def prepare_view(policy: Policy, newroot: str, opened: dict[str, int] | None = None) -> tuple[list[str], list[bool]]:
-    """In a new mount namespace, the part of the view every call shares: a tmpfs root at `newroot` (an empty dir,
-    shadowed in this namespace only) with private /tmp, /dev, /dev/shm, /proc, /sys and the read-only binds.
-    Returns the read-only paths (for Landlock) and which binds took the id mapping."""
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    _mount("tmpfs", newroot, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=755")
-    # /tmp first: binds below it (a project in /tmp) go on top of the private tmpfs, not under it
-    _place(newroot, "/tmp", True)
-    _mount("tmpfs", newroot + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy.scratch_bytes},mode=1777")
-    ro: list[str] = []
-    mapped: list[bool] = []
-    opened = dict(opened or {})
-    # gradprobe's own package directory only (never the folder holding it: a checkout's other files, a working dir)
-    own = os.path.join(policy.package_root, "gradprobe")
-    trees = list(SYSTEM_DIRS) + python_trees(policy) + [own] + list(policy.extra_ro)
-    seen: list[str] = []
-    for path in sorted({os.path.abspath(p) for p in trees if p}, key=len):
-        tree = opened.pop(path, None)
-        if tree is None and (not os.path.lexists(path) or path == "/"):
-            continue
-        if tree is None and os.path.islink(path) and os.path.dirname(path) == "/":
-            _place(newroot, path, True)  # /bin -> usr/bin on merged-/usr systems
-            continue
-        real = path if tree is not None else os.path.realpath(path)
-        if _inside(real, seen):
-            if tree is not None:
-                os.close(tree)
-            continue
-        seen.append(real)
-        _place(newroot, real, os.path.isdir(f"/proc/self/fd/{tree}") if tree is not None else os.path.isdir(real))
-        mapped.append(_bind(tree if tree is not None else real, newroot + real, IDMAP_FD))
-        ro.append(real)
-    for tree in opened.values():
-        os.close(tree)
-    _place(newroot, "/etc", True)
-    for name in ETC_FILES:
-        src = os.path.join("/etc", name)
-        if os.path.exists(src):
-            _bind(src, _place(newroot, src, os.path.isdir(src)), IDMAP_FD)
-    ro.append("/etc")
-    _place(newroot, "/dev", True)
-    _mount("tmpfs", newroot + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
-    for name in DEV_NODES + tuple(policy.devices):
-        src = os.path.join("/dev", name)
-        if os.path.exists(src):
-            _bind(src, _place(newroot, src, os.path.isdir(src)), None, writable=True, devices=True)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-        os.symlink(target, newroot + "/dev/" + name)
-    _place(newroot, "/dev/shm", True)
-    _mount("tmpfs", newroot + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy.shm_bytes},mode=1777")
-    _place(newroot, "/proc", True)
-    _mount("proc", newroot + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    _place(newroot, "/sys", True)
-    _bind("/sys", newroot + "/sys", None)
-    ro += ["/proc", "/sys"]
-    return ro, mapped
-
-
-def finish_view(policy: Policy, newroot: str, project_tree: int | None, ro: list[str], mapped: list[bool],
-                report: dict[str, Layer], reads: list[tuple[str, int]] | None = None) -> None:
-    """The call's own part: the project and the read_paths (the trees opened and checked), the scratch dir, then
-    pivot_root."""
-    scratch = policy.scratch
-    for real, tree in reads or []:
-        if tree < 0 or _inside(real, ro) or not real.startswith("/"):
-            if tree >= 0:
-                os.close(tree)
-            continue
-        mapped.append(_bind(tree, _place(newroot, real, os.path.isdir(f"/proc/self/fd/{tree}")), IDMAP_FD))  # closes it
-        ro.append(real)
-    if project_tree is not None:
-        proj = policy.project_dir_real or ""
-        if not _inside(proj, ro):
-            mapped.append(_bind(project_tree, _place(newroot, proj, True), IDMAP_FD))  # closes project_tree
-            ro.append(proj)
-        else:
-            os.close(project_tree)
-    if not _inside(policy.package_root, ro):  # the sys.path entry holding gradprobe: in the view it holds only that
-        ro.append(policy.package_root)  # (and the project when it lives there), so Python may list it
-    if not scratch.startswith("/tmp/"):
-        raise Refused("the scratch dir must live under /tmp")
-    os.makedirs(newroot + scratch, 0o700)
-    os.chown(newroot + scratch, NOBODY, NOBODY)
-    os.mkdir(newroot + "/.old")
-    os.chdir(newroot)
-    _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
-    _check(_libc.umount2(b"/.old", MNT_DETACH), "umount old root")
-    os.rmdir("/.old")
-    _mount(None, "/", None, MS_BIND | 32 | MS_RDONLY | MS_NOSUID | MS_NODEV)  # MS_REMOUNT: the view's own root read-only
-    os.chdir(scratch)
-    report["view"] = Layer.of(True, f"pivot_root into a minimal tree: {len(ro)} read-only binds ({sum(mapped)} id-mapped), "
-                              f"fresh /proc, private tmpfs /tmp ({policy.scratch_bytes >> 20} MiB, holds scratch) and "
-                              f"/dev/shm ({policy.shm_bytes >> 20} MiB)")
-
+from gradprobe.sandbox.view import (  # re-exported: launch.py and the warm worker call them through confine
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    CLONE_NEWUTS,
+    DEV_NODES,
+    NOBODY,
+    Refused,
+    _check,
+    _libc,
+    clone_python_trees,
+    finish_view,
+    open_project,
+    open_read_paths,
+    prepare_view,
+    privileged,
+    python_trees,
+)
 
 def drop_identity() -> str:
     for cap in range(64):
@@ -336,7 +83,7 @@ def drop_identity() -> str:
 def apply_rlimits(limits: ChildLimits) -> None:
     import resource
 
-    def cap(which, value):
+    def cap(which: int, value: Any) -> None:
         if value is None:
             return
         try:
@@ -376,6 +123,29 @@ def _keeper(child: int) -> None:
     os._exit(os.WEXITSTATUS(status))
 
 
+def close_other_fds(keep: set[int]) -> None:
+    """Close every descriptor but `keep`: the user's code holds only the call's own (stdio, result pipe)."""
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]  # the listing's own descriptor is closed by now
+    except OSError:
+        fds = list(range(3, 1 << 16))
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+_CONTROL: list[socket.socket] = []  # the call's control socket while confine() runs
+
+
+def send_refusal(why: str) -> None:
+    if _CONTROL:
+        send(_CONTROL[0], Control(refused=why))
+    os._exit(71)
+
+
 def send(sock: socket.socket, msg: Control | dict[str, object]) -> None:
     """A Control message to the server (the control socket), or a plain one to the warm worker (a spare's socket)."""
     line = msg.model_dump_json(exclude_none=True) if isinstance(msg, Control) else json.dumps(msg)
@@ -389,12 +159,26 @@ NET_REPORT_LO = "own network namespace: only its private loopback, up (a torchru
 _LOOPBACK = [False]  # the call's own loopback is up: IPv4 on it is allowed (Landlock TCP, seccomp AF_INET)
 
 
-def enter_namespaces(tell) -> bool:
+def _map_own_ids(uid: int, gid: int) -> None:
+    """In a user namespace just made without privilege: map our own uid/gid (the only mapping allowed then)."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def enter_namespaces(tell: Callable[[int], None], user: bool = False) -> bool:
     """unshare every namespace and fork: returns True in the child (pid 1 of the new pid namespace); this process
     becomes the keeper (never returns). `tell(child_pid)` lets the server know the child's pid. False if unshare
-    failed (nothing changed)."""
-    if _libc.unshare(NS_FLAGS) != 0:
+    failed (nothing changed). With `user` (a server without root), a user namespace first, as bubblewrap does
+    unprivileged: the others belong to it, and its capabilities build the view."""
+    uid, gid = os.geteuid(), os.getegid()
+    if _libc.unshare(NS_FLAGS | (CLONE_NEWUSER if user else 0)) != 0:
         return False
+    if user:
+        try:
+            _map_own_ids(uid, gid)
+        except OSError as exc:  # in the new namespaces already: no way back to the weaker path
+            send_refusal(f"could not build the sandbox: user namespace id map: {exc.strerror}")
     _LOOPBACK[0] = isolation.loopback_up()[0]  # still root in the new network namespace
     child = os.fork()
     if child != 0:
@@ -405,10 +189,11 @@ def enter_namespaces(tell) -> bool:
     return True
 
 
-def lock_down(policy: Policy, ro: list[str], report: dict[str, Layer], control: socket.socket) -> None:
-    """After the view: Landlock, seccomp, rlimits; then tell the server and wait for its "go"."""
-    ok, how = isolation.landlock(ro, ["/tmp", "/dev/shm", policy.scratch], ["/dev/" + n for n in DEV_NODES],
-                                 tcp=_LOOPBACK[0])
+def lock_down(policy: Policy, ro: list[str], report: dict[str, Layer], control: socket.socket, private: bool = True) -> None:
+    """After the view: Landlock, seccomp, rlimits; then tell the server and wait for its "go". Without a `private`
+    view (its own /tmp and /dev/shm), only the call's scratch dir is writable: no other call's is even readable."""
+    rw = ["/tmp", "/dev/shm", policy.scratch] if private else [policy.scratch]
+    ok, how = isolation.landlock(ro, rw, ["/dev/" + n for n in DEV_NODES], tcp=_LOOPBACK[0])
     report["filesystem"] = Layer.of(ok, how)
     ok, how = isolation.seccomp_filter(inet=_LOOPBACK[0])
     report["syscalls"] = Layer.of(ok, how)
@@ -435,14 +220,20 @@ def confine(policy: Policy, control: socket.socket) -> None:
         send(control, Control(pid=os.getpid(), layers={"isolation": Layer(enforced=None, text="off (--no-isolation)")}))
         control.close()
         return
+    root = privileged()
+    _CONTROL[:] = [control]
     project_tree = None
-    if policy.project_dir:
-        project_tree, policy.project_dir_real = open_project(policy)
-    reads = open_read_paths(policy)
+    if policy.project_dir:  # checked here, before any namespace; cloned before them when privileged
+        project_tree, policy.project_dir_real = open_project(policy, clone=root)
+    reads = open_read_paths(policy, clone=root)
     err = isolation.join_cgroups(policy.cgroups)
     report["cgroup"] = _cgroup_layer(policy.cgroup_state, err)
-    opened = clone_python_trees(policy) if os.geteuid() == 0 else {}
-    if os.geteuid() == 0 and enter_namespaces(lambda pid: send(control, Control(pid=pid))):
+    opened = clone_python_trees(policy) if root else {}
+
+    def tell(pid: int) -> None:
+        send(control, Control(pid=pid))
+
+    if root and enter_namespaces(tell):
         report["namespaces"] = Layer.of(True, NS_REPORT)
         report["network"] = Layer.of(True, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT)
         try:
@@ -453,10 +244,14 @@ def confine(policy: Policy, control: socket.socket) -> None:
         except (OSError, Refused) as exc:
             send(control, Control(refused=f"could not build the sandbox: {exc}"))
             os._exit(71)
+    elif not root and enter_namespaces(tell, user=True):
+        ro = _confine_in_user_namespace(policy, report, control, reads)
     else:
+        if project_tree is not None:
+            os.close(project_tree)
         send(control, Control(pid=os.getpid()))
-        report["namespaces"] = Layer.of(False, "no pid or mount namespace (the server is not root, or unshare failed)")
-        report["view"] = Layer.of(False, "no private file-system view")
+        report["namespaces"] = Layer.of(False, "no pid or mount namespace (the server is not root, and no user namespace)")
+        report["view"] = Layer.of(False, "no private file-system view (only the call's scratch dir is writable)")
         ok, how = isolation.new_network_namespace()
         report["network"] = Layer.of(ok, how)
         ok, how = isolation.drop_privileges()
@@ -464,7 +259,33 @@ def confine(policy: Policy, control: socket.socket) -> None:
         ro = isolation.readable_roots(policy.project_dir_real or policy.scratch, policy.package_root,
                                       python_trees(policy) + [real for real, _ in reads])
         os.chdir(policy.scratch)
+        lock_down(policy, ro, report, control, private=False)
+        return
     lock_down(policy, ro, report, control)
+
+
+def _confine_in_user_namespace(policy: Policy, report: dict[str, Layer], control: socket.socket,
+                               reads: list[tuple[str, int]]) -> list[str]:
+    """A server without root, in the call's pid 1 inside its own user namespace: the same view as root builds (the
+    project opened and checked again in the new mount namespace, and bound), then every capability dropped."""
+    report["namespaces"] = Layer.of(True, NS_REPORT + "; in an unprivileged user namespace")
+    report["network"] = Layer.of(True, NET_REPORT_LO if _LOOPBACK[0] else NET_REPORT)
+    try:
+        project_tree = None
+        if policy.project_dir:
+            project_tree, policy.project_dir_real = open_project(policy)
+        ro, mapped = prepare_view(policy, policy.scratch)
+        finish_view(policy, policy.scratch, project_tree, ro, mapped, report, reads)
+        ok, how = isolation.drop_privileges()
+        if not ok:
+            raise OSError(0, how)
+        report["identity"] = Layer.of(False, f"same uid as the server ({os.getuid()}), no root to change it; {how}")
+        isolation.die_with_parent()
+        _libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: the server (same uid, no capabilities) checks it from outside
+    except (OSError, Refused) as exc:
+        send(control, Control(refused=f"could not build the sandbox: {exc}"))
+        os._exit(71)
+    return ro
 
 
 def spare(base: Policy, newroot: str, zygote: socket.socket) -> None:
@@ -483,7 +304,7 @@ def spare(base: Policy, newroot: str, zygote: socket.socket) -> None:
             send(zygote, {"ready": True})
         except OSError:
             pass
-        req, fds = _recv_job(zygote)
+        req, fds = recv_job(zygote)
         _libc.prctl(15, b"gp-call", 0, 0, 0)
         zygote.close()
         out_fd, err_fd, res_fd, ctl_fd = fds
@@ -514,6 +335,7 @@ def spare(base: Policy, newroot: str, zygote: socket.socket) -> None:
             os.close(fd)
         os.environ.clear()
         os.environ.update(req["env"])
+        close_other_fds({0, 1, 2, res_fd, ctl_fd})  # the id-map namespace and anything else of the worker's
         lock_down(policy, ro, report, control)
         from gradprobe.sandbox.child import run
 
@@ -530,12 +352,12 @@ def _cgroup_layer(state: Layer, err: str | None) -> Layer:
 VIEW_KEYS = ("enabled", "python", "package_root", "extra_ro", "scratch_bytes", "shm_bytes", "devices")
 
 
-def _recv_job(sock: socket.socket) -> tuple[dict, list[int]]:
+def recv_job(sock: socket.socket) -> tuple[dict, list[int]]:
     buf, fds = b"", []
     while len(buf) < 4 or len(buf) < 4 + struct.unpack("!I", buf[:4])[0]:
         msg, got, _flags, _addr = socket.recv_fds(sock, 1 << 20, 8)
         if not msg:
-            os._exit(0)  # the warm worker went away before a job came
+            os._exit(0)  # the warm worker (or the server holding the job socket) went away before a job came
         buf += msg
         fds += got
     (n,) = struct.unpack("!I", buf[:4])

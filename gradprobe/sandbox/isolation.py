@@ -143,7 +143,8 @@ def landlock(read_only: list[str], read_write: list[str], files_rw: list[str], t
             return False, f"Landlock restrict_self failed ({_err()})"
     finally:
         os.close(ruleset)
-    extra = (", TCP denied" if net else ", TCP only on the private loopback" if tcp else "") + (", signals and abstract sockets scoped" if scoped else "")
+    extra = (", TCP denied" if net else ", TCP only on the private loopback" if tcp else "")
+    extra += ", signals and abstract sockets scoped" if scoped else ""
     return True, f"Landlock ABI {abi}: read-only installation and project, read-write scratch{extra}"
 
 
@@ -170,7 +171,7 @@ def seccomp_program(inet: bool = False) -> list[bytes]:
     ld_abs, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, errno, kill = 0x7FFF0000, 0x00050000, 0x80000000
 
-    def op(code, k, jt=0, jf=0):
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("HBBI", code, jt, jf, k)
 
     prog = [op(ld_abs, 4), op(jeq, AUDIT_ARCH_X86_64, 1, 0), op(ret, kill),
@@ -200,7 +201,8 @@ def seccomp_filter(inet: bool = False) -> tuple[bool, str]:
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or _libc.prctl(22, 2, fbuf, 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
         return False, f"seccomp failed ({_err()})"
     return True, (f"seccomp: other architectures (int 0x80) and x32 killed; clone3 ENOSYS; namespace clone flags, "
-                  f"non-Unix sockets{' (but IPv4 on the private loopback)' if inet else ''} and {len(_DENIED_X86_64)} syscalls (ptrace, mount, unshare, bpf, io_uring, ...) denied")
+                  f"non-Unix sockets{' (but IPv4 on the private loopback)' if inet else ''} and {len(_DENIED_X86_64)} "
+                  "syscalls (ptrace, mount, unshare, bpf, io_uring, ...) denied")
 
 
 def become_subreaper() -> None:

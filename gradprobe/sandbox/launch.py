@@ -21,14 +21,14 @@ def main() -> None:
     if sys.path and os.path.abspath(sys.path[0] or ".") == here:
         sys.path.pop(0)
     sys.path.insert(0, root)
-    from gradprobe.sandbox import confine
+    from gradprobe.sandbox import confine, view
     from gradprobe.sandbox.protocol import Control, Policy, StartFailed
 
     control = socket.socket(fileno=int(sys.argv[1]))
     policy = Policy.model_validate_json(sys.argv[2])
     python, child = sys.argv[3], sys.argv[4]
     if policy.enabled and os.geteuid() == 0:
-        confine.IDMAP_FD = confine.make_idmap_userns()
+        view.IDMAP_FD = view.make_idmap_userns()
     try:
         confine.confine(policy, control)
     except confine.Refused as exc:

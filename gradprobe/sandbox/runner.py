@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 
+from gradprobe.render import clean
 from gradprobe.sandbox.cgroups import CallCgroup, server_dir_name
 from gradprobe.sandbox.interpreter import Interpreter, InterpreterError, resolve
 from gradprobe.sandbox.isolation import become_subreaper
@@ -39,6 +40,8 @@ LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUT_CAP = 64 * 1024
 RESULT_CAP = 8 * 1024 * 1024
+SETUP_S = 60.0  # before a call's timeout starts: confinement, the server's checks, a cold child importing torch
+PROGRESS_CAP, PHASE_CAP = 64, 16  # progress events, and distinct phases, one call may send
 ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 ProgressFn = Callable[[str, float | None], Awaitable[None]]
@@ -280,6 +283,7 @@ class _ChildCall:
         self.after_reply = False
         self.confined = _Confinement()
         self.results = _Results()
+        self.started = asyncio.Event()  # set by the first progress past "starting": the call's timeout runs from then
         self.out, self.err = CappedStream(), CappedStream()
 
     async def run(self) -> ChildOutcome:
@@ -398,10 +402,15 @@ class _ChildCall:
     async def _take(self, msg: Progress | Result | StartFailed) -> None:
         res = self.results
         if isinstance(msg, Progress):
+            phase = clean(msg.phase.value)[:40]  # no terminal control characters reach a client
+            if len(res.events) >= PROGRESS_CAP or (phase not in res.events and len(set(res.events)) >= PHASE_CAP):
+                return  # one call sends at most PROGRESS_CAP events and PHASE_CAP distinct phases
             res.phase = msg.phase
-            res.events.append(msg.phase.value)
+            res.events.append(phase)
+            if msg.phase is not Phase.STARTING:
+                self.started.set()  # the child is on the user's code: the call's time runs from here
             if self.progress is not None:
-                await self.progress(msg.phase.value, time.monotonic() - self.t0)
+                await self.progress(phase, time.monotonic() - self.t0)
         elif isinstance(msg, StartFailed):
             res.start_error = f"{msg.error}"[:2000]
         elif isinstance(msg.report, ToolError):
@@ -417,6 +426,10 @@ class _ChildCall:
         of its namespaces happen after the reply). Returns (timed_out, early: the result is in, the child lives)."""
         assert self.exited is not None and self.pid is not None
         exited = self.exited
+        started: asyncio.Future[Any] = asyncio.ensure_future(self.started.wait())  # confining, checks, (cold) torch
+        setup: list[asyncio.Future[Any]] = [started, exited, self.readers[0]]
+        await asyncio.wait(setup, timeout=SETUP_S, return_when=asyncio.FIRST_COMPLETED)  # at most SETUP_S
+        started.cancel()
         deadline = time.monotonic() + self.timeout_s
         first: list[asyncio.Future[Any]] = [exited, self.readers[0]]
         done, _ = await asyncio.wait(first, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)

@@ -19,7 +19,7 @@ import threading
 from typing import Any
 
 from gradprobe.sandbox.protocol import Job, Policy
-from gradprobe.sandbox.zygote import split_frames
+from gradprobe.sandbox.zygote import base_policy, split_frames
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 START_TIMEOUT_S = 120.0
@@ -46,15 +46,16 @@ class WarmWorker:
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None and self.sock is not None
+        """Running and ready: it has imported torch and the model code (what /health reports as the warm worker)."""
+        return self.proc is not None and self.proc.poll() is None and self.sock is not None and bool(self.info.get("ready"))
 
     async def ensure(self) -> bool:
         """Start the worker if needed; False (with self.error set) when it cannot run."""
-        if self.alive and self.info.get("ready"):
+        if self.alive:
             return True
         self._starting = self._starting or asyncio.Lock()
         async with self._starting:
-            if self.alive and self.info.get("ready"):
+            if self.alive:
                 return True
             try:
                 await asyncio.wait_for(self._start(), START_TIMEOUT_S)
@@ -80,21 +81,27 @@ class WarmWorker:
         threading.Thread(target=self._reader, args=(ours, self.proc), daemon=True, name="gradprobe-warm-reader").start()
         self.info = await self._ready
 
-    def _reader(self, sock: socket.socket, proc) -> None:
+    def _reader(self, sock: socket.socket, proc: subprocess.Popen) -> None:
         loop = self._loop
         assert loop is not None  # set by _start before the reader thread runs
         buf = b""
+        fds: list[int] = []  # job sockets of forked children, in the order of their "forked" messages
         while True:
             try:
-                chunk = sock.recv(65536)
+                chunk, got, _flags, _addr = socket.recv_fds(sock, 65536, 4)
             except OSError:
-                chunk = b""
+                chunk, got = b"", []
+            fds += got
             if not chunk:
                 break
             buf += chunk
             msgs, buf = split_frames(buf)
             for msg in msgs:
+                if "forked" in msg:
+                    msg["job_fd"] = fds.pop(0) if fds else None
                 loop.call_soon_threadsafe(self._dispatch, msg)
+        for fd in fds:
+            os.close(fd)
         loop.call_soon_threadsafe(self._died, proc)
 
     def _dispatch(self, msg: dict) -> None:
@@ -106,7 +113,9 @@ class WarmWorker:
             self._spare_groups.pop(str((msg.get("cgroup") or {}).get("name")), None)  # the call's now: its caller's
             fut = self._forked.pop(msg["forked"], None)
             if fut is not None and not fut.done():
-                fut.set_result((msg["pid"], msg.get("cgroup")))
+                fut.set_result((msg["pid"], msg.get("cgroup"), msg.get("job_fd")))
+            elif msg.get("job_fd") is not None:
+                os.close(msg["job_fd"])  # its call gave up waiting: the child reads EOF and exits
         elif "exit" in msg:
             fut = self._exits.pop(msg["exit"], None)
             if fut is not None and not fut.done():
@@ -114,7 +123,7 @@ class WarmWorker:
             else:
                 self._early_exits[msg["exit"]] = msg["code"]
 
-    def _died(self, proc) -> None:
+    def _died(self, proc: subprocess.Popen) -> None:
         err = RuntimeError("the warm worker exited")
         for fut in list(self._forked.values()) + list(self._exits.values()):
             if not fut.done():
@@ -149,22 +158,36 @@ class WarmWorker:
                    policy: Policy) -> tuple[int, asyncio.Future[int], dict[str, Any] | None]:
         """Fork a child for `job` with stdout/stderr/result/control on `fds`, confined by `policy` (confine.py);
         returns (pid, future of its exit code, the state of the call's cgroup that the worker made and the child
-        joined, for CallCgroup.adopt: the caller tears it down)."""
+        joined, for CallCgroup.adopt: the caller tears it down). The worker sees only the base settings (BASE_KEYS):
+        the job, its environment and its pipes go from here to the child alone, on the child's own socket."""
         rid = next(self._ids)
         loop, sock = self._loop, self.sock
         assert loop is not None and sock is not None, "fork() on a worker that was never started"
         fut = loop.create_future()
         self._forked[rid] = fut
-        data = json.dumps({"id": rid, "job": job.model_dump_json(), "cwd": cwd, "env": env,
-                           "policy": policy.model_dump_json()}).encode()
+        data = json.dumps({"id": rid, "base": base_policy(policy).model_dump_json()}).encode()
         with self._lock:
-            socket.send_fds(sock, [struct.pack("!I", len(data)) + data], list(fds))
-        pid, cgroup = await asyncio.wait_for(fut, 30)
+            sock.sendall(struct.pack("!I", len(data)) + data)
+        pid, cgroup, job_fd = await asyncio.wait_for(fut, 30)
         exit_fut = loop.create_future()
         if pid in self._early_exits:
             exit_fut.set_result(self._early_exits.pop(pid))
         else:
             self._exits[pid] = exit_fut
+        if job_fd is None:
+            raise RuntimeError("the warm worker sent no job socket")
+        data = json.dumps({"job": job.model_dump_json(), "cwd": cwd, "env": env, "policy": policy.model_dump_json()}).encode()
+        frame = struct.pack("!I", len(data)) + data
+        try:
+            with socket.socket(fileno=job_fd) as jobs:
+                socket.send_fds(jobs, [frame[:4]], list(fds))  # the pipes travel with the frame's first bytes
+                jobs.setblocking(False)
+                await loop.sock_sendall(jobs, frame[4:])
+        except OSError:
+            if cgroup:  # the child died before its job: its cgroup is nobody's call
+                self._spare_groups[str(cgroup.get("name"))] = cgroup
+                self._remove_spare_groups()
+            raise
         return pid, exit_fut, cgroup
 
     def stop(self) -> None:

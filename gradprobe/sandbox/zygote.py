@@ -1,13 +1,17 @@
 """The warm worker: imports torch and the model code once, then forks one fresh child per call.
 
-Started by the server as `python -I .../zygote.py FD`, it talks over a Unix socket
-(FD): each request carries the job and three pipe ends (stdout, stderr, result) as
-SCM_RIGHTS; it hands the job to the spare it made ahead of time (or forks), answers
-with the child's pid and the call's cgroup (which it made, in the server's subtree,
-and the child already joined; the server tears it down after the reply), and later
-reports the child's exit status. The next spare is made while the call runs. Rules that keep forking safe: this process stays single-threaded,
-never runs a tensor op (a parent that ran one multi-threaded op deadlocks its
-children) and never initialises CUDA (children do, after the fork); it is
+Started by the server as `python -I .../zygote.py FD`, it is a small fork server that
+never sees a job: over its Unix socket (FD) the server asks only for "a child for these
+base settings" (the view and cgroup settings every call of this server shares, nothing
+of any request: no target, setup code, script args, environment or project path). It
+answers with the child's pid, the call's cgroup (which it made, in the server's subtree,
+and the child already joined; the server tears it down after the reply) and, as
+SCM_RIGHTS, the child's own job socket: the server sends the job and the call's pipes
+to that child alone, so no later fork can inherit a request in its memory. It later
+reports the child's exit status. The next spare (a child forked and half-confined
+ahead of time) is made while the call runs. Rules that keep forking safe: this process
+stays single-threaded, never runs a tensor op (a parent that ran one multi-threaded op
+deadlocks its children) and never initialises CUDA (children do, after the fork); it is
 non-dumpable, so its children cannot read its memory or environment through /proc.
 """
 
@@ -52,11 +56,6 @@ def split_frames(buf: bytes) -> tuple[list[dict], bytes]:
         msgs.append(json.loads(buf[4:4 + n]))
         buf = buf[4 + n:]
     return msgs, buf
-
-
-def send_msg(sock: socket.socket, obj: dict) -> None:
-    data = json.dumps(obj).encode()
-    sock.sendall(struct.pack("!I", len(data)) + data)
 
 
 def _nondumpable() -> None:
@@ -109,15 +108,28 @@ def _warm_linecache() -> None:
     torch.manual_seed(0)  # no tensor op, no CUDA init: it reads the seeding path's torch sources into linecache
 
 
-def child(req: dict, fds: list[int], sock: socket.socket) -> None:
-    """In the forked child: confine (confine.py: this process becomes the keeper, its child the call), run the job."""
+def send_msg(sock: socket.socket, obj: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(obj).encode()
+    frame = struct.pack("!I", len(data)) + data
+    if fds:
+        socket.send_fds(sock, [frame], fds)
+    else:
+        sock.sendall(frame)
+
+
+def _forked_setup() -> None:
+    """First steps of every forked child: nothing of the worker's loop (wake-up pipe, SIGCHLD handler) stays."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for fd in _WAKE:
+        os.close(fd)
+
+
+def child(req: dict, fds: list[int]) -> None:
+    """In a plain child (no spare: a non-root server, or isolation off), once its job came: confine (confine.py: this
+    process becomes the keeper, its child the call), run the job."""
     try:
-        sock.close()
         os.setsid()
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in _WAKE:
-            os.close(fd)
         out_fd, err_fd, res_fd, ctl_fd = fds
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -125,13 +137,14 @@ def child(req: dict, fds: list[int], sock: socket.socket) -> None:
         os.dup2(err_fd, 2)
         for fd in (devnull, out_fd, err_fd):
             os.close(fd)
-        os.chdir(req["cwd"])
-        os.environ.clear()
-        os.environ.update(req["env"])
         from gradprobe.sandbox import confine
         from gradprobe.sandbox.child import run
         from gradprobe.sandbox.protocol import Control, Job, Policy
 
+        confine.close_other_fds({0, 1, 2, res_fd, ctl_fd})  # nothing of the worker's reaches the user's code
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
         control = socket.socket(fileno=ctl_fd)
         try:
             confine.confine(Policy.model_validate_json(req["policy"]), control)
@@ -143,41 +156,61 @@ def child(req: dict, fds: list[int], sock: socket.socket) -> None:
         os._exit(70)
 
 
+def _plain(base: Policy, jobs: socket.socket) -> None:
+    from gradprobe.sandbox import confine
+    from gradprobe.sandbox.protocol import Policy
+
+    req, fds = confine.recv_job(jobs)
+    jobs.close()
+    if len(fds) != 4 or not isinstance(req.get("policy"), str):
+        os._exit(75)
+    policy = Policy.model_validate_json(req["policy"])
+    req["policy"] = policy.model_copy(update={"cgroups": base.cgroups, "cgroup_state": base.cgroup_state}).model_dump_json()
+    child(req, fds)
+
+
 class Spare:
-    """A call forked and half-confined ahead of time (confine.spare), waiting for its job on `sock`."""
+    """A child forked for the next call before its job exists: half-confined ahead of time on a root server
+    (confine.spare), else plain (`_plain`); either way it waits for its job on its own socket, which the server
+    gets (`job_fd`) and writes the job to directly."""
 
     def __init__(self, base: Policy, server: socket.socket):
         from gradprobe.sandbox import confine
 
-        self.base = {k: getattr(base, k) for k in confine.VIEW_KEYS + ("cgroup_spec",)}
+        self.base = base
+        self.ahead = _spares_possible(base)
         self.cgroup = _cgroup_for(base)  # made and joined now: the call finds itself in it
         if self.cgroup is not None:
             base = base.model_copy(update=_joined(self.cgroup))
-        self.root = tempfile.mkdtemp(prefix="gradprobe-root-", dir="/tmp")
+        self.root = tempfile.mkdtemp(prefix="gradprobe-root-", dir="/tmp") if self.ahead else None
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.pid = os.fork()
         if self.pid == 0:
             try:
                 server.close()
                 self.sock.close()
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                for fd in _WAKE:
-                    os.close(fd)
-                confine.spare(base, self.root, theirs)
+                _forked_setup()
+                if self.root is not None:
+                    confine.spare(base, self.root, theirs)
+                else:
+                    _plain(base, theirs)
             finally:
                 os._exit(70)
         theirs.close()
 
-    def fits(self, policy: Policy) -> bool:
-        return all(getattr(policy, k) == v for k, v in self.base.items())
-
-    def hand(self, req: dict, fds: list[int]) -> None:
-        data = json.dumps(req).encode()
-        socket.send_fds(self.sock, [struct.pack("!I", len(data)) + data], fds)
+    def fits(self, base: Policy) -> bool:
+        return all(getattr(base, k) == getattr(self.base, k) for k in BASE_KEYS)
 
     def drop(self) -> None:
-        self.sock.close()  # the spare reads EOF and exits
+        self.sock.close()  # the spare reads EOF and exits (or, handed over, the server holds the other copy)
+
+
+BASE_KEYS = ("enabled", "python", "package_root", "extra_ro", "scratch_bytes", "shm_bytes", "devices", "cgroup_spec")
+
+
+def base_policy(policy: Policy) -> Policy:
+    """What the warm worker sees of a call's policy: the settings every call of this server shares (BASE_KEYS)."""
+    return type(policy)(**{k: getattr(policy, k) for k in BASE_KEYS})
 
 
 def _cgroup_for(policy: Policy) -> CallCgroup | None:
@@ -198,35 +231,35 @@ def _joined(group: CallCgroup) -> dict[str, Any]:
 
 
 def _spares_possible(policy: Policy) -> bool:
-    return policy.enabled and os.geteuid() == 0
+    from gradprobe.sandbox.confine import privileged
+
+    return policy.enabled and privileged()
 
 
-def _new_spare(policy: Policy, sock: socket.socket, roots: dict, groups: dict) -> Spare:
-    spare = Spare(policy, sock)
-    roots[spare.pid] = spare.root
+def _new_spare(base: Policy, sock: socket.socket, roots: dict[int, str], groups: dict[int, Any]) -> Spare:
+    spare = Spare(base, sock)
+    if spare.root is not None:
+        roots[spare.pid] = spare.root
     if spare.cgroup is not None:
         groups[spare.pid] = spare.cgroup
         send_msg(sock, {"spare_cgroup": spare.cgroup.state()})  # the server removes it if this worker dies first
     return spare
 
 
-def serve(sock: socket.socket) -> None:
-    from gradprobe.sandbox.protocol import Policy
+class _Worker:
+    """The fork server's state: children it forked, their mount points and cgroups, and the spare."""
 
-    buf = b""
-    pending: list[int] = []  # fds that arrived with a request not yet complete
-    forked: set[int] = set()
-    roots: dict[int, str] = {}  # a spare's keeper pid -> its (empty) mount point on the host
-    groups: dict[int, Any] = {}  # a spare's keeper pid -> its cgroup, removed here if it dies without a call
-    stale: list[Any] = []  # such cgroups not yet empty
-    spare: Spare | None = None
-    global _WAKE
-    wake_r, wake_w = _WAKE = os.pipe()  # SIGCHLD wakes select at once: exits are reported without polling delay
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    while True:
-        while True:  # report finished children
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.forked: set[int] = set()
+        self.roots: dict[int, str] = {}  # a spare's keeper pid -> its (empty) mount point on the host
+        self.groups: dict[int, Any] = {}  # a spare's keeper pid -> its cgroup, removed here if it dies without a call
+        self.stale: list[Any] = []  # such cgroups not yet empty
+        self.spare: Spare | None = None
+
+    def reap(self) -> None:
+        """Report finished children; remove what spares that died without a call leave."""
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
@@ -234,67 +267,75 @@ def serve(sock: socket.socket) -> None:
             if pid == 0:
                 break
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            if pid in forked:  # else an orphan of a call, reaped here as its subreaper
-                forked.discard(pid)
-                send_msg(sock, {"exit": pid, "code": code})
-            if pid in roots:
+            if pid in self.forked:  # else an orphan of a call, reaped here as its subreaper
+                self.forked.discard(pid)
+                send_msg(self.sock, {"exit": pid, "code": code})
+            if pid in self.roots:
                 try:
-                    os.rmdir(roots.pop(pid))
+                    os.rmdir(self.roots.pop(pid))
                 except OSError:
                     pass
-            if pid in groups:
-                stale.append(groups.pop(pid))
-            if spare is not None and pid == spare.pid:
-                spare.drop()
-                spare = None
-        for group in list(stale):  # never blocks: one try each time round
+            if pid in self.groups:
+                self.stale.append(self.groups.pop(pid))
+            if self.spare is not None and pid == self.spare.pid:
+                self.spare.drop()
+                self.spare = None
+        for group in list(self.stale):  # never blocks: one try each time round
             group.kill_now()
             group.remove(tries=1)
             if not group.dirs:
-                stale.remove(group)
+                self.stale.remove(group)
+
+    def give(self, req: dict, more: bool) -> None:
+        """Answer one request: a child for these base settings, its job socket passed to the server."""
+        from gradprobe.sandbox.protocol import Policy
+
+        base = base_policy(Policy.model_validate_json(req["base"]))  # (base_policy: nothing else even if sent)
+        if self.spare is not None and not self.spare.fits(base):
+            self.spare.drop()
+            self.spare = None
+        spare = self.spare or _new_spare(base, self.sock, self.roots, self.groups)
+        self.spare = None
+        group = self.groups.pop(spare.pid, None)  # the call's now: the server tears it down
+        self.forked.add(spare.pid)
+        send_msg(self.sock, {"forked": req.get("id"), "pid": spare.pid, "cgroup": group.state() if group is not None else None},
+                 [spare.sock.fileno()])
+        spare.drop()
+        if _spares_possible(base) and not more:  # the next call's, made while this one runs
+            self.spare = _new_spare(base, self.sock, self.roots, self.groups)
+
+
+def serve(sock: socket.socket) -> None:
+    buf = b""
+    worker = _Worker(sock)
+    global _WAKE
+    wake_r, wake_w = _WAKE = os.pipe()  # SIGCHLD wakes select at once: exits are reported without polling delay
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    while True:
+        worker.reap()
+        spare = worker.spare
         watch: list[Any] = [sock, wake_r] + ([spare.sock] if spare is not None else [])
         ready, _, _ = select.select(watch, [], [], 1.0)
         if wake_r in ready:
             os.read(wake_r, 4096)
         if spare is not None and spare.sock in ready and not spare.sock.recv(4096):
             spare.drop()  # it died before its job (it said why on stderr, which is /dev/null here)
-            spare = None
+            worker.spare = None
         if sock not in ready:
             continue
-        msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 24)
+        msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 8)
+        for fd in fds:  # requests carry no descriptors
+            os.close(fd)
         if not msg:
-            if spare is not None:
-                spare.drop()
+            if worker.spare is not None:
+                worker.spare.drop()
             return  # the server went away
         buf += msg
-        pending += fds
         reqs, buf = split_frames(buf)
-        for req in reqs:
-            these, pending = pending[:4], pending[4:]
-            policy = Policy.model_validate_json(req["policy"])
-            if _spares_possible(policy):
-                if spare is not None and not spare.fits(policy):
-                    spare.drop()
-                    spare = None
-                if spare is None:
-                    spare = _new_spare(policy, sock, roots, groups)
-                spare.hand(req, these)
-                pid, group = spare.pid, groups.pop(spare.pid, None)  # the call's now: the server tears it down
-                spare.drop()
-                spare = None
-            else:
-                group = _cgroup_for(policy)
-                if group is not None:
-                    req["policy"] = policy.model_copy(update=_joined(group)).model_dump_json()
-                pid = os.fork()
-                if pid == 0:
-                    child(req, these, sock)
-            forked.add(pid)
-            for fd in these:
-                os.close(fd)
-            send_msg(sock, {"forked": req["id"], "pid": pid, "cgroup": group.state() if group is not None else None})
-            if _spares_possible(policy) and not pending:  # the next call's, made while this one runs (it must
-                spare = _new_spare(policy, sock, roots, groups)  # not inherit this call's pipes: made after closing them)
+        for i, req in enumerate(reqs):
+            worker.give(req, more=i + 1 < len(reqs) or bool(buf))
 
 
 def main() -> None:
@@ -309,9 +350,9 @@ def main() -> None:
 
     isolation.become_subreaper()
     if os.geteuid() == 0:
-        from gradprobe.sandbox import confine
+        from gradprobe.sandbox import view
 
-        confine.IDMAP_FD = confine.make_idmap_userns()  # made once; every forked call inherits it
+        view.IDMAP_FD = view.make_idmap_userns()  # made once; every forked call inherits it
     loaded = preload()
     import gc
 

@@ -12,6 +12,7 @@ import logging
 import re
 import sys
 import time
+from typing import Any
 
 from pydantic import AnyHttpUrl
 
@@ -20,6 +21,7 @@ from gradprobe.server.auth import StaticTokenVerifier, load_tokens
 from gradprobe.server.events import RETRY_MS, BoundedEventStore
 from gradprobe.server.options import HttpOptions, ServeOptions
 from gradprobe.server.runtime import Runtime
+from gradprobe.server.sessions import IDLE_TIMEOUT_S, MAX_SESSIONS, cap_sessions_per_caller
 
 log = logging.getLogger("gradprobe.http")
 
@@ -33,10 +35,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def transport_security(host: str, port: int, allowed_hosts: list[str], allowed_origins: list[str]):
+def transport_security(host: str, port: int, allowed_hosts: list[str], allowed_origins: list[str]) -> Any:
     from mcp.server.transport_security import TransportSecuritySettings
 
-    hosts = list(allowed_hosts) or ([f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"] if is_loopback(host) else [f"{host}:{port}"])
+    local = [f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"]
+    hosts = list(allowed_hosts) or (local if is_loopback(host) else [f"{host}:{port}"])
     origins = list(allowed_origins) or [f"http://{h}" for h in hosts]
     return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
 
@@ -70,7 +73,9 @@ def serve_http(options: ServeOptions) -> int:
         streamable_http_path="/mcp", max_request_body_size=http.max_body, host=http.host,
         transport_security=transport_security(http.host, http.port, list(http.allowed_hosts), list(http.allowed_origins)),
         event_store=BoundedEventStore(), retry_interval=RETRY_MS,  # SSE: a priming event, `retry`, resumable streams
+        max_sessions=MAX_SESSIONS, session_idle_timeout=IDLE_TIMEOUT_S,
     )
+    cap_sessions_per_caller(server._lowlevel_server._session_manager)
     import uvicorn
 
     logging.getLogger("uvicorn.access").addFilter(RedactingFilter())
@@ -79,7 +84,7 @@ def serve_http(options: ServeOptions) -> int:
         limit_concurrency=http.max_connections,  # beyond it: 503 at once, not a stalled server
         timeout_keep_alive=max(1, int(http.header_timeout_s)),  # idle connections are closed
         h11_max_incomplete_event_size=64 * 1024,  # a request head larger than this is refused
-        http=request_timeout_protocol(http.header_timeout_s, http.body_timeout_s),
+        http=request_timeout_protocol(http.header_timeout_s, http.body_timeout_s, http.max_connections),
     )
     limit, escape = RateLimitFilter(), EscapingFilter()  # one budget for every line the HTTP server can write
     for name in ("", "uvicorn", "uvicorn.access"):  # the handlers uvicorn's logging config and basicConfig made
@@ -90,15 +95,57 @@ def serve_http(options: ServeOptions) -> int:
     return 0
 
 
-def request_timeout_protocol(head_s: float, body_s: float):
+def connection_caps(max_connections: int) -> tuple[int, int]:
+    """(connections one source address may hold, connections in all) before the oldest idle one is dropped: below
+    uvicorn's own cap (`limit_concurrency`, where every request gets 503), so idle connections never reach it."""
+    total = max(2, max_connections - max(1, max_connections // 8))
+    return max(2, min(total, max(8, max_connections // 4))), total
+
+
+def _idle(conn: Any) -> bool:
+    """No request in progress: none sent yet, a head still trickling in, or between keep-alive requests."""
+    cycle = conn.cycle
+    return cycle is None or cycle.response_complete
+
+
+def make_room(others: list, host: str, per_address: int, total: int) -> bool:
+    """Close the oldest idle connections until one more from `host` fits; False when only busy ones are left."""
+    same = [c for c in others if c._host == host]
+    for pool, cap in ((same, per_address), (others, total)):
+        while len(pool) + 1 > cap:
+            idle = [c for c in pool if _idle(c)]
+            if not idle:
+                return False
+            victim = min(idle, key=lambda c: c._since)
+            victim.transport.close()
+            for group in (same, others):
+                if victim in group:
+                    group.remove(victim)
+    return True
+
+
+def request_timeout_protocol(head_s: float, body_s: float, max_connections: int = 256) -> type:
     """uvicorn's h11 protocol, closing a connection whose request head has not arrived `head_s` after it opened (or
     after its previous response), or whose body has not arrived `body_s` after its head: half-finished requests,
-    sent slowly or never finished, cannot pile up."""
+    sent slowly or never finished, cannot pile up. A new connection over its source address's share or over the
+    total (`connection_caps`) makes room by closing the oldest *idle* connection (no request in progress: none
+    sent yet, a head still trickling in, or between keep-alive requests) of that address, or of all; a request
+    being served (a running check, an open stream) is never dropped; with nothing idle to drop, the newcomer is."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    per_address, total = connection_caps(max_connections)
 
     class RequestTimeoutProtocol(H11Protocol):
         _timer = None
         _timed_cycle = None  # the request whose body the timer is counting
+        _host = ""
+        _since = 0.0  # when it last became idle (opened, or finished a response)
+
+        def _make_room(self) -> None:
+            others = [c for c in self.connections if c is not self and isinstance(c, RequestTimeoutProtocol)
+                      and not c.transport.is_closing()]
+            if not make_room(others, self._host, per_address, total):
+                self.transport.close()  # everything there is working: the newcomer waits for none of it
 
         def _arm(self, seconds: float) -> None:
             self._disarm()
@@ -114,9 +161,12 @@ def request_timeout_protocol(head_s: float, body_s: float):
             if cycle is None or cycle.response_complete or cycle.more_body:  # no head yet, or a body still missing
                 self.transport.close()
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._host = str((self.client or ("",))[0])
+            self._since = self.loop.time()
             self._arm(head_s)
+            self._make_room()
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
@@ -132,9 +182,10 @@ def request_timeout_protocol(head_s: float, body_s: float):
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
+            self._since = self.loop.time()
             self._arm(head_s)
 
-        def connection_lost(self, exc) -> None:
+        def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
 
@@ -158,7 +209,7 @@ class RedactingFilter(logging.Filter):
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def _escape(value):
+def _escape(value: Any) -> Any:
     return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", value) if isinstance(value, str) else value
 
 

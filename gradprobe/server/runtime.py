@@ -9,6 +9,7 @@ are ahead of it.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 import os
 from dataclasses import dataclass, field
@@ -65,7 +66,7 @@ class Runtime:
         real = os.path.realpath(path)
         return any(real == root or real.startswith(root + os.sep) for root in self.allowed_roots)
 
-    def check_target(self, target) -> None:
+    def check_target(self, target: Any) -> None:
         """Refuse, before any child starts and before anything about the path is looked at, a project or a model
         file outside every allowed root (symlinks and .. resolved): one answer whether it exists or not. The child
         checks the project again on the directory it opens (confine.py)."""
@@ -95,7 +96,7 @@ class Runtime:
                 w.event.set()
 
     @contextlib.asynccontextmanager
-    async def slot(self, ctx, caller: str = "local"):
+    async def slot(self, ctx: Any, caller: str = "local") -> AsyncIterator[None]:
         """Wait for a slot (telling the caller how many are ahead), then hold it."""
         if self._can_run(caller) and not any(self._can_run(w.caller) for w in self._waiting):
             self._running[caller] = self._running.get(caller, 0) + 1
