@@ -49,7 +49,7 @@ from typing import Any
 
 from gradprobe.sandbox import isolation
 from gradprobe.sandbox.protocol import ChildLimits, Control, Job, Layer, Policy
-from gradprobe.sandbox.view import (  # re-exported: launch.py and the warm worker call them through confine
+from gradprobe.sandbox.view import (
     CLONE_NEWIPC,
     CLONE_NEWNET,
     CLONE_NEWNS,
@@ -69,6 +69,7 @@ from gradprobe.sandbox.view import (  # re-exported: launch.py and the warm work
     privileged,
     python_trees,
 )
+
 
 def drop_identity() -> str:
     for cap in range(64):
