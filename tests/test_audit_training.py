@@ -154,3 +154,18 @@ async def test_grad_scaler_scale_unscale_and_skipped_steps_are_measured(client, 
     # unscale_ divides the gradient by the scale, then clipping scales it: both writes, with their lines
     assert changed and all(c["writes"][0].startswith("amp.py:18 ") and c["by"] == "amp.py:19" for c in changed), changed
     assert any(v.startswith("GradScaler: scale 1.02e+03, 0 of 2") for v in report["facts"]["verified"])
+
+
+@pytest.mark.anyio
+async def test_a_mean_teacher_under_no_grad_is_no_warning_in_diagnose(client):
+    """The teacher's forward under no_grad cuts parameters no optimizer holds: a stop-gradient by design, said as info;
+    the same cut in front of optimized parameters stays an error (examples/broken/gp303_no_grad_block.py)."""
+    result = await client.call_tool("diagnose", {"target": {"project_dir": str(EXAMPLES),
+                                                            "model": "healthy_steps_ema_teacher.py"}})
+    report = result.structured_content
+    assert report["ok"] and not [f for f in report["findings"] if f["severity"] != "info"], report["findings"]
+    cut = next(f for f in report["findings"] if f["code"] == "GP303")
+    assert "no optimizer holds them" in cut["message"] and cut["location"]["line"] == 35
+    assert all(p.startswith("ema_teacher.") for p in cut["parameters"])
+    bug = await client.call_tool("diagnose", {"target": {"project_dir": str(EXAMPLES), "model": "gp303_no_grad_block.py"}})
+    assert [f["severity"] for f in bug.structured_content["findings"] if f["code"] == "GP303"] == ["error"]

@@ -47,6 +47,18 @@ GP302: Rule[TraceFacts] = Rule(
     example="x_hat = ((x - mean) / std).detach()",
     message="The path from the loss to {count} parameter(s) ({names}) is cut by `{op}`{at}.{zeroed}",
     fix="Remove the .detach() (or .data) on the training path; detach only values that must not be trained through.",
+    situations={
+        "untrained": Situation(
+            when="the parameters behind the detach are in no optimizer: a stop-gradient by design in front of a "
+                 "teacher or target network updated outside the optimizer (EMA, copies)",
+            severity="info",
+            message="The path from the loss to {count} parameter(s) ({names}) is cut by `{op}`{at}, and no optimizer "
+                    "holds them: a stop-gradient by design (an EMA teacher, a target network) that this loss is not "
+                    "meant to train.{zeroed}",
+            fix="Nothing to fix if these parameters are a teacher or target updated outside the optimizer (audit_training "
+                "measures that they move); if they should learn from this loss, remove the detach and add them to the "
+                "optimizer."),
+    },
 )
 
 GP303: Rule[TraceFacts] = Rule(
@@ -67,6 +79,16 @@ GP303: Rule[TraceFacts] = Rule(
                     "design, e.g. an index or routing computation), so these parameters are not trained through this path.",
             fix="Nothing to fix if the library means it; train these parameters with the objective the library provides "
                 "for them."),
+        "untrained": Situation(
+            when="the parameters behind the no_grad are in no optimizer: a stop-gradient by design in front of a "
+                 "teacher or target network updated outside the optimizer (EMA, copies)",
+            severity="info",
+            message="The path from the loss to {count} parameter(s) ({names}) is cut because `{op}` ran under "
+                    "no_grad/inference_mode{decorated}{at}, and no optimizer holds them: a stop-gradient by design (an EMA "
+                    "teacher, a target network) that this loss is not meant to train.{zeroed}",
+            fix="Nothing to fix if these parameters are a teacher or target updated outside the optimizer (audit_training "
+                "measures that they move); if they should learn from this loss, take this call out of no_grad and add "
+                "them to the optimizer."),
     },
 )
 
@@ -191,6 +213,9 @@ def _situation(cause: Cause, facts: TraceFacts) -> str | None:
         return "saved_and_loaded" if cand.came_back_at else "saved"
     if cand.kind == "no_grad" and cand.index in facts.tracer.library_no_grad:
         return "library"
+    if cand.kind in ("no_grad", "detach") and facts.optimized is not None and cause.params \
+            and not any(id(p) in facts.optimized for p in cause.params):
+        return "untrained"  # a stop-gradient in front of parameters no optimizer trains: an EMA teacher, a target net
     return None
 
 

@@ -217,7 +217,7 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     seen = _observe(loaded, prompt_on)
     tracer, step = seen.tracer, seen.step
     findings = _forward_caches(findings, model, nonleaf_before)
-    tfindings, tfacts = trace.analyze(tracer, seen.grads, model, step, record=loaded.record)
+    tfindings, tfacts = trace.analyze(tracer, seen.grads, model, step, record=loaded.record, optimizer=loaded.optimizer)
     findings, coverage = _registration_after_step(loaded, seen, findings, coverage)
     findings += tfindings
     facts.update(tfacts)

@@ -60,6 +60,7 @@ class TraceFacts:
     ended: str | None = None  # how the step ended, when not with a usable backward (see _how_it_ended)
     module_norms: dict[str, float] = field(default_factory=dict)  # module -> norm of its parameters' gradients
     hooked: list[Hooked] = field(default_factory=list)
+    optimized: frozenset[int] | None = None  # ids of the parameters the step's optimizer holds (None: no optimizer)
 
     def wanted(self, n: str) -> bool:
         """Whether the caller asked about parameter `n` (every parameter when it named none)."""
@@ -189,8 +190,15 @@ def _attribute(facts: TraceFacts) -> None:
     facts.attributed |= {id(p) for p in facts.broken if facts.name(p) in facts.crossed}
 
 
+def _optimized(optimizer: Any) -> frozenset[int] | None:
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list):
+        return None
+    return frozenset(id(p) for g in groups if isinstance(g, dict) for p in g.get("params", []))
+
+
 def measure(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: StepResult, only: list[str] | None = None,
-            record: Any = None) -> TraceFacts:
+            record: Any = None, optimizer: Any = None) -> TraceFacts:
     """The facts of one recorded step."""
     names = {**tracer.names, **param_names(model)}
     table, sets = _outcomes(tracer, grads, model, names)
@@ -209,7 +217,7 @@ def measure(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
         broken=sets["broken"], zero=[p for p in sets["zero"] if id(p) not in by_init], nonfinite=sets["nonfinite"],
         unused=sets["unused"], by_init=by_init,
         loss_tags=frozenset().union(*(b.get("tags", frozenset()) for b in calls)) if calls else frozenset(),
-        limited=limited, stopped_early=stopped_early)
+        limited=limited, stopped_early=stopped_early, optimized=_optimized(optimizer))
     _attribute(facts)
     facts.ended = _how_it_ended(tracer, step, error_explained=bool(facts.workers) and step.error is not None)
     facts.module_norms = _module_norms(facts)

@@ -51,9 +51,9 @@ def rank(findings: list[Finding], facts: TraceFacts) -> list[Finding]:
 
 
 def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: StepResult, only: list[str] | None = None,
-            record: Any = None) -> tuple[list[Finding], dict[str, Any]]:
+            record: Any = None, optimizer: Any = None) -> tuple[list[Finding], dict[str, Any]]:
     """The GP3xx findings of one recorded step, and the facts the report carries."""
-    facts = measure(tracer, grads, model, step, only, record)
+    facts = measure(tracer, grads, model, step, only, record, optimizer)
     findings = run_rules(BEFORE_THE_END, facts) + step_end_findings(facts) + run_rules(AFTER_THE_END, facts)
     return rank(findings, facts), facts.summary()
 
@@ -113,7 +113,8 @@ def trace_findings(loaded: Any, parameters: list[str] | None = None, optimizer_s
     tracer = GradTracer(loaded.model, loaded.user, provenance=provenance)
     grads = GradRecorder(loaded.model)
     step = observed_step(loaded, tracer, grads, optimizer_step=optimizer_step)
-    findings, facts = analyze(tracer, grads, loaded.model, step, parameters, record=loaded.record)
+    findings, facts = analyze(tracer, grads, loaded.model, step, parameters, record=loaded.record,
+                              optimizer=loaded.optimizer)
     return TraceRun(findings, facts, tracer, grads, step)
 
 
