@@ -133,7 +133,8 @@ async def test_only_listed_interpreters_and_one_answer_for_outside_or_missing(ht
     (inside / "case.py").write_text("import torch.nn as nn\ndef build_model():\n    return nn.Linear(2, 2)\n")
     async with authed("bob-secret-token") as http:
         async with Client(streamable_http_client(http_server["url"] + "/mcp", http_client=http)) as c:
-            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(inside), "model": "case.py", "python": str(fake)}})
+            target = {"project_dir": str(inside), "model": "case.py", "python": str(fake)}
+            r = await c.call_tool("inspect_parameters", {"target": target})
             assert r.is_error and "--allow-python" in r.content[0].text, r.content[0].text
             answers = []
             for model in (f"../../{http_server['outside'].name}/case.py", "../../no-such-dir/nothing.py"):
@@ -156,7 +157,8 @@ async def test_authenticated_calls_in_both_eras(http_server, mode):
     async with authed() as http:
         async with Client(streamable_http_client(http_server["url"] + "/mcp", http_client=http), mode=mode) as c:
             assert len((await c.list_tools()).tools) == 7
-            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(EXAMPLES), "model": "gp101_temperature_tensor.py"}})
+            target = {"project_dir": str(EXAMPLES), "model": "gp101_temperature_tensor.py"}
+            r = await c.call_tool("inspect_parameters", {"target": target})
             assert r.structured_content["findings"][0]["code"] == "GP101"
 
 

@@ -58,7 +58,8 @@ def _children() -> list[int]:
 
 @pytest.mark.anyio
 async def test_cancellation_cancels_the_task_and_kills_the_child(executor, tmp_path):
-    (tmp_path / "case.py").write_text("import time, torch.nn as nn\ndef build_model():\n    time.sleep(600)\n    return nn.Linear(2, 2)\n")
+    (tmp_path / "case.py").write_text("import time, torch.nn as nn\n"
+                                      "def build_model():\n    time.sleep(600)\n    return nn.Linear(2, 2)\n")
     target = Target(project_dir=str(tmp_path), model="case.py", timeout_s=600)
     with anyio.move_on_after(8):
         await execute("inspect_parameters", target, executor=executor)
@@ -71,7 +72,8 @@ async def test_cancellation_cancels_the_task_and_kills_the_child(executor, tmp_p
 @pytest.mark.anyio
 async def test_a_dead_worker_is_a_clear_finding(executor, tmp_path):
     # without isolation the child may signal its parent: here it kills the Ray worker running it
-    (tmp_path / "case.py").write_text("import os, signal, torch.nn as nn\ndef build_model():\n    os.kill(os.getppid(), signal.SIGKILL)\n    return nn.Linear(2, 2)\n")
+    (tmp_path / "case.py").write_text("import os, signal, torch.nn as nn\ndef build_model():\n"
+                                      "    os.kill(os.getppid(), signal.SIGKILL)\n    return nn.Linear(2, 2)\n")
     target = Target(project_dir=str(tmp_path), model="case.py", timeout_s=60)
     report = await execute("inspect_parameters", target, executor=executor, limits=Limits(isolate=False))
     f = report["findings"][0]

@@ -81,6 +81,13 @@ def _live(optimizer: Any, record: BuildRecord) -> list[torch.optim.Optimizer]:
     return sorted(live, key=lambda o: (record.optimizer_sites.get(id(o)) or (0, None))[0])
 
 
+def _held_by_model(opt: torch.optim.Optimizer, model: nn.Module) -> bool:
+    """Whether the model holds `opt`: a module's attribute, or an item of a list, tuple or dict a module holds."""
+    attrs = {id(vars(m)) for m in model.modules()}
+    containers = {id(v) for m in model.modules() for v in vars(m).values() if isinstance(v, (list, tuple, dict))}
+    return any(id(ref) in attrs or id(ref) in containers for ref in gc.get_referrers(opt))
+
+
 def held_by_others(optimizer: Any, record: BuildRecord | None) -> set[int]:
     """id() of the tensors that another optimizer the target still holds updates (a GAN's discriminator optimizer)."""
     if record is None:
@@ -92,7 +99,11 @@ def measure_shared(model: nn.Module, optimizer: Any, record: BuildRecord | None)
     facts = SharedFacts()
     if record is None:
         return facts
-    live = _live(optimizer, record)
+    # an error needs both optimizers to belong to the training: the one in use, one make_optimizer returned, or one the
+    # model holds (a GAN's second optimizer); a leftover a script or setup keeps in a variable is not compared
+    returned = getattr(record.group_sources, "returned", [])
+    live = [o for o in _live(optimizer, record)
+            if o is optimizer or any(o is r for r in returned) or _held_by_model(o, model)]
     if len(live) < 2:
         return facts
     names = param_names(model)
