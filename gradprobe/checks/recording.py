@@ -41,6 +41,7 @@ from gradprobe.checks.candidates import (
     storage_ptr,
     tensors_in,
 )
+from gradprobe.checks.term_split import CutTerm, TermProbe
 from gradprobe.checks.torchcompat import (
     CHECKPOINT_NO_INPUT_GRAD_WARNING,
     GRAD_ENABLE,
@@ -68,6 +69,9 @@ _MODULE_CALL_FILES = ("nn/modules/module.py",)
 _DISPATCH_WRAPPERS = ("torch/overrides.py", "torch/nn/functional.py", "torch/functional.py", "torch/_tensor.py",
                       "torch/_jit_internal.py")
 Tags = frozenset[int]
+# ops that add a value into a sum (a loss made of terms): a value behind a cut taken by one is a term that reaches nothing
+_TERM_OPS = {"add", "__add__", "__radd__", "__iadd__", "add_", "sub", "__sub__", "__rsub__", "__isub__", "sub_", "mul",
+             "__mul__", "__rmul__", "div", "__truediv__", "stack", "cat", "sum", "mean"}
 
 
 def _all_zero(outs: tuple[torch.Tensor, ...]) -> bool:
@@ -122,6 +126,11 @@ class GradTracer(TorchFunctionMode):
         self.plain: dict[int, tuple[str, torch.Tensor, dict[str, Any] | None]] = {}
         self.plain_uses: dict[str, list[dict[str, Any]]] = {}
         self._stack: contextlib.ExitStack | None = None
+        # the loss's terms (checks/term_split.py): the cuts whose values reached each autograd node, values behind a
+        # cut taken by a linear op (id of its output's node -> those terms), numbers that .item() returned
+        self.node_tags: dict[int, Tags] = {}
+        self.cut_terms: dict[int, list[CutTerm]] = {}
+        self.left_values: dict[int, tuple[object, int]] = {}
 
     def watch_plain(self, attrs: dict[str, torch.Tensor]) -> None:
         """Record how the step uses these module attributes on the way to the loss (GP101 without requires_grad)."""
@@ -161,6 +170,10 @@ class GradTracer(TorchFunctionMode):
             return out
         if req and not inside_custom_function() and name not in SHAPE_ONLY_OPS:
             tags = self._after_grad_op(name, req, out, tags)
+            if name in LEFT_OPS and isinstance(out, float) and self.candidates:
+                self.left_values[id(out)] = (out, self.candidates[-1].index)
+            elif name in _TERM_OPS and (tags is not None or self.left_values):
+                self._cut_terms(args, kwargs, out)
         elif name in LEFT_OPS and not req and args and isinstance(args[0], torch.Tensor):
             self._left_detached(name, args[0])
         if tags is not None:
@@ -240,6 +253,26 @@ class GradTracer(TorchFunctionMode):
         for o in outputs(out):
             self.tags[id(o)] = tags
             self._tag_keep.append(o)
+            if o.grad_fn is not None:
+                self.node_tags[id(o.grad_fn)] = tags
+
+    def _cut_terms(self, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        """A linear op took a value behind a cut (a tensor that no longer requires grad, or a number .item() returned)
+        into a value that does: that value is a term of the sum that reaches no parameter."""
+        outs = outputs(out)
+        node = outs[0].grad_fn if outs else None
+        if node is None:
+            return
+        found: list[Tags] = [self.tags[id(t)] for t in tensors_in(args, kwargs)
+                             if not t.requires_grad and id(t) in self.tags]
+        for a in args:
+            hit = self.left_values.get(id(a)) if isinstance(a, float) else None
+            if hit is not None and hit[0] is a:
+                found.append(frozenset({hit[1]}))
+        if found:
+            at = self.user.innermost(skip=3)
+            self.cut_terms.setdefault(id(node), []).extend(
+                CutTerm(tg, self.candidates[max(tg)].location, at) for tg in found)
 
     def _index_use(self, name: str, args: Any, kwargs: dict[str, Any]) -> None:
         """A tagged integer/bool value meets a float tensor in one op (an index, a gather, an embedding lookup, a
@@ -393,6 +426,7 @@ class GradTracer(TorchFunctionMode):
             if root.grad_fn is not None:
                 rec["made_at"] = self.grad_fn_loc.get(id(root.grad_fn))  # the user line that computed the loss
         self.backward_calls.append(rec)
+        probe = self._term_probe(root, args, kwargs, rec)
         try:
             return func(*args, **kwargs)
         except BaseException as exc:
@@ -400,6 +434,23 @@ class GradTracer(TorchFunctionMode):
             if self.backward_error is None:
                 self.backward_error = exc
             raise
+        finally:
+            if probe is not None:
+                rec["terms"] = probe.finish()
+
+    def _term_probe(self, root: torch.Tensor | None, args: Any, kwargs: dict[str, Any],
+                    rec: dict[str, Any]) -> TermProbe | None:
+        """The terms of a loss made at a user line that is a sum (checks/term_split.py), before backward() runs."""
+        if root is None or root.grad_fn is None or rec.get("made_at") is None or len(self.backward_calls) > 4 \
+                or kwargs.get("inputs") is not None or kwargs.get("create_graph"):
+            return None
+        gradient = args[1] if len(args) > 1 else kwargs.get("gradient")
+        try:
+            return TermProbe.start(root, gradient, rec["made_at"], self.params,
+                                   lambda i: (self.node_tags.get(i, frozenset()), self.grad_fn_loc.get(i)),
+                                   lambda i: self.cut_terms.get(i, []), lambda c: self.candidates[c].inputs)
+        except RuntimeError:  # a graph autograd.grad cannot take apart (a custom backward, freed buffers): no split
+            return None
 
     # ---- process boundaries -----------------------------------------------------------------
     def _pickled(self, tensor: Any) -> None:
