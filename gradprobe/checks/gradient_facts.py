@@ -19,6 +19,7 @@ from gradprobe.checks.attribution import Cause, blame_cuts, merge_causes, zero_b
 from gradprobe.checks.dataloader_workers import WorkerCrossing, worker_crossings
 from gradprobe.checks.graphwalk import chain
 from gradprobe.checks.recording import GradRecorder, GradTracer
+from gradprobe.checks.term_split import TermSplit, term_table
 from gradprobe.checks.torchcompat import LOSS_DOES_NOT_REQUIRE_GRAD, LOSS_NOT_DIFFERENTIABLE, LOSS_NOT_SCALAR, tensor_hooks
 
 
@@ -88,9 +89,16 @@ class TraceFacts:
     def summary(self) -> dict[str, Any]:
         """The facts the report carries (trace_grad_path's and diagnose's `facts`)."""
         tracer = self.tracer
-        return {"per_parameter": self.table, "candidates_seen": len(tracer.candidates), "zero_by_init": self.init_names(),
-                "backward_calls": [{k: v for k, v in b.items() if k != "tags"} for b in tracer.backward_calls],
-                "crossings": tracer.crossings[:20]}
+        out = {"per_parameter": self.table, "candidates_seen": len(tracer.candidates), "zero_by_init": self.init_names(),
+               "backward_calls": [{k: v for k, v in b.items() if k not in ("tags", "terms")} for b in tracer.backward_calls],
+               "crossings": tracer.crossings[:20]}
+        # a loss that is a sum: which term reaches which module, and its share of their gradient (checks/term_split.py)
+        terms = [{"backward": i, "loss_location": b["terms"].location,
+                  "terms": term_table(b["terms"], self.names, tracer.candidates)}
+                 for i, b in enumerate(tracer.backward_calls) if isinstance(b.get("terms"), TermSplit)]
+        if terms:
+            out["loss_terms"] = terms
+        return out
 
     def init_names(self) -> dict[str, str]:
         """Wanted parameters whose zero gradient a zero-initialised partner explains: name -> partner."""

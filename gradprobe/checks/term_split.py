@@ -23,6 +23,7 @@ from torch.autograd.graph import GradientEdge
 
 from gradprobe.checks.candidates import Location
 from gradprobe.checks.torchcompat import tensor_hooks, untraced
+from gradprobe.flowchart import module_of
 
 MAX_TERMS = 8  # a sum of more terms (a per-sample sum) is not split
 MAX_SHARE_TERMS = 4  # beyond this, the terms' reach is measured but not their share of the gradient
@@ -273,3 +274,25 @@ def shares(split: TermSplit, module_of: Callable[[int], str]) -> Iterator[tuple[
             totals[m] = totals.get(m, 0.0) + v
     for t, d in zip(split.terms, per, strict=True):
         yield t, {m: round(v / totals[m], 3) for m, v in sorted(d.items()) if totals[m] > 0}
+
+
+def term_table(split: TermSplit, names: dict[int, list[str]], candidates: list[Any]) -> list[dict[str, Any]]:
+    """The per-term table of one split: each term's line, the modules it reaches, its share of their gradient norm
+    (when measured), and the cuts its value came through."""
+    def module(i: int) -> str:
+        return module_of(names[i][0]) if i in names else "?"
+
+    rows: list[dict[str, Any]] = []
+    for t, share in shares(split, module):
+        row: dict[str, Any] = {"term": t.index, "location": t.location,
+                               "reaches": sorted({module(i) for i in t.reached})[:40]}
+        if split.measured_shares and t.norms:
+            row["share_of_grad_norm"] = dict(list(share.items())[:40])
+        cuts = [candidates[c] for c in sorted(t.cuts)[-3:]]
+        if cuts:
+            row["through_cuts"] = [{"op": c.op, "kind": c.kind, "location": c.where()} for c in cuts]
+        if t.cut is not None:
+            row["reaches_nothing"] = True
+            row["added_at"] = t.cut.added_at
+        rows.append(row)
+    return rows
