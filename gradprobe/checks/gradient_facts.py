@@ -19,7 +19,7 @@ from gradprobe.checks.attribution import Cause, blame_cuts, merge_causes, zero_b
 from gradprobe.checks.dataloader_workers import WorkerCrossing, worker_crossings
 from gradprobe.checks.graphwalk import chain
 from gradprobe.checks.recording import GradRecorder, GradTracer
-from gradprobe.checks.term_split import TermSplit, term_table
+from gradprobe.checks.term_split import TermSplit, behind_cut_terms, term_table
 from gradprobe.checks.torchcompat import LOSS_DOES_NOT_REQUIRE_GRAD, LOSS_NOT_DIFFERENTIABLE, LOSS_NOT_SCALAR, tensor_hooks
 
 
@@ -196,6 +196,10 @@ def _attribute(facts: TraceFacts) -> None:
     facts.workers = worker_crossings(tracer, facts.names, facts.step, facts.wanted)
     facts.crossed = set(facts.crossed_params) | {n for w in facts.workers for n in w.names}
     facts.attributed |= {id(p) for p in facts.broken if facts.name(p) in facts.crossed}
+    # a term of the loss cut from the graph explains the parameters behind its cut (GP315, checks/loss_terms.py)
+    splits = [b["terms"] for b in tracer.backward_calls if isinstance(b.get("terms"), TermSplit)]
+    if splits:
+        facts.attributed |= behind_cut_terms(splits, lambda c: tracer.candidates[c].inputs, tracer.params)
 
 
 def _optimized(optimizer: Any) -> frozenset[int] | None:

@@ -21,7 +21,7 @@ from gradprobe.checks._step import module_of
 from gradprobe.checks.candidates import Candidate, Location, family_of
 from gradprobe.checks.gradient_facts import TraceFacts
 from gradprobe.checks.rule_text import at_line, listed
-from gradprobe.checks.term_split import Reach, Term, TermSplit, term_table
+from gradprobe.checks.term_split import Reach, Term, TermSplit, behind, term_table
 from gradprobe.findings import Finding, Rule, Situation
 
 GP315: Rule[TraceFacts] = Rule(
@@ -80,9 +80,8 @@ GP317: Rule[TraceFacts] = Rule(
     why="Stop-gradients by design (SimSiam and BYOL targets, VQ-VAE codebook and commitment terms, a GAN's detached "
         "fakes, actor-critic advantages, EMA teachers) make a term blind to some modules on purpose.",
     example="loss = D(p1, z2.detach()) / 2 + D(p2, z1.detach()) / 2",
-    message="The loss term computed{term_at} reaches {modules} only through `{op}`{cut_at}, and another term "
-            "({others}) trains through the very value that was cut: a stop-gradient by design that splits which term "
-            "trains what.",
+    message="The loss term computed{term_at} reaches {modules} only through `{op}`{cut_at}, while {others} train "
+            "through the very value that was cut: a stop-gradient by design that splits which term trains what.",
     fix="Nothing to fix if this stop-gradient is meant; remove `{op}` if this term should train {modules}.",
     situations={
         "target": Situation(
@@ -120,15 +119,10 @@ def _splits(facts: TraceFacts) -> Iterator[TermSplit]:
             yield split
 
 
-def _behind(reach: Reach, cand: Candidate) -> frozenset[int]:
-    """The trainable parameters the cut's inputs reach."""
-    out: set[int] = set()
-    for t in cand.inputs:
-        if t.is_leaf:
-            out |= {id(t)} & reach.params
-        elif t.grad_fn is not None:
-            out |= reach.node(t.grad_fn)
-    return frozenset(out)
+def _same_or_at(loc: Location | None, near: Location | None) -> str:
+    """` on the same line` when `loc` is the line already named, else ` at line N of file`."""
+    same = loc and near and (loc.get("file"), loc.get("line")) == (near.get("file"), near.get("line"))
+    return " on the same line" if same else _loc(loc)
 
 
 def _modules(names: list[str]) -> str:
@@ -147,18 +141,19 @@ def term_reaches_nothing(facts: TraceFacts) -> Iterator[Finding]:
             if term.cut is None or not term.cuts:
                 continue
             cand = facts.tracer.candidates[max(term.cuts)]
-            behind_ids = _behind(reach, cand)
-            behind = sorted(facts.name(facts.tracer.params[i]) for i in behind_ids)
+            behind_ids = behind(reach, cand.inputs)
+            names = sorted(facts.name(facts.tracer.params[i]) for i in behind_ids)
             untrained = facts.optimized is not None and bool(behind_ids) and not behind_ids & facts.optimized
             yield GP315.finding(
-                "untrained" if untrained else None, parameters=[n for n in behind if facts.wanted(n)],
+                "untrained" if untrained else None, parameters=[n for n in names if facts.wanted(n)],
                 location=cand.where(),
                 evidence={"term": term.index, "term_location": term.location, "added_at": term.cut.added_at,
                           "cut": {"op": cand.op, "kind": cand.kind, "location": cand.where()},
-                          "parameters_behind_cut": behind[:20],
+                          "parameters_behind_cut": names[:20],
                           "loss_terms": term_table(split, facts.names, facts.tracer.candidates)},
-                loss_at=_loc(split.location), term_at=_loc(term.location), op=cand.op, cut_at=_loc(cand.where()),
-                added_at=_loc(term.cut.added_at), behind=_modules(behind) if behind else "the parameters behind it")
+                loss_at=_loc(split.location), term_at=_loc(term.location), op=cand.op,
+                cut_at=_same_or_at(cand.where(), term.location),
+                added_at=_loc(term.cut.added_at), behind=_modules(names) if names else "the parameters behind it")
 
 
 def severed(facts: TraceFacts) -> Iterator[Severed]:
@@ -178,9 +173,9 @@ def severed(facts: TraceFacts) -> Iterator[Severed]:
                 key = (family_of(cand.kind), where.get("file"), where.get("line"))
                 if family_of(cand.kind) not in _CUT_FAMILIES or key in seen:
                     continue
-                behind = _behind(reach, cand)
-                missing = behind & others - term.reached
-                if not missing or behind & term.reached:  # a path around the cut (a straight-through estimator)
+                cut_off = behind(reach, cand.inputs)
+                missing = cut_off & others - term.reached
+                if not missing or cut_off & term.reached:  # a path around the cut (a straight-through estimator)
                     continue
                 seen.add(key)
                 names = sorted(n for i in missing if facts.wanted(n := facts.name(tracer.params[i])))
@@ -219,7 +214,7 @@ def _severed_finding(facts: TraceFacts, s: Severed, rule: Rule[TraceFacts], situ
                   "cut": {"op": cand.op, "kind": cand.kind, "location": cand.where()},
                   "loss_terms": term_table(s.split, facts.names, facts.tracer.candidates)},
         term_at=_loc(s.term.location), modules=_modules(s.names), others=_others(s.split, s.term, s.missing),
-        op=cand.op, cut_at=_loc(cand.where()), through=_through(facts, s.term, cand))
+        op=cand.op, cut_at=_same_or_at(cand.where(), s.term.location), through=_through(facts, s.term, cand))
 
 
 @GP316.detector

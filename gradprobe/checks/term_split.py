@@ -161,6 +161,29 @@ def graph_contains(node: Any, targets: set[int]) -> set[int]:
     return found
 
 
+def behind(reach: Reach, inputs: list[torch.Tensor]) -> frozenset[int]:
+    """The parameters (of `reach`) that a cut's input tensors depend on."""
+    out: set[int] = set()
+    for t in inputs:
+        if t.is_leaf:
+            out |= {id(t)} & reach.params
+        elif t.grad_fn is not None:
+            out |= reach.node(t.grad_fn)
+    return frozenset(out)
+
+
+def behind_cut_terms(splits: list[TermSplit], inputs_of: Callable[[int], list[torch.Tensor]],
+                     params: dict[int, torch.Tensor]) -> frozenset[int]:
+    """The parameters behind the cuts of terms that reach nothing: a cut explains why they miss that term."""
+    reach = Reach({i for i, p in params.items() if p.requires_grad})
+    out: set[int] = set()
+    for split in splits:
+        for t in split.terms:
+            if t.cut is not None and t.cuts:
+                out |= behind(reach, inputs_of(max(t.cuts)))
+    return frozenset(out)
+
+
 def _norm(g: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(g.detach(), dtype=torch.float32))
 
