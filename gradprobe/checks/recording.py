@@ -170,10 +170,7 @@ class GradTracer(TorchFunctionMode):
             return out
         if req and not inside_custom_function() and name not in SHAPE_ONLY_OPS:
             tags = self._after_grad_op(name, req, out, tags)
-            if name in LEFT_OPS and isinstance(out, float) and self.candidates:
-                self.left_values[id(out)] = (out, self.candidates[-1].index)
-            elif name in _TERM_OPS and (tags is not None or self.left_values):
-                self._cut_terms(args, kwargs, out)
+            self._loss_term_op(name, args, kwargs, out, tags)
         elif name in LEFT_OPS and not req and args and isinstance(args[0], torch.Tensor):
             self._left_detached(name, args[0])
         if tags is not None:
@@ -255,6 +252,13 @@ class GradTracer(TorchFunctionMode):
             self._tag_keep.append(o)
             if o.grad_fn is not None:
                 self.node_tags[id(o.grad_fn)] = tags
+
+    def _loss_term_op(self, name: str, args: Any, kwargs: dict[str, Any], out: Any, tags: Tags | None) -> None:
+        """A number .item() returned from a value that requires grad; a linear op that took a value behind a cut."""
+        if name in LEFT_OPS and isinstance(out, float) and self.candidates:
+            self.left_values[id(out)] = (out, self.candidates[-1].index)
+        elif name in _TERM_OPS and (tags is not None or self.left_values):
+            self._cut_terms(args, kwargs, out)
 
     def _cut_terms(self, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         """A linear op took a value behind a cut (a tensor that no longer requires grad, or a number .item() returned)

@@ -14,7 +14,7 @@ The GP315-GP317 rules (checks/loss_terms.py) read the result.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,7 +173,7 @@ def behind(reach: Reach, inputs: list[torch.Tensor]) -> frozenset[int]:
 
 
 def behind_cut_terms(splits: list[TermSplit], inputs_of: Callable[[int], list[torch.Tensor]],
-                     params: dict[int, torch.Tensor]) -> frozenset[int]:
+                     params: Mapping[int, torch.Tensor]) -> frozenset[int]:
     """The parameters behind the cuts of terms that reach nothing: a cut explains why they miss that term."""
     reach = Reach({i for i, p in params.items() if p.requires_grad})
     out: set[int] = set()
@@ -191,7 +191,7 @@ def _norm(g: torch.Tensor) -> float:
 class TermProbe:
     """Measures the terms of one backward() call: `start` before it runs, `finish` after."""
 
-    def __init__(self, split: TermSplit, edges: list[Edge], params: dict[int, torch.Tensor]) -> None:
+    def __init__(self, split: TermSplit, edges: list[Edge], params: Mapping[int, torch.Tensor]) -> None:
         self.split = split
         self.edges = edges
         self.params = params
@@ -201,7 +201,7 @@ class TermProbe:
         self._last: Term | None = None
 
     @classmethod
-    def start(cls, root: torch.Tensor, gradient: Any, location: Location | None, params: dict[int, torch.Tensor],
+    def start(cls, root: torch.Tensor, gradient: Any, location: Location | None, params: Mapping[int, torch.Tensor],
               node_info: Callable[[int], tuple[frozenset[int], Location | None]],
               cuts_at: Callable[[int], list[CutTerm]],
               candidate_inputs: Callable[[int], list[torch.Tensor]]) -> TermProbe | None:
