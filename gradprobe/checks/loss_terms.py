@@ -79,7 +79,8 @@ GP317: Rule[TraceFacts] = Rule(
             "weight, or no optimizer holds what lies behind the cut.",
     why="Stop-gradients by design (SimSiam and BYOL targets, VQ-VAE codebook and commitment terms, a GAN's detached "
         "fakes, actor-critic advantages, EMA teachers) make a term blind to some modules on purpose.",
-    example="loss = D(p1, z2.detach()) / 2 + D(p2, z1.detach()) / 2",
+    example="codebook = F.mse_loss(z_q, z_e.detach())\ncommitment = F.mse_loss(z_e, z_q.detach())\n"
+            "loss = recon + codebook + beta * commitment",
     message="The loss term computed{term_at} reaches {modules} only through `{op}`{cut_at}, while {others} train "
             "through the very value that was cut: a stop-gradient by design that splits which term trains what.",
     fix="Nothing to fix if this stop-gradient is meant; remove `{op}` if this term should train {modules}.",

@@ -69,9 +69,10 @@ _MODULE_CALL_FILES = ("nn/modules/module.py",)
 _DISPATCH_WRAPPERS = ("torch/overrides.py", "torch/nn/functional.py", "torch/functional.py", "torch/_tensor.py",
                       "torch/_jit_internal.py")
 Tags = frozenset[int]
-# ops that add a value into a sum (a loss made of terms): a value behind a cut taken by one is a term that reaches nothing
-_TERM_OPS = {"add", "__add__", "__radd__", "__iadd__", "add_", "sub", "__sub__", "__rsub__", "__isub__", "sub_", "mul",
-             "__mul__", "__rmul__", "div", "__truediv__", "stack", "cat", "sum", "mean"}
+# ops that add a value into a sum (a loss made of terms): a value behind a cut taken by one is a term that reaches
+# nothing (a product or a quotient takes a weight, not a term)
+_TERM_OPS = {"add", "__add__", "__radd__", "__iadd__", "add_", "sub", "__sub__", "__rsub__", "__isub__", "sub_", "rsub",
+             "stack", "cat"}
 
 
 def _all_zero(outs: tuple[torch.Tensor, ...]) -> bool:
@@ -453,8 +454,8 @@ class GradTracer(TorchFunctionMode):
             return TermProbe.start(root, gradient, rec["made_at"], self.params,
                                    lambda i: (self.node_tags.get(i, frozenset()), self.grad_fn_loc.get(i)),
                                    lambda i: self.cut_terms.get(i, []), lambda c: self.candidates[c].inputs)
-        except RuntimeError:  # a graph autograd.grad cannot take apart (a custom backward, freed buffers): no split
-            return None
+        except Exception:  # a graph autograd.grad cannot take apart (a custom backward, freed buffers): no split, and
+            return None  # the user's own backward() still runs as it would
 
     # ---- process boundaries -----------------------------------------------------------------
     def _pickled(self, tensor: Any) -> None:
