@@ -163,12 +163,13 @@ def measure_freezes(model: nn.Module, record: Any) -> FreezeFacts:
 def _prefix(pattern: str, whole: list[str]) -> str:
     """The name prefix the whole matches share, up to the pattern's component ("encoder.layer."), else ".pattern."."""
     p = pattern.strip(".")
-    heads = set()
+    heads: set[str | None] = set()
     for n in whole:
         parts = n.split(".")
         i = next((k for k, c in enumerate(parts) if re.fullmatch(rf"{re.escape(p)}s?\d*", c)), None)
         heads.add(".".join(parts[: i + 1]) + "." if i is not None else None)
-    return heads.pop() if len(heads) == 1 and None not in heads else f".{p}."
+    head = heads.pop() if len(heads) == 1 else None
+    return head if head is not None else f".{p}."
 
 
 def _names(names: list[str], cap: int = 4) -> str:

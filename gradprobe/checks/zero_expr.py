@@ -104,7 +104,7 @@ def _assignment(scope: ast.AST, name: str, before: int) -> ast.Assign | None:
 def _numbers(node: ast.expr, env: tuple[dict[str, Any], dict[str, Any]]) -> list[ast.expr]:
     """The names and attributes inside `node` (not `node` itself) that hold a whole number, a step or epoch counter:
     what a schedule reads. A float that is 0 is a weight (a config value), not a counter: raising it is no ramp."""
-    out = []
+    out: list[ast.expr] = []
     for n in ast.walk(node):
         if n is node or not isinstance(n, (ast.Name, ast.Attribute, ast.Subscript)) or not isinstance(n.ctx, ast.Load):
             continue

@@ -15,15 +15,16 @@ zero was zeroed there. Nothing else in the graph is hooked.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from gradprobe.userframes import UserCode
 
 Loc = dict[str, Any]
+P = TypeVar("P", bound=torch.Tensor)
 
 MUL_OPS = frozenset({"mul", "__mul__", "__rmul__", "multiply"})
 WHERE_OPS = frozenset({"where"})
@@ -74,7 +75,7 @@ def _user_frame(user: UserCode) -> Any:
     return f
 
 
-def _behind(node: Any, params: dict[int, torch.Tensor], seen: set[int]) -> set[int]:
+def _behind(node: Any, params: Mapping[int, torch.Tensor], seen: set[int]) -> set[int]:
     """The parameters whose AccumulateGrad lies under `node` in the graph."""
     out: set[int] = set()
     stack = [node]
@@ -93,7 +94,7 @@ def _behind(node: Any, params: dict[int, torch.Tensor], seen: set[int]) -> set[i
 class ZeroOpWatch:
     """Called by the tracer for multiplies and `where`s on values that require grad, and before each backward."""
 
-    def __init__(self, user: UserCode, params: dict[int, torch.Tensor], read: Callable[[ZeroOp], Any]) -> None:
+    def __init__(self, user: UserCode, params: Mapping[int, torch.Tensor], read: Callable[[ZeroOp], Any]) -> None:
         self.user, self.params, self.read = user, params, read
         self.ops: list[ZeroOp] = []
         self._handles: list[Any] = []
@@ -159,7 +160,7 @@ class ZeroOpWatch:
         for rec in self.ops:
             rec.node = None  # the graph is the step's own; keep nothing of it
 
-    def zeroed(self, params: list[torch.Tensor]) -> list[tuple[ZeroOp, list[torch.Tensor]]]:
+    def zeroed(self, params: Sequence[P]) -> list[tuple[ZeroOp, list[P]]]:
         """For each zeroing op, the given (zero-gradient) parameters it zeroed."""
         out = []
         for rec in self.ops:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import torch
+import torch.nn as nn
 
 from gradprobe.checks.gradient_facts import TraceFacts
 from gradprobe.checks.rule_text import listed
@@ -74,7 +74,7 @@ GP318: Rule[TraceFacts] = Rule(
 )
 
 
-def zeroed(facts: TraceFacts) -> list[tuple[ZeroOp, list[torch.Tensor]]]:
+def zeroed(facts: TraceFacts) -> list[tuple[ZeroOp, list[nn.Parameter]]]:
     """The zeroing ops and, for each, the wanted zero-gradient parameters (that no cut explains) it zeroed."""
     if facts.limited:
         return []
