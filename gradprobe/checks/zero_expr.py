@@ -134,6 +134,8 @@ class _Swap(ast.NodeTransformer):
 def _raised(expr: ast.expr, number: ast.expr, env: tuple[dict[str, Any], dict[str, Any]]) -> list[tuple[int, float]]:
     """`expr` evaluated with `number` (a node inside it) raised by each of PROBE."""
     base = _eval(number, env)
+    if not _counter(base):
+        return []
     swapped = ast.fix_missing_locations(_Swap(number).visit(expr))
     if not isinstance(swapped, ast.expr):
         return []

@@ -113,7 +113,10 @@ class ZeroOpWatch:
         env = (dict(frame.f_locals), frame.f_globals) if frame is not None else None
         shape = list(zero.shape) if isinstance(zero, torch.Tensor) else []
         rec = ZeroOp(kind, name, loc, zero, shape, env, node=out.grad_fn)
-        rec.source = self.read(rec)  # now: a step counter the step advances later would read differently after it
+        try:  # now: a step counter the step advances later would read differently after it
+            rec.source = self.read(rec)
+        except Exception:  # reading the user's expression back must never break their step: left unread
+            rec.source = None
         rec.env = None
         self.ops.append(rec)
 
