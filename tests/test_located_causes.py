@@ -224,3 +224,19 @@ async def test_an_exact_freezing_rule_stays_an_info(client, tmp_path):
     findings = await _run(client, tmp_path, "inspect_parameters", "healthy_freeze_pattern_exact.py")
     assert not [f for f in findings if f["severity"] in ("error", "warning")], findings
     assert _one(findings, "GP105")["severity"] == "info"
+
+
+@pytest.mark.anyio
+async def test_an_overbroad_optimizer_filter_is_named_with_its_line(client, tmp_path):
+    source = (EXAMPLES / "healthy_freeze_pattern_exact.py").read_text()
+    make_optimizer = ('\ndef make_optimizer(model):\n    params = [p for n, p in model.named_parameters() if "layer" not in n]'
+                      "\n    return torch.optim.AdamW(params, lr=1e-3)\n\n")
+    source = source.replace('if name.startswith("encoder.layer."):', "if False:").replace(
+        "\ndef make_inputs", make_optimizer + "\ndef make_inputs")
+    findings = await _run(client, tmp_path, "check_optimizer_coverage", source=source)
+    f = _one(findings, "GP319")
+    assert f["location"]["line"] == _line(tmp_path / "case.py", '"layer" not in n')
+    assert f["parameters"] == ["encoder.layernorm.weight", "encoder.layernorm.bias", "out_layer.weight", "out_layer.bias"]
+    assert "left 10 trainable tensors out of the optimizer: 6 have it as a whole name component" in f["message"]
+    assert 'not n.startswith("encoder.layer.")' in f["fix"]
+    assert _one(findings, "GP201")["severity"] == "error"  # the missing parameters themselves stay GP201's

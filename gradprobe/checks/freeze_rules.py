@@ -5,6 +5,9 @@ every parameter that line froze, whether a pattern matched it as a whole name co
 `encoder.layer.3.attn.weight`) or only inside a longer one (`layer` in `encoder.layernorm.weight`,
 `head.out_layer.bias`). A rule that froze both kinds froze more than it names: a warning at the line of its condition,
 with both counts. A rule whose every match is whole is the user's freeze, as meant: GP105's info says it.
+The same reading applies to the name filter of a comprehension over named_parameters() in the function that builds
+the optimizer, for the trainable parameters it left out (GP201 says they are missing; this says which line's pattern
+left them out, and how).
 
 Why this measurement: the freeze itself is recorded exactly (the recorder already wraps both ways of freezing); the
 rule's intent is read from the condition the user wrote, evaluated with the names the frame held, so a pattern from a
@@ -49,6 +52,14 @@ GP319: Rule[FreezeFacts] = Rule(
             fix="Narrow the value of `{source}` (the patterns the rule at line {line} of {file} tests) to whole name "
                 "components (e.g. \"{prefix}\" instead of \"{first}\"), or compare components in the rule; {partial_names} "
                 "then stay trainable."),
+        "left_out": Situation(
+            when="the rule is the name filter of a comprehension over named_parameters() that builds the optimizer's "
+                 "parameters, and what it left out of the optimizer",
+            message="The parameter filter at line {line} of {file} tests {patterns} and left {total} trainable tensors out "
+                    "of the optimizer: {whole} have it as a whole name component ({whole_names}), {partial} contain it "
+                    "only inside a longer name ({partial_names}; modules {classes}).",
+            fix="Test whole name components in the filter at line {line} of {file} (e.g. not n.startswith(\"{prefix}\")) "
+                "so that it leaves out only the {whole} tensors it names; {partial_names} then get updated."),
     },
 )
 
@@ -64,6 +75,7 @@ class FreezeRule:
     whole: list[str] = field(default_factory=list)  # frozen tensors the patterns match as a whole component
     partial: list[str] = field(default_factory=list)  # frozen tensors they match only inside a longer name
     classes: list[str] = field(default_factory=list)  # module classes of the partial ones
+    left_out: bool = False  # an optimizer's parameter filter (what it left out), not a freeze
 
 
 @dataclass
@@ -143,11 +155,10 @@ def measure_freezes(model: nn.Module, record: Any) -> FreezeFacts:
     if not sites:
         return facts
     by_line: dict[tuple[str, int], tuple[Loc, list[str]]] = {}
-    classes: dict[str, str] = {}
+    classes = _module_classes(model)
     for mname, mod in model.named_modules():
         for pname, p in mod.named_parameters(recurse=False):
             full = f"{mname}.{pname}" if mname else pname
-            classes[full] = type(mod).__name__
             hit = sites.get(id(p))
             if hit is not None and not p.requires_grad:
                 loc = hit[1]
@@ -172,6 +183,45 @@ def _prefix(pattern: str, whole: list[str]) -> str:
     return head if head is not None else f".{p}."
 
 
+def _module_classes(model: nn.Module) -> dict[str, str]:
+    return {f"{m}.{p}" if m else p: type(mod).__name__
+            for m, mod in model.named_modules() for p, _ in mod.named_parameters(recurse=False)}
+
+
+def _filters(tree: ast.AST, site: Loc) -> list[ast.comprehension]:
+    """Comprehensions over `.named_parameters()` with a condition, in the function that built the optimizer."""
+    scope = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.lineno <= site["line"] <= (n.end_lineno or n.lineno) and n.name == site.get("function")), None)
+    return [c for c in ast.walk(scope) if isinstance(c, ast.comprehension) and c.ifs and isinstance(c.iter, ast.Call)
+            and getattr(c.iter.func, "attr", None) == "named_parameters"] if scope is not None else []
+
+
+def measure_left_out(model: nn.Module, missing: list[str], site: Loc | None) -> FreezeFacts:
+    """The name filter in the optimizer's function that left `missing` (trainable parameters in no group) out, and
+    which of them its literal patterns match whole or in part (a pattern read from a config is not judged here)."""
+    facts = FreezeFacts()
+    if not missing or site is None:
+        return facts
+    try:
+        tree = ast.parse("".join(linecache.getlines(site["file"])))
+    except (SyntaxError, ValueError):
+        return facts
+    classes = _module_classes(model)
+    for comp in _filters(tree, site):
+        patterns = [n.value for c in comp.ifs for n in ast.walk(c) if isinstance(n, ast.Constant)
+                    and isinstance(n.value, str) and n.value]
+        hit = [n for n in missing if any(p.strip(".") in n for p in patterns)]
+        if not patterns or not hit:
+            continue
+        at = location(site["file"], comp.ifs[0].lineno, site.get("function") or "?")
+        rule = FreezeRule(at, at, patterns, left_out=True)
+        for n in hit:
+            (rule.whole if any(_whole(p, n) for p in patterns) else rule.partial).append(n)
+        rule.classes = sorted({classes.get(n, "?") for n in rule.partial})
+        facts.rules.append(rule)
+    return facts
+
+
 def _names(names: list[str], cap: int = 4) -> str:
     return ", ".join(names[:cap]) + (f" and {len(names) - cap} more" if len(names) > cap else "")
 
@@ -185,7 +235,7 @@ def detect_overmatch(facts: FreezeFacts) -> Iterator[Finding]:
         shown = ", ".join(f'"{p}"' for p in r.patterns[:4]) + (" ..." if len(r.patterns) > 4 else "")
         first = r.patterns[0].strip(".")
         yield GP319.finding(
-            "config" if r.source else None, parameters=r.partial, location=at,
+            "left_out" if r.left_out else "config" if r.source else None, parameters=r.partial, location=at,
             evidence={"patterns": r.patterns, "source": r.source, "frozen_at": r.at, "whole": r.whole,
                       "partial": r.partial, "partial_modules": r.classes},
             line=at["line"], file=at["file"].rsplit("/", 1)[-1], patterns=shown, source=r.source,
