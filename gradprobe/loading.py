@@ -46,6 +46,8 @@ class BuildRecord:
     optimizer_sites: dict = field(default_factory=dict)  # id(optimizer) -> (seq, location)
     setattr_stacks: dict = field(default_factory=dict)  # (id(module), name) -> user frames, innermost first
     frozen_sites: dict = field(default_factory=dict)  # id(tensor) -> (seq, location) of requires_grad -> False
+    # (file, line) of a freeze -> (locals, globals) of the user frame at its first freeze: what its condition read
+    freeze_frames: dict = field(default_factory=dict)
     hook_sites: dict = field(default_factory=dict)  # id(tensor) -> (seq, location) of register_hook
     grad_off_sites: list = field(default_factory=list)  # (seq, location) where grad mode was switched off
     group_sources: Any = None  # checks.group_sources.GroupSources: where make_optimizer's param groups came from
@@ -126,6 +128,17 @@ class _StateRecorder:
             table[id(t)] = (self.record.seq, loc)
             self.record.keep.append(t)
 
+    def _freeze_frame(self, t: Any) -> None:
+        """The names the freezing line's frame held at its first freeze (its condition's pattern: GP319)."""
+        hit = self.record.frozen_sites.get(id(t))
+        if hit is None or (hit[1]["file"], hit[1]["line"]) in self.record.freeze_frames:
+            return
+        f: Any = sys._getframe(2)
+        while f is not None and not self.user.is_user_file(f.f_code.co_filename):
+            f = f.f_back
+        if f is not None:
+            self.record.freeze_frames[(hit[1]["file"], hit[1]["line"])] = (dict(f.f_locals), f.f_globals)
+
     def __enter__(self) -> _StateRecorder:
         rec, note = self.record, self._note
         orig_rg_, orig_hook = torch.Tensor.requires_grad_, torch.Tensor.register_hook
@@ -135,11 +148,13 @@ class _StateRecorder:
         def requires_grad_(t: torch.Tensor, requires_grad: bool = True) -> torch.Tensor:
             if not requires_grad:
                 note(rec.frozen_sites, t)
+                self._freeze_frame(t)
             return orig_rg_(t, requires_grad)
 
         def set_requires_grad(t: torch.Tensor, value: bool) -> None:
             if not value:
                 note(rec.frozen_sites, t)
+                self._freeze_frame(t)
             base_rg.__set__(t, value)
 
         def register_hook(t: torch.Tensor, hook: Callable[..., Any]) -> Any:

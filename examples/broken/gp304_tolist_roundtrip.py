@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-EXPECT = {"tool": "trace_grad_path", "codes": ["GP304"], "culprits": ["inp.weight", "inp.bias"], "line": 17}
+EXPECT = {"tool": "trace_grad_path", "codes": ["GP304"], "culprits": ["inp.weight", "inp.bias"], "line": 16}
 
 
 class Net(nn.Module):

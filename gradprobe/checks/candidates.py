@@ -91,10 +91,12 @@ class Candidate:
         return not (self.kind == "left" and self.came_back_at is None)
 
     def where(self) -> Location | None:
-        """The user line a finding about this cut points at: where no_grad was entered, where the value came back
-        (the line where the history-less copy enters the forward), where it was pickled, else the op itself."""
+        """The user line a finding about this cut points at: where no_grad was entered, where the value left torch
+        (the `.item()` / `.numpy()` that came back later), where it was pickled, else the op itself."""
         if self.kind == "no_grad" and self.disable_site:
             return self.disable_site
+        if self.kind == "left" and self.left_at and self.came_back_at:
+            return self.left_at  # the `.item()` / `.numpy()` is the cause; where the value comes back is where it shows
         if self.kind in ("left", "process") and self.came_back_at:
             return self.came_back_at
         if self.kind == "process" and self.process_at:

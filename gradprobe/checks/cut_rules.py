@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gradprobe.checks.attribution import Cause
+from gradprobe.checks.candidates import Candidate
 from gradprobe.checks.gradient_facts import TraceFacts
 from gradprobe.checks.rule_text import at_line, line_of, listed
 from gradprobe.findings import Finding, Rule, Situation
@@ -101,6 +102,13 @@ GP304: Rule[TraceFacts] = Rule(
             "a new tensor{at}.{zeroed}",
     fix="Do the computation with torch ops (torch.clamp, torch.quantile, ...) so it stays in the graph.",
     situations={
+        "left_then_back": Situation(
+            when="the line where the value left torch (.item(), .numpy(), float()) and the line where it came back as a "
+                 "new tensor are both known and differ: the finding points at the first",
+            message="The path from the loss to {count} parameter(s) ({names}) leaves autograd through `.{op}()` at line "
+                    "{left_line} of {file} and comes back as a new tensor, with no history, at line {back_line}.{zeroed}",
+            fix="Keep the value a tensor at line {left_line}: drop `.{op}()` there and compute with torch ops, so that "
+                "what line {back_line} uses is still in the graph (call `.{op}()` only on a copy you log)."),
         "rewrap": Situation(
             when="a tensor that required grad is rebuilt from its data by torch.tensor / as_tensor",
             message="The path from the loss to {count} parameter(s) ({names}) is rebuilt from data by `torch.{op}`, which "
@@ -202,11 +210,21 @@ def _cause_findings(rule: Rule[TraceFacts], facts: TraceFacts, family: str) -> I
             _situation(cause, facts), parameters=cause.names, location=where,
             evidence=_cause_evidence(cause, facts, zeroed), count=len(cause.names), names=listed(cause.names, 5),
             op=cand.op, at=at_line(where), zeroed=note, decorated=decorated,
-            pickled_at=f" at line {pickled['line']}" if pickled.get("line") else "")
+            pickled_at=f" at line {pickled['line']}" if pickled.get("line") else "", **_left_and_back(cand))
+
+
+def _left_and_back(cand: Candidate) -> dict[str, Any]:
+    """The lines where a value left torch and came back (GP304's left_then_back situation), else nothing."""
+    left, back = cand.left_at, cand.came_back_at
+    if not (left and back):
+        return {}
+    return {"left_line": left["line"], "back_line": back["line"], "file": left["file"].rsplit("/", 1)[-1]}
 
 
 def _situation(cause: Cause, facts: TraceFacts) -> str | None:
     cand = cause.candidate
+    if cand.kind == "left" and cand.left_at and cand.came_back_at and cand.left_at["line"] != cand.came_back_at["line"]:
+        return "left_then_back"
     if cand.kind in ("rewrap", "zero_derivative"):
         return cand.kind
     if cand.kind == "process" and cand.op == "pickle":

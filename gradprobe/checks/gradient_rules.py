@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from gradprobe.checks._step import module_of
 from gradprobe.checks.gradient_facts import TraceFacts
 from gradprobe.checks.rule_text import line_of, listed
+from gradprobe.checks.zeroing_rules import zeroed_ids
 from gradprobe.findings import Finding, Rule, Situation
 
 GP306: Rule[TraceFacts] = Rule(
@@ -85,7 +86,9 @@ SPREAD_RATIO = 1e6  # GP312: per-module gradient norms further apart than this
 def zero_gradient(facts: TraceFacts) -> Iterator[Finding]:
     if facts.limited:
         return
-    zero_rest = [facts.name(p) for p in facts.zero if id(p) not in facts.attributed and facts.wanted(facts.name(p))]
+    located = zeroed_ids(facts)  # GP318 names the op that zeroed these
+    zero_rest = [facts.name(p) for p in facts.zero
+                 if id(p) not in facts.attributed and id(p) not in located and facts.wanted(facts.name(p))]
     if zero_rest:
         yield GP306.finding(parameters=zero_rest, evidence={"zero": len(zero_rest)}, count=len(zero_rest),
                             names=listed(zero_rest, 6))

@@ -33,10 +33,19 @@ class GroupSources:
     schedulers: list[tuple[Any, Loc | None]] = field(default_factory=list)  # (scheduler, the user line that built it)
     refused: tuple[list[dict[str, Any]], dict[str, Any]] | None = None  # (groups already added, the refused one)
     returned: list[Any] = field(default_factory=list)  # optimizers a user function returned (make_optimizer's tuple)
+    zero_returns: dict[str, Loc] = field(default_factory=dict)  # user function name -> its return line that gave 0
     keep: list[Any] = field(default_factory=list)
 
     def source_of(self, group: dict[str, Any]) -> Loc | None:
         return self.built_by.get(id(group))
+
+    def zero_lr_callee(self, built: Loc) -> tuple[str, Loc] | None:
+        """The user function that returned 0 while building this group's lr: one the group literal's `lr` value calls
+        (directly, or through a local variable assigned from it in the same function), and that returned exactly 0."""
+        for name in lr_callees(built["file"], built["line"]):
+            if name in self.zero_returns:
+                return name, self.zero_returns[name]
+        return None
 
 
 def _group_literals(tree: ast.AST) -> list[tuple[int, list[str]]]:
@@ -52,6 +61,53 @@ def _group_literals(tree: ast.AST) -> list[tuple[int, list[str]]]:
         if "params" in keys:
             out.append((node.lineno, keys))
     return sorted(out)
+
+
+def _called(node: ast.AST) -> list[str]:
+    names = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            names += [f.id] if isinstance(f, ast.Name) else [f.attr] if isinstance(f, ast.Attribute) else []
+    return names
+
+
+def _lr_value(node: ast.AST) -> ast.AST | None:
+    if isinstance(node, ast.Dict):
+        return next((v for k, v in zip(node.keys, node.values, strict=True)
+                     if isinstance(k, ast.Constant) and k.value == "lr"), None)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+        return next((k.value for k in node.keywords if k.arg == "lr"), None)
+    return None
+
+
+def lr_callees(filename: str, line: int) -> list[str]:
+    """The functions the `lr` of the group literal at `line` calls: in the value itself, then in the assignments (in the
+    enclosing function) of the local names the value reads (`scale = layer_scale(d)`; `{"lr": base * scale}`)."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except (SyntaxError, ValueError):
+        return []
+    funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    scope = min(funcs, key=lambda n: (n.end_lineno or n.lineno) - n.lineno) if funcs else tree
+    value = next((v for n in ast.walk(scope) if getattr(n, "lineno", None) == line
+                  for v in [_lr_value(n)] if v is not None), None)
+    if value is None:
+        return []
+    names, read = _called(value), {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+    for n in ast.walk(scope):
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id in read for t in n.targets):
+            names += _called(n.value)
+    return names
+
+
+def _is_zero(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor)):
+        return False
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.requires_grad and float(value) == 0.0
+    return value == 0
 
 
 def _function_node(filename: str, first_line: int) -> ast.AST | None:
@@ -92,6 +148,9 @@ class GroupRecorder:
         if event != "return" or not self.user.is_user_file(frame.f_code.co_filename):
             return
         src = self.sources
+        if _is_zero(arg) and frame.f_code.co_name not in src.zero_returns:  # a layer-decay helper's 0, say
+            code = frame.f_code
+            src.zero_returns[code.co_name] = location(code.co_filename, frame.f_lineno, code.co_name)
         for opt in (arg if isinstance(arg, (tuple, list)) else arg.values() if isinstance(arg, dict) else [arg]):
             if isinstance(opt, torch.optim.Optimizer) and all(o is not opt for o in src.returned):
                 src.returned.append(opt)
@@ -156,7 +215,7 @@ class GroupRecorder:
 class LrSource:
     """Why a group's lr is 0: a scheduler (its lambda's line, and whether it rises later) or the group's builder."""
 
-    kind: str  # "scheduler_rises", "scheduler_stays", "scheduled" or "built"
+    kind: str  # "scheduler_rises", "scheduler_stays", "scheduled", "decay_function" or "built"
     location: Loc | None
     detail: dict[str, Any] = field(default_factory=dict)
 

@@ -37,6 +37,7 @@ from gradprobe.checks.torchcompat import (
     OPTIMIZER_PARAM_IN_SEVERAL_GROUPS,
     allocation_failure,
 )
+from gradprobe.checks.freeze_rules import GP319, measure_left_out
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.outcomes import resource_limit_finding, target_failed_finding
 from gradprobe.report import make_report
@@ -380,7 +381,8 @@ def check_coverage(model: nn.Module, optimizer: Any, record: BuildRecord | None 
     if not isinstance(optimizer, torch.optim.Optimizer):
         return run_rules((GP209,), optimizer), []
     facts = measure_coverage(model, optimizer, record)
-    return run_rules(COVERAGE_RULES, facts) + shared_parameter_findings(model, optimizer, record), facts.groups
+    left_out = run_rules((GP319,), measure_left_out(model, facts.missing, facts.site))  # a filter that matched too much
+    return run_rules(COVERAGE_RULES, facts) + left_out + shared_parameter_findings(model, optimizer, record), facts.groups
 
 
 def replaced_during_step(model: nn.Module, optimizer: Any, record: BuildRecord | None, seen: set[tuple]) -> list[Finding]:

@@ -71,6 +71,14 @@ GP205: Rule[CoverageFacts] = Rule(
             fix="Fix the lr that {function}() computes at line {line} of {file} for this group (a layer-decay scale or "
                 "exponent that reaches 0 for these layers); if they are meant to stay fixed, freeze them with "
                 "requires_grad_(False) instead."),
+        "decay_function": Situation(
+            when="the group's lr is computed by calling a user function (a layer-wise decay helper) that returned 0 for "
+                 "it: the finding points at that function's return",
+            message="param group {group} has lr=0: its {count} tensors ({names}) never move. Its lr is computed at line "
+                    "{called_line} by calling {function}(), which returned 0 at line {line} of {file}.",
+            fix="Make {function}() (line {line} of {file}) return a positive factor for these layers too: a decay that "
+                "cannot reach 0 (e.g. decay ** depth with 0 < decay < 1) instead of a branch or a linear scale that gives "
+                "0 at the deepest layer; if they are meant to stay fixed, freeze them with requires_grad_(False) instead."),
         "scheduler_stays": Situation(
             when="a LambdaLR-style scheduler's lambda returns 0 at step 0 and at every later step probed",
             message="param group {group} has lr=0: its {count} tensors ({names}) never move. Its base lr is {initial_lr}, "
@@ -167,7 +175,10 @@ def group_lr_sources(facts: CoverageFacts, optimizer: torch.optim.Optimizer, sou
         found = scheduler_source(sources, optimizer, gi)
         if found is None and sources is not None:
             built = sources.source_of(optimizer.param_groups[gi])
-            if built is not None and not _same_statement(built, facts.site):
+            callee = sources.zero_lr_callee(built) if built is not None else None
+            if built is not None and callee is not None:
+                found = LrSource("decay_function", callee[1], {"called_at": built, "returned_by": callee[0]})
+            elif built is not None and not _same_statement(built, facts.site):
                 found = LrSource("built", built)
         if found is not None:
             facts.lr_sources[gi] = found
@@ -188,6 +199,7 @@ def detect_zero_lr(facts: CoverageFacts) -> Iterator[Finding]:
             continue
         evidence.update(lr_source=src.kind, source_at=src.location, optimizer_created_at=facts.site, **src.detail)
         fields = {"function": (src.location or {}).get("function"), "initial_lr": src.detail.get("initial_lr"),
+                  "called_line": (src.detail.get("called_at") or {}).get("line"),
                   "scheduler": src.detail.get("scheduler"), "later": _later(src.detail)}
         yield GP205.finding(src.kind, group=gi, count=count, names=_names(gnames), **fields, **_where(src.location),
                             parameters=gnames, location=src.location or facts.site, evidence=evidence)

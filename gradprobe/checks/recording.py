@@ -51,6 +51,8 @@ from gradprobe.checks.torchcompat import (
     tensor_version,
     untraced,
 )
+from gradprobe.checks.zero_expr import read_zero
+from gradprobe.checks.zero_ops import ZeroOpWatch
 from gradprobe.checks.watches import (
     dataloader_watch,
     from_numpy_watch,
@@ -132,6 +134,7 @@ class GradTracer(TorchFunctionMode):
         self.node_tags: dict[int, Tags] = {}
         self.cut_terms: dict[int, list[CutTerm]] = {}
         self.left_values: dict[int, tuple[object, int]] = {}
+        self.zero_ops = ZeroOpWatch(user, self.params, read_zero)  # multiplies by zero on the grad path (GP318)
 
     def watch_plain(self, attrs: dict[str, torch.Tensor]) -> None:
         """Record how the step uses these module attributes on the way to the loss (GP101 without requires_grad)."""
@@ -172,6 +175,7 @@ class GradTracer(TorchFunctionMode):
         if req and not inside_custom_function() and name not in SHAPE_ONLY_OPS:
             tags = self._after_grad_op(name, req, out, tags)
             self._loss_term_op(name, args, kwargs, out, tags)
+            self.zero_ops.note(name, args, kwargs, out)
         elif name in LEFT_OPS and not req and args and isinstance(args[0], torch.Tensor):
             self._left_detached(name, args[0])
         if tags is not None:
@@ -432,6 +436,7 @@ class GradTracer(TorchFunctionMode):
                 rec["made_at"] = self.grad_fn_loc.get(id(root.grad_fn))  # the user line that computed the loss
         self.backward_calls.append(rec)
         probe = self._term_probe(root, args, kwargs, rec)
+        self.zero_ops.arm()
         try:
             return func(*args, **kwargs)
         except BaseException as exc:
@@ -537,6 +542,7 @@ class GradTracer(TorchFunctionMode):
         try:
             return super().__exit__(*exc)
         finally:
+            self.zero_ops.disarm()
             if self._stack is not None:
                 self._stack.close()
 

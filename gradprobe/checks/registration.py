@@ -25,6 +25,7 @@ from gradprobe.checks.unregistered import (
     plain_tensor_findings,
     settle_buffers,
 )
+from gradprobe.checks.freeze_rules import GP319, measure_freezes
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.report import make_report
 from gradprobe.userframes import UserCode
@@ -280,6 +281,7 @@ def check_registration(model: nn.Module, build_record: BuildRecord | None = None
         findings += run_rules(MODULE_RULES, m)
     findings += _grad_off_globally(facts)
     findings += run_rules(MODEL_RULES, facts)
+    findings += run_rules((GP319,), measure_freezes(model, build_record))  # a freezing rule that matched too much
     return one_per_line(findings, _PER_ATTRIBUTE)
 
 

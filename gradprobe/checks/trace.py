@@ -24,6 +24,7 @@ from gradprobe.checks.gradient_facts import TraceFacts, backward_broke, measure
 from gradprobe.checks.gradient_rules import GP306, GP307, GP311, GP312, GP313, GP314
 from gradprobe.checks.loss_terms import GP315, GP316, GP317
 from gradprobe.checks.recording import GradRecorder, GradTracer
+from gradprobe.checks.zeroing_rules import GP318
 from gradprobe.checks.torchcompat import ANOMALY_FRAME, allocation_failure, is_anomaly_forward_trace
 from gradprobe.findings import Finding, run_rules
 from gradprobe.flowchart import flow_graph, flow_mermaid
@@ -36,7 +37,7 @@ __all__ = ["GradRecorder", "GradTracer", "TraceRun", "analyze", "observed_step",
 # the order the findings come in: the cuts, what crossed into another process, what no cut explains, the
 # gradients that arrived, the terms of a loss that is a sum; then how the step ended; then the health of a complete
 # backward
-BEFORE_THE_END = (GP302, GP303, GP304, GP305, GP309, GP301, GP306, GP307, GP311, GP315, GP316, GP317)
+BEFORE_THE_END = (GP302, GP303, GP304, GP305, GP309, GP301, GP318, GP306, GP307, GP311, GP315, GP316, GP317)
 AFTER_THE_END = (GP312, GP313, GP314)
 
 

@@ -1,0 +1,124 @@
+"""GP318: the op where an exactly-zero gradient became zero, the zero operand, the line that made it, and whether it
+stays zero (a mask that selects nothing) or is a weight ramping up from 0 (information, not a warning).
+
+Written from public threads: a loss multiplied by a mask that is zero everywhere leaves the head it trains with a zero
+gradient (open-mmlab/mmpretrain pull #1426: a task whose samples are all masked out gave the loss 0 and no gradient;
+mila-iqia/blocks issue #952: `(cost * y_mask).sum()`), and a loss weight warmed up from 0 is a common, healthy
+schedule (layumi/Person_reID_baseline_pytorch issue #338: "loss warm-up" instead of an lr warm-up).
+The facts are measured during the traced step (checks/zero_ops.py) and read back from the source (checks/zero_expr.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch.nn as nn
+
+from gradprobe.checks.gradient_facts import TraceFacts
+from gradprobe.checks.rule_text import listed
+from gradprobe.checks.zero_expr import ZeroSource
+from gradprobe.checks.zero_ops import ZeroOp
+from gradprobe.findings import Finding, Rule, Situation
+
+GP318: Rule[TraceFacts] = Rule(
+    code="GP318", name="zeroed-by-op", severity="warning", rank=35,
+    summary="An exactly-zero gradient, traced to the op that zeroed it: a multiply by an all-zero mask or weight, or a "
+            "`where` whose condition selects nothing (info for a loss weight ramping up from 0).",
+    why="The gradient reaches that op nonzero and leaves it zero: the parameters behind it learn nothing from this "
+        "batch; a mask that selects only padding does so at every step, a weight that starts at 0 only until it rises.",
+    example="tok_loss = (tok_loss * (1 - mask)).sum()  # mask = (tags == PAD): every position is padding",
+    message="{count} parameter(s) ({names}) got an exactly-zero gradient: `{op}` at line {line} of {file} multiplies "
+            "their path by an operand that is zero everywhere (shape {shape}).",
+    fix="Find what makes the zero operand of the op at line {line} of {file}: a mask that selects nothing or a weight "
+        "of 0; these parameters learn nothing while it stays zero.",
+    situations={
+        "mask": Situation(
+            when="the zero operand is a tensor (a mask) whose expression was read back from the line",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient: line {line} of {file} multiplies "
+                    "their path by `{expr}`, which is zero everywhere (shape {shape}){made}.",
+            fix="The mask `{expr}` keeps none of the positions that reach these parameters: fix what builds it{made_at} "
+                "(an inverted comparison, a padding id that matches every position, labels that are all ignored); if "
+                "a batch can have no valid position, skip the term for it instead of multiplying it by zeros."),
+        "where": Situation(
+            when="a torch.where's condition leaves the branch that carries the parameters no position",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient: torch.where at line {line} of {file} "
+                    "takes no position from the branch that carries them; its condition `{expr}` selects nothing "
+                    "(shape {shape}){made}.",
+            fix="Check the condition `{expr}`{made_at}: it is the same everywhere, so the branch that carries these "
+                "parameters is never taken (an inverted or always-false comparison)."),
+        "scale_ramp": Situation(
+            when="a scalar weight of 0 that becomes positive when a number it is computed from (a step counter) grows",
+            severity="info",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient at this step: line {line} of {file} "
+                    "weights their loss term by `{expr}`, which is 0 now and {later} as `{number}` grows: a weight "
+                    "ramping up from 0; they get gradients at later steps.",
+            fix="Nothing to fix if the ramp from 0 is intended; to train these parameters from the first step, start "
+                "the weight above 0."),
+        "scale_stays": Situation(
+            when="a scalar weight of 0 that stays 0 when every number it is computed from grows",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient: line {line} of {file} weights their "
+                    "loss term by `{expr}`, which is 0 and stays 0 when the numbers it is computed from grow "
+                    "({inputs}){made}: they never learn from it.",
+            fix="Make `{expr}` (line {line} of {file}) positive at the steps that should train these parameters (its "
+                "schedule reaches no value above 0); if the term is off on purpose, freeze or remove what only it trains."),
+        "scale_constant": Situation(
+            when="a scalar weight of 0 computed from no number that changes with the step (a constant or a config value)",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient: line {line} of {file} weights their "
+                    "loss term by `{expr}`, which is 0 and is computed from no number that changes with the step{made}: "
+                    "the weight switches the term off.",
+            fix="Set `{expr}` (line {line} of {file}) to a positive value if this term should train these parameters; "
+                "if it is off on purpose, freeze or remove what only it trains (a callback that raises it later makes "
+                "it a ramp: nothing to fix)."),
+    },
+)
+
+
+def zeroed(facts: TraceFacts) -> list[tuple[ZeroOp, list[nn.Parameter]]]:
+    """The zeroing ops and, for each, the wanted zero-gradient parameters (that no cut explains) it zeroed."""
+    if facts.limited:
+        return []
+    zero = [p for p in facts.zero if id(p) not in facts.attributed and facts.wanted(facts.name(p))]
+    return facts.tracer.zero_ops.zeroed(zero) if zero else []
+
+
+def zeroed_ids(facts: TraceFacts) -> set[int]:
+    return {id(p) for _, ps in zeroed(facts) for p in ps}
+
+
+def _situation(rec: ZeroOp, src: ZeroSource) -> str | None:
+    if src.expr is None:
+        return None
+    if rec.kind != "scale":
+        return rec.kind
+    if src.rises is not None:
+        return "scale_ramp"
+    return "scale_stays" if src.inputs else "scale_constant"
+
+
+def _later(src: ZeroSource) -> str:
+    if src.rises is None:
+        return ""
+    return ", ".join(f"{v:g} at +{k}" for k, v in src.rises[1][:3])
+
+
+@GP318.detector
+def zeroed_by_op(facts: TraceFacts) -> Iterator[Finding]:
+    for rec, params in zeroed(facts):
+        src = rec.source if isinstance(rec.source, ZeroSource) else ZeroSource()
+        names = [facts.name(p) for p in params]
+        loc = rec.location or {}
+        made = src.made_at
+        fields: dict[str, Any] = {
+            "count": len(names), "names": listed(names, 6), "op": rec.op, "line": loc.get("line"),
+            "file": str(loc.get("file", "?")).rsplit("/", 1)[-1], "shape": rec.shape, "expr": src.expr,
+            "made": f"; `{src.made_name}` was made at line {made['line']} (`{made['code']}`)" if made else "",
+            "made_at": f" (line {made['line']}, `{made['code']}`)" if made else "",
+            "later": _later(src), "number": src.rises[0] if src.rises else None, "inputs": ", ".join(src.inputs)}
+        evidence = {"op": rec.op, "kind": rec.kind, "zero_operand": src.expr, "shape": rec.shape, "made_at": made,
+                    "raised": src.rises[1] if src.rises else None, "computed_from": src.inputs}
+        situation = _situation(rec, src)
+        # the cause is where the zero operand was made (the mask, the weight); a ramp from 0 is shown where it weighs
+        at = made if made is not None and situation not in (None, "scale_ramp") else rec.location
+        evidence["op_location"] = rec.location
+        yield GP318.finding(situation, parameters=names, location=at, evidence=evidence, **fields)
