@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import param_names, run_step
+from gradprobe.checks.steps.accumulation import LossFactors, accumulation_lines
 from gradprobe.checks.steps.amp import AMP_RULES, ScalerWatch
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, derive
 from gradprobe.checks.steps.gradients import GRADIENT_RULES
@@ -216,7 +217,7 @@ def audit_report(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> dict:
         return _no_optimizer_report()
     run = _Run(loaded, steps)
     torch.set_grad_enabled(True)
-    with ScalerWatch(loaded.user, run.observer) as amp:
+    with ScalerWatch(loaded.user, run.observer) as amp, LossFactors() as factors:
         run.run()
     facts = run.facts()
     findings: list[Finding] = run_rules(RULES, facts) + run_rules(AMP_RULES, amp.amp_facts(facts.scaler_steps))
@@ -229,8 +230,9 @@ def audit_report(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> dict:
     if run.limit is not None:  # a memory limit stopped the step: a resource limit, not the code
         findings.append(resource_limit_finding(f"running step {run.error_call + 1}", run.limit,
                                                location=run.error_location))
-    lines = summary_lines(facts, findings) + ([line] if extra else [])
-    report = make_report("audit_training", findings, lines, **facts_table(facts, findings), **extra)
+    measured = accumulation_lines(factors.factors, facts)
+    lines = summary_lines(facts, findings, measured) + ([line] if extra else [])
+    report = make_report("audit_training", findings, lines, **facts_table(facts, findings, measured), **extra)
     if run.error and run.limit is None:
         first, _, rest = report["summary"].partition("\n")
         last = run.error.strip().splitlines()[-1]
