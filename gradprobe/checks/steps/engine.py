@@ -22,13 +22,14 @@ from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, derive
 from gradprobe.checks.steps.gradients import GRADIENT_RULES
 from gradprobe.checks.steps.observe import StepObserver, norms
 from gradprobe.checks.steps.overfit import OVERFIT_RULES, overfit_one_batch, overfit_summary
+from gradprobe.checks.steps.ratio import RATIO_RULES
 from gradprobe.checks.steps.summary import facts_table, summary_lines
 from gradprobe.checks.steps.updates import UPDATE_RULES
 from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
 
-RULES = GRADIENT_RULES + UPDATE_RULES
+RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES
 _RANK = {r.code: r.rank for r in RULES + AMP_RULES + OVERFIT_RULES}
 _EMA_HINT = re.compile(r"ema|momentum|teacher|target|shadow|averag|avg|mean_t|polyak", re.IGNORECASE)
 MAX_STEPS = 32
