@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-EXPECT = {"tool": "audit_training", "codes": ["GP616"], "culprits": [], "line": 28,
+EXPECT = {"tool": "audit_training", "codes": ["GP616"], "culprits": [], "line": 29,
           "options": {"steps": 2, "overfit_steps": 20}}
 
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-EXPECT = {"tool": "audit_training", "codes": ["GP617"], "culprits": [], "line": 34, "options": {"steps": 3}}
+EXPECT = {"tool": "audit_training", "codes": ["GP617"], "culprits": [], "line": 32, "options": {"steps": 3}}
 SCALER = torch.amp.GradScaler("cpu", init_scale=1024.0)
 MASK = torch.tensor([1.0, 1.0, 0.0])  # class 2 is masked out, but some labels are 2
 

@@ -76,11 +76,11 @@ class LossFactors:
             finally:
                 watch._depth -= 1
 
-        torch.Tensor.backward = backward  # type: ignore[method-assign]
+        setattr(torch.Tensor, "backward", backward)  # noqa: B010 (restored on exit)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        torch.Tensor.backward = self._orig  # type: ignore[method-assign]
+        setattr(torch.Tensor, "backward", self._orig)  # noqa: B010
 
 
 def accumulation_lines(factors: list[float | None], facts: AuditFacts) -> list[str]:

@@ -84,8 +84,8 @@ _SAID = {"down": "went down", "slow": "went down, by less than 10%", "noisy": "m
 
 GP616: Rule[OverfitFacts] = Rule(
     code="GP616", name="cannot-overfit-one-batch", severity="error", rank=51,
-    summary="The loss does not go down over K steps on one fixed batch (overfit one batch, opt-in): it rises, stays the "
-            "same, or becomes inf/nan.",
+    summary="The loss does not go down over K steps on one fixed batch (overfit one batch: audit_training's opt-in "
+            "overfit_steps): it rises, stays the same, or becomes inf/nan.",
     why="A model that trains at all fits one small batch it sees again and again. A loss that rises steadily, does not "
         "change at all, or diverges there means the update itself is broken (the wrong sign, parameters that never "
         "move, a learning rate of 0, a loss that does not depend on the parameters, gradients lost before the step), "
@@ -180,11 +180,11 @@ class _BackwardLosses:
                 seen.values.append(float(tensor.detach().float().item()))
             return orig(tensor, *args, **kwargs)
 
-        torch.Tensor.backward = backward  # type: ignore[method-assign]
+        setattr(torch.Tensor, "backward", backward)  # noqa: B010 (restored on exit)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        torch.Tensor.backward = self._orig  # type: ignore[method-assign]
+        setattr(torch.Tensor, "backward", self._orig)  # noqa: B010
 
 
 def _location(loaded: Any) -> dict | None:
