@@ -26,7 +26,8 @@ non-zero gradient at step time, moved. Findings: accumulation not averaged or ze
 (GP601), gradients never cleared (GP602), lr 0 at every step (GP603), scheduler before optimizer
 (GP604), a gradient zeroed before the step (GP605), a parameter that never moves (GP606), optimizer
 state lost (GP607), a gradient penalty without create_graph (GP608), a broken EMA copy (GP609),
-clipping before scaler.unscale_ (GP615), a GradScaler that skips every step (GP617).
+clipping before scaler.unscale_ (GP615), a GradScaler that skips every step (GP617), a group
+whose update is half its weights or more at every step (GP618).
 When nothing is wrong, facts.verified lists what was measured. `overfit_steps` (opt-in, e.g. 20) then
 runs that many more steps on the same batch and checks that the loss goes down, per loss term
 (facts.overfit_one_batch; GP616 when it does not, with the parameters that did not move). The result
