@@ -298,8 +298,8 @@ def diagnose_report(loaded: Any, steps: int = 0) -> dict[str, Any]:
 
 
 def diagnose(model: nn.Module, batch: Any = None, loss_fn: Any = None, optimizer: Any = None, train_step: Any = None,
-             project_dir: str | None = None) -> dict[str, Any]:
-    """Library entry: every applicable check on live objects."""
+             project_dir: str | None = None, steps: int = 0) -> dict[str, Any]:
+    """Library entry: every applicable check on live objects (`steps` > 0: also that many observed training steps)."""
     from gradprobe.loading import live_target
 
-    return diagnose_report(live_target(model, batch, loss_fn, optimizer, train_step, project_dir))
+    return diagnose_report(live_target(model, batch, loss_fn, optimizer, train_step, project_dir), steps=steps)
