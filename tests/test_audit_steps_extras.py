@@ -128,3 +128,29 @@ def test_cli_steps_prints_the_per_group_table():
     assert "per parameter group, per optimizer step:" in out.stdout and "update/weight" in out.stdout
     table = out.stdout.split("per parameter group, per optimizer step:")[1]
     assert "opt 0 group 1 (2 tensors)" in table and len([ln for ln in table.splitlines() if ln.strip()[:1] == "3"]) == 2
+
+
+@pytest.mark.anyio
+async def test_diagnose_with_steps_keeps_gp201_for_a_teacher_its_ema_never_moves(client, tmp_path):
+    (tmp_path / "stuck_teacher.py").write_text(
+        "import copy\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+        "class MT(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.student = nn.Linear(4, 3)\n"
+        "        self.ema_teacher = copy.deepcopy(self.student)\n\n"
+        "def build_model():\n    return MT()\n\n"
+        "def make_inputs():\n    return torch.randn(6, 4)\n\n"
+        "def make_optimizer(model):\n    return torch.optim.SGD(model.student.parameters(), lr=0.1)\n\n"
+        "def train_step(model, x, opt):\n"
+        "    opt.zero_grad()\n"
+        "    loss = F.mse_loss(model.student(x), model.ema_teacher(x)) + model.student(x).square().mean()\n"
+        "    loss.backward()\n    opt.step()\n"
+        "    for t, s in zip(model.ema_teacher.parameters(), model.student.parameters()):\n"
+        "        t = 0.99 * t + 0.01 * s.detach()  # rebinds the loop name: the teacher never moves\n")
+    result = await client.call_tool("diagnose", {"target": {"project_dir": str(tmp_path), "model": "stuck_teacher.py"},
+                                                 "steps": 3})
+    report = result.structured_content
+    codes = {f["code"] for f in report["findings"]}
+    assert "GP201" in codes and "GP609" in codes, report["findings"]
+    assert "GP201 not raised" not in report["summary"]
