@@ -91,6 +91,10 @@ def _run_check(args: argparse.Namespace) -> int:
     options = {}
     if args.command == "check_optimizer_coverage":
         options["step"] = not args.no_step
+    if getattr(args, "steps", None):
+        options["steps"] = args.steps
+    if getattr(args, "overfit_steps", None):
+        options["overfit_steps"] = args.overfit_steps
     from gradprobe.sandbox.runner import Limits
     from gradprobe.server.options import default_memory_bytes
 
@@ -113,7 +117,20 @@ def _run_check(args: argparse.Namespace) -> int:
             from gradprobe.flowchart import flow_mermaid
 
             print("\n" + clean(flow_mermaid(flow)))
+        _print_steps(report)
     return 0 if report.get("ok") else 1
+
+
+def _print_steps(report: dict) -> None:
+    """The per-group table of the observed steps (lr, grad norm, update ratio per step), when steps ran."""
+    from gradprobe.render import clean
+    from gradprobe.stepchart import steps_table
+
+    facts = report.get("facts") or {}
+    steps = facts.get("steps") if isinstance(facts.get("steps"), dict) else facts
+    groups = steps.get("param_groups") if isinstance(steps, dict) else None
+    if isinstance(groups, list) and groups:
+        print("\nper parameter group, per optimizer step:\n" + clean(steps_table(groups)))
 
 
 def serve_options(args: argparse.Namespace) -> ServeOptions:
@@ -272,6 +289,12 @@ def _main(argv: list[str] | None = None) -> None:
         p.add_argument("--mermaid", action="store_true", help="also print the Mermaid flowchart (diagnose)")
         if tool == "check_optimizer_coverage":
             p.add_argument("--no-step", action="store_true")
+        if tool in ("diagnose", "audit_training"):
+            p.add_argument("--steps", type=int, default=None if tool == "diagnose" else 4, metavar="N",
+                           help="run N real training steps, observed (diagnose: 0 = one step only)")
+        if tool == "audit_training":
+            p.add_argument("--overfit-steps", dest="overfit_steps", type=int, default=0, metavar="K",
+                           help="also run K steps on one fixed batch and check that the loss goes down (e.g. 20)")
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args: list[str] = []
     if "--" in argv:  # `gradprobe diagnose --script train.py -- --max_iters=1`

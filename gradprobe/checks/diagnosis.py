@@ -266,9 +266,16 @@ def _unregistered_rows(findings: list[Finding]) -> list[dict[str, Any]]:
     return rows
 
 
-def diagnose_report(loaded: Any) -> dict[str, Any]:
+def diagnose_report(loaded: Any, steps: int = 0) -> dict[str, Any]:
+    """Every check on one load; with `steps` > 0 the several-steps audit too (checks/steps/diagnose_steps.py)."""
     findings, facts = diagnose_findings(loaded)
     kept = fold(findings)
+    steps_lines: list[str] = []
+    if steps > 0 and "note" not in facts:
+        from gradprobe.checks.steps.diagnose_steps import add_steps
+
+        kept, steps_lines = add_steps(loaded, steps, kept, facts)
+        kept = fold(kept)
     table = facts.get("per_parameter", [])
     names_in_table = {r["name"] for r in table}
     rows = table + [r for r in _unregistered_rows(kept) if r["name"] not in names_in_table]
@@ -287,12 +294,12 @@ def diagnose_report(loaded: Any) -> dict[str, Any]:
             line += (f"; {len(unregistered)} more tensor(s) meant to learn are not registered ({', '.join(codes)}) "
                      "and cannot get a gradient")
         summary.append(line + ".")
-    return make_report("diagnose", kept, summary, **facts)
+    return make_report("diagnose", kept, summary + steps_lines, **facts)
 
 
 def diagnose(model: nn.Module, batch: Any = None, loss_fn: Any = None, optimizer: Any = None, train_step: Any = None,
-             project_dir: str | None = None) -> dict[str, Any]:
-    """Library entry: every applicable check on live objects."""
+             project_dir: str | None = None, steps: int = 0) -> dict[str, Any]:
+    """Library entry: every applicable check on live objects (`steps` > 0: also that many observed training steps)."""
     from gradprobe.loading import live_target
 
-    return diagnose_report(live_target(model, batch, loss_fn, optimizer, train_step, project_dir))
+    return diagnose_report(live_target(model, batch, loss_fn, optimizer, train_step, project_dir), steps=steps)

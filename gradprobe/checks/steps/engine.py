@@ -16,17 +16,21 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import param_names, run_step
+from gradprobe.checks.steps.accumulation import LossFactors, accumulation_lines
+from gradprobe.checks.steps.amp import AMP_RULES, ScalerWatch
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, derive
 from gradprobe.checks.steps.gradients import GRADIENT_RULES
 from gradprobe.checks.steps.observe import StepObserver, norms
+from gradprobe.checks.steps.overfit import OVERFIT_RULES, overfit_one_batch, overfit_summary
+from gradprobe.checks.steps.ratio import RATIO_RULES
 from gradprobe.checks.steps.summary import facts_table, summary_lines
 from gradprobe.checks.steps.updates import UPDATE_RULES
 from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
 
-RULES = GRADIENT_RULES + UPDATE_RULES
-_RANK = {r.code: r.rank for r in RULES}
+RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES
+_RANK = {r.code: r.rank for r in RULES + AMP_RULES + OVERFIT_RULES}
 _EMA_HINT = re.compile(r"ema|momentum|teacher|target|shadow|averag|avg|mean_t|polyak", re.IGNORECASE)
 MAX_STEPS = 32
 
@@ -202,8 +206,9 @@ def _no_optimizer_report() -> dict:
                                               "or a `train_step` that steps one."], note="no optimizer")
 
 
-def audit_report(loaded: Any, steps: int = 4) -> dict:
-    """audit_training: run the user's step `steps` times, observed; GP6xx findings and a measured all-clear."""
+def audit_report(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> dict:
+    """audit_training: run the user's step `steps` times, observed; GP6xx findings and a measured all-clear; then,
+    when `overfit_steps` > 0, that many more steps on the same batch to see the loss go down (overfit.py)."""
     steps = max(1, min(int(steps), MAX_STEPS))
     if isinstance(getattr(loaded, "info", None), dict) and "script_step" in loaded.info:  # a replayed script step
         return make_report("audit_training", [], ["audit_training does not run script mode yet (it would audit a replay, "
@@ -213,13 +218,22 @@ def audit_report(loaded: Any, steps: int = 4) -> dict:
         return _no_optimizer_report()
     run = _Run(loaded, steps)
     torch.set_grad_enabled(True)
-    run.run()
+    with ScalerWatch(loaded.user, run.observer) as amp, LossFactors() as factors:
+        run.run()
     facts = run.facts()
-    findings: list[Finding] = sorted(run_rules(RULES, facts), key=lambda f: _RANK.get(f["code"], 99))
+    findings: list[Finding] = run_rules(RULES, facts) + run_rules(AMP_RULES, amp.amp_facts(facts.scaler_steps))
+    extra: dict[str, Any] = {}
+    if overfit_steps > 0 and not run.error:
+        ofacts = overfit_one_batch(loaded, overfit_steps)
+        findings += run_rules(OVERFIT_RULES, ofacts)
+        line, extra["overfit_one_batch"] = overfit_summary(ofacts)
+    findings.sort(key=lambda f: _RANK.get(f["code"], 99))
     if run.limit is not None:  # a memory limit stopped the step: a resource limit, not the code
         findings.append(resource_limit_finding(f"running step {run.error_call + 1}", run.limit,
                                                location=run.error_location))
-    report = make_report("audit_training", findings, summary_lines(facts, findings), **facts_table(facts, findings))
+    measured = accumulation_lines(factors.factors, facts)
+    lines = summary_lines(facts, findings, measured) + ([line] if extra else [])
+    report = make_report("audit_training", findings, lines, **facts_table(facts, findings, measured), **extra)
     if run.error and run.limit is None:
         first, _, rest = report["summary"].partition("\n")
         last = run.error.strip().splitlines()[-1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from gradprobe.checks.steps.facts import AuditFacts, GroupStep, at, listed
+from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, GroupStep, at, listed
 from gradprobe.findings import Finding
 
 MAX_ROWS = 300
@@ -47,7 +47,17 @@ def headline(facts: AuditFacts) -> str:
             "and moved" + (f"; {len(ema)} more, outside the optimizer, were moved by an EMA-like update." if ema else "."))
 
 
-def verified(facts: AuditFacts) -> list[str]:
+def _ema_line(copy: EmaCopy) -> str:
+    """An EMA copy's movement against what an EMA predicts: t1 - s1 = decay * (t0 - s1), so the share of its gap to the
+    student it keeps is its decay, the same at every step."""
+    text = (f"EMA copy {copy.prefix} of {copy.student or 'the model'} ({len(copy.params)} tensors) moved at "
+            f"{sum(copy.moved)} of {len(copy.moved)} steps; it kept {_span(copy.kept)} of its gap to the student per step")
+    if copy.kept and max(copy.kept) - min(copy.kept) <= 1e-3 * max(abs(max(copy.kept)), 1e-12):
+        return text + f", the same share at every step: an EMA update with decay {sum(copy.kept) / len(copy.kept):.4g}"
+    return text + " (an EMA with a fixed decay keeps the same share at every step)"
+
+
+def verified(facts: AuditFacts, measured: list[str] | None = None) -> list[str]:
     """What the steps measured, as numbers a reader can check without reading the code."""
     out = []
     for row in group_rows(facts):
@@ -66,16 +76,13 @@ def verified(facts: AuditFacts) -> list[str]:
         out.append(f"{len(s.backwards)} backward() calls per optimizer step from {at(s.backwards[0].location)}, "
                    f"each loss scaled ({s.backwards[0].top}); gradient at the step "
                    f"{s.backwards[-1].after_norm / (s.backwards[0].after_norm or 1):.2f}x the first micro-batch's")
+    out += measured or []
     frozen = [v for v in facts.verdicts.values() if not v.requires_grad]
     if frozen:
         moved = [v for v in frozen if v.moved_outside]
         also = f"; {len(moved)} frozen tensor(s) changed outside the optimizer (EMA-like updates)" if moved else ""
         out.append(f"{len(frozen) - len(moved)} frozen tensor(s) unchanged over the steps" + also)
-    for copy in facts.ema:
-        if any(copy.moved):
-            out.append(f"EMA copy {copy.prefix} of {copy.student or 'the model'} ({len(copy.params)} tensors) moved at "
-                       f"{sum(copy.moved)} of {len(copy.moved)} steps; it kept {_span(copy.kept)} of its gap to the "
-                       "student per step (an EMA keeps its decay)")
+    out += [_ema_line(copy) for copy in facts.ema if any(copy.moved)]
     if facts.scaler_steps:
         skipped = sum(s.skipped for s in facts.scaler_steps)
         out.append(f"GradScaler: scale {_span([s.scale for s in facts.scaler_steps if s.scale is not None])}, "
@@ -86,14 +93,14 @@ def verified(facts: AuditFacts) -> list[str]:
     return out
 
 
-def summary_lines(facts: AuditFacts, findings: list[Finding]) -> list[str]:
+def summary_lines(facts: AuditFacts, findings: list[Finding], measured: list[str] | None = None) -> list[str]:
     lines = [headline(facts)]
     if not facts.opt_steps and not facts.step_error:
         lines.append("No optimizer.step() ran in the observed steps: nothing was updated"
                      + (" (the GradScaler skipped every step: the scaled gradients were inf or nan)."
                         if facts.scaler_steps else "."))
     if not any(f["severity"] in ("error", "warning") for f in findings):
-        lines += ["Verified: " + v for v in verified(facts)]
+        lines += ["Verified: " + v for v in verified(facts, measured)]
     return lines
 
 
@@ -106,7 +113,7 @@ def _param_rows(facts: AuditFacts) -> list[dict[str, Any]]:
     return rows
 
 
-def facts_table(facts: AuditFacts, findings: list[Finding]) -> dict[str, Any]:
+def facts_table(facts: AuditFacts, findings: list[Finding], measured: list[str] | None = None) -> dict[str, Any]:
     ok = not any(f["severity"] in ("error", "warning") for f in findings)
     moved_outside = [v.name for v in facts.verdicts.values() if v.moved_outside]
     return {
@@ -133,6 +140,6 @@ def facts_table(facts: AuditFacts, findings: list[Finding]) -> dict[str, Any]:
                                   for a in facts.attached if a.call >= 0][:64],
         "grad_scaler": [{"step": s.call + 1, "at": at(s.location), "scale": s.scale, "skipped": s.skipped}
                         for s in facts.scaler_steps[:64]],
-        "verified": verified(facts) if ok else [],
+        "verified": verified(facts, measured) if ok else [],
         "step_error": facts.step_error,
     }

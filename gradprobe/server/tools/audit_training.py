@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult
+from mcp.types import CallToolResult, ImageContent
 from pydantic import Field
 
 from gradprobe.server.models import Report
 from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
+from gradprobe.stepchart import steps_svg
 from gradprobe.target import Target
 
 DESCRIPTION = f"""Run the user's own training step `steps` times (default 4) on the target's batch and watch it:
@@ -23,8 +25,13 @@ modules attached during the steps. Headline: per parameter, over the steps, in t
 non-zero gradient at step time, moved. Findings: accumulation not averaged or zeroed inside the loop
 (GP601), gradients never cleared (GP602), lr 0 at every step (GP603), scheduler before optimizer
 (GP604), a gradient zeroed before the step (GP605), a parameter that never moves (GP606), optimizer
-state lost (GP607), a gradient penalty without create_graph (GP608), a broken EMA copy (GP609).
-When nothing is wrong, facts.verified lists what was measured.
+state lost (GP607), a gradient penalty without create_graph (GP608), a broken EMA copy (GP609),
+clipping before scaler.unscale_ (GP615), a GradScaler that skips every step (GP617), a group
+whose update is half its weights or more at every step (GP618).
+When nothing is wrong, facts.verified lists what was measured. `overfit_steps` (opt-in, e.g. 20) then
+runs that many more steps on the same batch and checks that the loss goes down, per loss term
+(facts.overfit_one_batch; GP616 when it does not, with the parameters that did not move). The result
+carries an SVG chart per parameter group of the lr, grad norm and update ratio over the steps.
 
 Use it when one step looks fine but training does not: the target needs `train_step` (or
 `optimizer`, then the default loss and step run, and a scheduler make_optimizer returns is stepped).
@@ -33,14 +40,28 @@ Script mode (`script`/`module`) is not supported by this tool yet.
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}, "steps": 4}}"""
 
 
+def steps_picture(report: dict) -> list:
+    """The per-group chart of the steps (lr, grad norm, update ratio), when the steps measured a group."""
+    facts = report.get("facts") or {}
+    groups = facts.get("param_groups") if isinstance(facts.get("param_groups"), list) else None
+    if not groups:
+        return []
+    svg = steps_svg(groups).encode()
+    return [ImageContent(type="image", data=base64.b64encode(svg).decode(), mime_type="image/svg+xml")]
+
+
 def register(server: Any, runtime: Any) -> None:
     @server.tool(name="audit_training", title="Audit several training steps", description=DESCRIPTION, annotations=READ_ONLY)
     async def audit_training(
         target: Target,
         ctx: Context,
         steps: Annotated[int, Field(ge=1, le=32, description="How many steps to run (one call of train_step each).")] = 4,
+        overfit_steps: Annotated[int, Field(ge=0, le=200, description=(
+            "Opt-in: after the audit, run this many more steps on the same batch and check that the loss goes down "
+            "(20 is a good value; 0: off)."))] = 0,
     ) -> Annotated[CallToolResult, Report]:
         if target.script or target.module:
             raise ToolError("audit_training runs the build_model()/train_step form only (script mode is not supported "
                             "yet): give `model` (and `train_step` or `optimizer`) instead of `script`/`module`.")
-        return await call_tool(runtime, "audit_training", target, {"steps": steps}, ctx)
+        return await call_tool(runtime, "audit_training", target, {"steps": steps, "overfit_steps": overfit_steps}, ctx,
+                               post=steps_picture)

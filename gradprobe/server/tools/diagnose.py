@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING, Annotated
 
 from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult, ImageContent
+from pydantic import Field
 
 from gradprobe.flowchart import flow_mermaid, flow_svg
 from gradprobe.server.models import Report
 from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
+from gradprobe.server.tools.audit_training import steps_picture
 from gradprobe.target import Target
 
 if TYPE_CHECKING:
@@ -25,6 +27,10 @@ of the custom autograd Functions it sees (GP4xx), and prompt-tuning checks when 
 PEFT model is found (GP5xx). One root cause yields one finding (consequences are folded into its
 evidence.related); the summary's first line names the root cause and the fix. The result also
 carries a Mermaid flowchart of the gradient flow (facts.mermaid) and an SVG picture of it.
+With `steps` > 0 it also runs that many real training steps, observed (audit_training's GP6xx checks:
+facts.steps, with a per-group SVG chart of the lr, grad norm and update ratio over the steps); an EMA
+copy left with requires_grad=True outside the optimizer that its EMA update moved at every step is then
+recognised as such (no GP201).
 {TARGET_HELP}
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}}}"""
 
@@ -37,10 +43,17 @@ def _picture(report: dict) -> list:
         return []
     facts["mermaid"] = flow_mermaid(graph)  # made here from the checked graph, never the child's own text
     svg = flow_svg(graph).encode()
-    return [ImageContent(type="image", data=base64.b64encode(svg).decode(), mime_type="image/svg+xml")]
+    chart = steps_picture({"facts": facts["steps"]}) if isinstance(facts.get("steps"), dict) else []
+    return [ImageContent(type="image", data=base64.b64encode(svg).decode(), mime_type="image/svg+xml"), *chart]
 
 
 def register(server: MCPServer, runtime: Runtime) -> None:
     @server.tool(name="diagnose", title="Diagnose gradient flow", description=DESCRIPTION, annotations=READ_ONLY)
-    async def diagnose(target: Target, ctx: Context) -> Annotated[CallToolResult, Report]:
-        return await call_tool(runtime, "diagnose", target, {}, ctx, post=_picture)
+    async def diagnose(
+        target: Target,
+        ctx: Context,
+        steps: Annotated[int, Field(ge=0, le=32, description=(
+            "0 (default): one observed step. N > 0: also run N real training steps, observed (audit_training's "
+            "checks), and merge their findings."))] = 0,
+    ) -> Annotated[CallToolResult, Report]:
+        return await call_tool(runtime, "diagnose", target, {"steps": steps} if steps else {}, ctx, post=_picture)

@@ -1,0 +1,75 @@
+"""`diagnose` with `steps` > 0: after diagnose's one observed step, the several-steps audit runs on the same load,
+and its findings and measurements join diagnose's report.
+
+What the steps measured also settles one of diagnose's own findings: parameters outside every optimizer that
+still require grad (GP201 param-not-in-optimizer) are an EMA copy by design when an EMA-like update moved each of
+them at every observed step (a mean teacher, a BYOL/DINO target left with requires_grad=True); GP201 is then not
+raised for them, and the summary says what was measured instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gradprobe.checks.optimizer import GP201
+from gradprobe.checks.steps.engine import audit_report
+from gradprobe.findings import Finding
+
+MAX_VERIFIED = 8
+
+
+def ema_moved(audit_facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Parameter name -> its EMA copy row, for copies outside the optimizer moved at every observed step."""
+    copies = [c for c in audit_facts.get("ema_copies") or [] if c.get("moved_per_step") and all(c["moved_per_step"])]
+    out: dict[str, dict[str, Any]] = {}
+    for row in audit_facts.get("per_parameter") or []:
+        if row.get("in_optimizer") or not row.get("moved_outside_optimizer"):
+            continue
+        copy = next((c for c in copies if row["name"].startswith(c["copy"] + ".")), None)
+        if copy is not None:
+            out[row["name"]] = copy
+    return out
+
+
+def _kept_span(copy: dict[str, Any]) -> str:
+    kept = [k for k in copy.get("kept_gap_per_step") or [] if isinstance(k, (int, float))]
+    if not kept:
+        return ""
+    lo, hi = f"{min(kept):.3g}", f"{max(kept):.3g}"
+    return f", keeping {lo if lo == hi else lo + '-' + hi} of its gap to {copy.get('of') or 'the student'} per step"
+
+
+def settle_ema(findings: list[Finding], moved: dict[str, dict[str, Any]], steps: int) -> tuple[list[Finding], list[str]]:
+    """Drop GP201 where every parameter it names is an EMA copy the steps saw move each time; say so."""
+    kept, lines = [], []
+    for f in findings:
+        params = set(f["parameters"])
+        if f["code"] == GP201.code and params and params <= set(moved):
+            copies = {moved[p]["copy"]: moved[p] for p in params}
+            for name, copy in copies.items():
+                lines.append(f"{name} ({sum(1 for p in params if moved[p]['copy'] == name)} tensors) is outside the "
+                             f"optimizer with requires_grad=True, and an EMA-like update moved it at each of the {steps} "
+                             f"steps{_kept_span(copy)}: an EMA copy by design, not a parameter missing from the "
+                             "optimizer (GP201 not raised).")
+            continue
+        kept.append(f)
+    return kept, lines
+
+
+def add_steps(loaded: Any, steps: int, findings: list[Finding], facts: dict[str, Any]) -> tuple[list[Finding], list[str]]:
+    """Run the audit after diagnose's step; its findings join `findings`, its facts go in facts["steps"]."""
+    report = audit_report(loaded, steps)
+    audit_facts: dict[str, Any] = report.get("facts") or {}
+    facts["steps"] = {k: audit_facts[k] for k in ("steps", "mode", "headline", "verdicts", "param_groups",
+                                                  "optimizer_steps", "order", "ema_copies", "grad_scaler", "verified",
+                                                  "step_error") if k in audit_facts}
+    facts["checks"].append("steps")
+    if "headline" not in audit_facts:  # the audit did not run (script mode, no optimizer): say why
+        facts["steps"]["note"] = report.get("summary", "")
+        return findings, [f"Steps: not audited ({report.get('summary', '').splitlines()[-1]})"]
+    kept, lines = settle_ema(findings, ema_moved(audit_facts), int(audit_facts.get("steps") or steps))
+    kept += [f for f in report.get("findings") or [] if f["code"].startswith("GP6")]
+    lines.insert(0, "Steps: " + str(audit_facts["headline"]))
+    if report.get("ok"):
+        lines += ["Verified over the steps: " + v for v in (audit_facts.get("verified") or [])[:MAX_VERIFIED]]
+    return kept, lines

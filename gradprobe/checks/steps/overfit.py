@@ -1,0 +1,250 @@
+"""Overfit one batch (audit_training's opt-in `overfit_steps`): run the user's step K more times on the same fixed
+batch and see whether the loss goes down, per loss term where the step returns several (GP616).
+
+The standard first check of a training setup. The loss of each step is what the step returned (a scalar, a dict or
+tuple of scalars, an output with `.loss`), else the sum of the losses it called backward() on. The criterion is
+robust to noise (dropout, a random loss projection) and to small learning rates: the loss went down when the mean of
+the last three losses is at least 10% below the first; it did NOT when it became inf/nan, stayed the same to rounding
+(nothing that matters moved), or rose beyond noise (the slope's t statistic over the steps above 3). A loss that falls
+by less, or moves within its noise, is reported as such, with no finding. The trainable parameters that did not move
+are named.
+
+Written from the public report https://github.com/Ontheway361/antispoof-single-image/issues/12 ("The model loss is
+not decreasing even when I try to overfit batches of data") and the practice of overfitting one batch first
+(https://github.com/victoresque/pytorch-template/pull/69, "add trainer debugging option overfit_single_batch").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gradprobe.checks._step import param_names, run_step
+from gradprobe.checks.steps.facts import at, listed
+from gradprobe.checks.steps.observe import norms
+from gradprobe.findings import Finding, Rule, Situation
+
+DEFAULT_STEPS = 20
+MAX_STEPS = 200
+DROP = 0.9  # the mean of the last three losses must be below first - 10% of |first|
+TOTAL = "loss"
+
+
+@dataclass
+class OverfitFacts:
+    steps: int  # steps that ran
+    terms: dict[str, list[float]]  # per loss term (TOTAL for the loss itself), one value per step
+    source: str  # "returned" | "backward" | "none"
+    trainable: int
+    not_moved: list[str]
+    location: dict | None  # the user's step (train_step) or loss, when it is theirs
+    error: str | None = None
+    results: dict[str, str] = field(default_factory=dict)  # term -> its trend (see `trend`)
+
+
+def _slope_t(values: list[float]) -> float:
+    """The t statistic of the least-squares slope of the losses over the steps (0 when they do not vary)."""
+    n = len(values)
+    xm, ym = (n - 1) / 2, math.fsum(values) / n
+    sxx = math.fsum((i - xm) ** 2 for i in range(n))
+    slope = math.fsum((i - xm) * (v - ym) for i, v in enumerate(values)) / sxx
+    resid = math.fsum((v - ym - slope * (i - xm)) ** 2 for i, v in enumerate(values))
+    se = math.sqrt(resid / (n - 2) / sxx) if n > 2 else 0.0
+    if se == 0:
+        return 0.0 if slope == 0 else math.copysign(math.inf, slope)
+    return slope / se
+
+
+def trend(values: list[float]) -> str:
+    """down (10% below the first loss), slow (down, less), flat (no change beyond rounding), up (rises beyond noise),
+    nonfinite, or short (too few steps to tell)."""
+    if len(values) < 4:
+        return "short"
+    if not all(math.isfinite(v) for v in values):
+        return "nonfinite"
+    first, last = values[0], math.fsum(values[-3:]) / 3
+    scale = abs(first) or 1.0
+    if last < first - (1 - DROP) * scale:
+        return "down"
+    if max(values) - min(values) <= 1e-6 * scale:
+        return "flat"
+    if last > first and _slope_t(values) > 3:
+        return "up"
+    return "slow" if last < first else "noisy"
+
+
+CRITERION = ("went down: the mean of the last 3 losses at least 10% below the first; did not: inf/nan, unchanged to "
+             "rounding, or rising beyond noise (slope t statistic > 3)")
+_SAID = {"down": "went down", "slow": "went down, by less than 10%", "noisy": "moved within its noise",
+         "flat": "did not change", "up": "went up", "nonfinite": "became inf/nan", "short": "ran too few steps to tell"}
+
+GP616: Rule[OverfitFacts] = Rule(
+    code="GP616", name="cannot-overfit-one-batch", severity="error", rank=51,
+    summary="The loss does not go down over K steps on one fixed batch (overfit one batch: audit_training's opt-in "
+            "overfit_steps): it rises, stays the same, or becomes inf/nan.",
+    why="A model that trains at all fits one small batch it sees again and again. A loss that rises steadily, does not "
+        "change at all, or diverges there means the update itself is broken (the wrong sign, parameters that never "
+        "move, a learning rate of 0, a loss that does not depend on the parameters, gradients lost before the step), "
+        "whatever the data and the schedule.",
+    example="log_likelihood.backward()   # meant: (-log_likelihood).backward(): every step climbs the loss",
+    message="Over {steps} steps on one fixed batch the loss {said}: {first:.4g} at the first step, {last:.4g} at the "
+            "last (mean of the last 3){terms}. {moved}",
+    fix="Check the sign and the target of what the step at {line} backpropagates: backward() must run on the loss to "
+        "minimise (not its negative, and the same loss the step reports), and optimizer.step() must follow it.",
+    situations={
+        "nothing_moved": Situation(
+            when="the loss did not change and no trainable parameter moved over the steps",
+            fix="Nothing moved: make sure the step at {line} calls optimizer.step() on an optimizer over the model's "
+                "trainable parameters, with a positive learning rate, after backward()."),
+        "flat": Situation(
+            when="the loss did not change while parameters moved",
+            fix="The parameters move but the loss does not depend on them: check that the loss the step at {line} "
+                "returns is computed from the model's output of this step (not a detached or cached value)."),
+        "nonfinite": Situation(
+            when="the loss became inf or nan",
+            message="Over {steps} steps on one fixed batch the loss became {last} (first {first:.4g}){terms}. {moved}",
+            fix="The loss diverged on one batch: lower the learning rate, or find the op that overflows (a log or "
+                "division of 0, fp16 overflow) in the step at {line}."),
+    },
+)
+
+
+@GP616.detector
+def detect_cannot_overfit(facts: OverfitFacts) -> Iterator[Finding]:
+    total = facts.terms.get(TOTAL)
+    verdict = facts.results.get(TOTAL)
+    if facts.error or not total or verdict not in ("up", "flat", "nonfinite"):
+        return
+    others = {k: v for k, v in facts.results.items() if k != TOTAL}
+    terms = "; per term: " + ", ".join(f"{k} {_SAID[v]}" for k, v in others.items()) if others else ""
+    moved = (f"{len(facts.not_moved)} of {facts.trainable} trainable tensors did not move: {listed(facts.not_moved)}."
+             if facts.not_moved else f"All {facts.trainable} trainable tensors moved.")
+    finite = verdict != "nonfinite"
+    situation = {"nonfinite": "nonfinite", "up": None}.get(verdict, "nothing_moved" if facts.trainable and len(
+        facts.not_moved) == facts.trainable else "flat")
+    yield GP616.finding(situation, parameters=facts.not_moved, location=facts.location,
+                        evidence={"loss_per_step": [round(v, 6) if math.isfinite(v) else str(v) for v in total],
+                                  "criterion": CRITERION, "source": facts.source, "trend": facts.results},
+                        steps=facts.steps, said=_SAID[verdict], first=total[0],
+                        last=math.fsum(total[-3:]) / 3 if finite else str(total[-1]), terms=terms, moved=moved,
+                        line=at(facts.location))
+
+
+OVERFIT_RULES: tuple[Rule[OverfitFacts], ...] = (GP616,)
+
+
+def _scalar(v: Any) -> float | None:
+    if isinstance(v, torch.Tensor) and v.numel() == 1 and v.is_floating_point():
+        return float(v.detach().float().item())
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return None
+
+
+def returned_terms(returned: Any) -> dict[str, float]:
+    """The loss (and its terms) a step returned: a scalar, a dict or tuple of scalars, or an output with `.loss`."""
+    one = _scalar(returned)
+    if one is not None:
+        return {TOTAL: one}
+    if isinstance(returned, dict):
+        terms = {str(k): v for k, v in ((k, _scalar(v)) for k, v in returned.items()) if v is not None}
+    elif isinstance(returned, (tuple, list)):
+        terms = {f"term {i}": v for i, v in enumerate(_scalar(x) for x in returned) if v is not None}
+    else:
+        loss = _scalar(getattr(returned, "loss", None))
+        return {TOTAL: loss} if loss is not None else {}
+    if not terms:
+        return {}
+    if TOTAL not in terms:
+        terms = {TOTAL: math.fsum(terms.values()), **terms}
+    return terms
+
+
+class _BackwardLosses:
+    """The losses backward() is called on during one step (when the step returns none)."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        self._orig: Callable[..., Any] | None = None
+
+    def __enter__(self) -> _BackwardLosses:
+        orig = self._orig = torch.Tensor.backward
+        seen = self
+
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if tensor.numel() == 1:
+                seen.values.append(float(tensor.detach().float().item()))
+            return orig(tensor, *args, **kwargs)
+
+        setattr(torch.Tensor, "backward", backward)  # noqa: B010 (restored on exit)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        setattr(torch.Tensor, "backward", self._orig)  # noqa: B010
+
+
+def _location(loaded: Any) -> dict | None:
+    fn = loaded.train_step if loaded.train_step is not None else loaded.loss_fn
+    code = getattr(fn, "__code__", None)
+    if code is not None and loaded.user.is_user_file(code.co_filename):
+        loc: dict | None = loaded.user.location_of(code.co_filename, code.co_firstlineno, code.co_name)
+        return loc
+    return None
+
+
+def _weights(model: torch.nn.Module) -> dict[int, float]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return dict(zip((id(p) for p in params), norms(params), strict=True)) if params else {}
+
+
+def overfit_one_batch(loaded: Any, steps: int) -> OverfitFacts:
+    """Run the step `steps` times on the target's one batch; the loss per step and per term, and what did not move."""
+    steps = max(2, min(int(steps), MAX_STEPS))
+    before = _weights(loaded.model)
+    terms: dict[str, list[float]] = {}
+    source, error, ran = "none", None, 0
+    for _ in range(steps):
+        watch = _BackwardLosses()
+        result = run_step(loaded, optimizer_step=True, observers=(watch,))
+        if result.failed:
+            error = (result.error_traceback or result.loss_problem or "the step failed")[-400:]
+            break
+        ran += 1
+        got = returned_terms(result.returned) if loaded.train_step is not None else {}
+        if not got and loaded.train_step is None and result.loss is not None:
+            got = {TOTAL: float(result.loss.detach().float().item())}
+        if got:
+            source = "returned"
+        elif watch.values:
+            got, source = {TOTAL: math.fsum(watch.values)}, "backward"
+        for k, v in got.items():
+            terms.setdefault(k, []).append(v)
+    after = _weights(loaded.model)
+    names = param_names(loaded.model)
+    not_moved = sorted(names[pid][0] for pid, w in before.items() if after.get(pid) == w and pid in names)
+    facts = OverfitFacts(steps=ran, terms={k: v for k, v in terms.items() if len(v) == ran}, source=source,
+                         trainable=len(before), not_moved=not_moved, location=_location(loaded), error=error)
+    facts.results = {k: trend(v) for k, v in facts.terms.items()}
+    return facts
+
+
+def overfit_summary(facts: OverfitFacts) -> tuple[str, dict[str, Any]]:
+    """One summary line and the facts table entry."""
+    table = {"steps": facts.steps, "source": facts.source, "criterion": CRITERION, "loss_per_step": facts.terms,
+             "trend": facts.results, "trainable_tensors": facts.trainable, "not_moved": facts.not_moved[:50],
+             "error": facts.error}
+    total = facts.terms.get(TOTAL)
+    if facts.error:
+        return f"Overfit one batch: stopped after {facts.steps} step(s), the step raised.", table
+    if not total:
+        return ("Overfit one batch: the step returned no loss and called backward() on no scalar, so the loss could not "
+                "be followed (return the loss from train_step)."), table
+    verdict = facts.results.get(TOTAL, "short")
+    last = math.fsum(total[-3:]) / len(total[-3:])
+    hint = (" (more steps or a larger learning rate would show more)" if verdict in ("slow", "noisy") else "")
+    return (f"Overfit one batch: over {facts.steps} steps on one fixed batch the loss {_SAID[verdict]}, {total[0]:.4g} -> "
+            f"{last:.4g}{hint}."), table
