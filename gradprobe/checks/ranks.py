@@ -146,7 +146,7 @@ def _plain_rows(obs: dict[int, dict[str, Any]]) -> dict[str, dict[int, dict[str,
     for r in sorted(obs):
         for row in obs[r].get("params") or []:
             placements = row.get("placements")
-            if placements and not all(p.startswith("Replicate") for p in placements):
+            if placements and not all(p == "Replicate" for p in placements):
                 continue
             out.setdefault(row["name"], {})[r] = row
     return {n: rows for n, rows in out.items() if len(rows) == len(obs)}

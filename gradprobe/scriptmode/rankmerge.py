@@ -11,7 +11,7 @@ from gradprobe.checks.ranks import RANK_RULES, RankFacts, StuckRank
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
 from gradprobe.sandbox.protocol import ToolError
-from gradprobe.scriptmode.rankwatch import collective_of
+from gradprobe.scriptmode.rankwatch import collective_of, last_dump
 from gradprobe.scriptmode.ranks import RankOutcome
 from gradprobe.userframes import UserCode
 
@@ -48,11 +48,7 @@ def merge_findings(reports: dict[int, dict[str, Any]]) -> list[Finding]:
 def _stuck(outcome: RankOutcome, labels: dict[int, int], user: UserCode) -> list[StuckRank]:
     out = []
     for i in outcome.stuck:
-        try:
-            with open(os.path.join(outcome.out_dir, f"stack{i}.txt"), encoding="utf-8") as fh:
-                stack = fh.read()
-        except OSError:
-            stack = ""
+        stack = last_dump(os.path.join(outcome.out_dir, f"stack{i}.txt"))
         collective, loc = collective_of(stack, user)
         out.append(StuckRank(rank=labels[i], collective=collective, location=loc, stack=stack[-3000:]))
     return out

@@ -34,6 +34,7 @@ from gradprobe.scriptmode.rankwatch import write_json
 # the share of the call's timeout after which a rank that reached no step is stuck (as run.py's SCRIPT_SHARE), and
 # the share after which ranks still in their checks are ended
 HANG_SHARE, END_SHARE = 0.7, 0.92
+PROBE_S = 2.0  # once a rank reported: how often the others' stacks are probed for a collective no one will join
 Progress = Callable[[str], None]
 
 
@@ -112,29 +113,73 @@ def _has(out_dir: str, kind: str, i: int) -> bool:
     return os.path.exists(os.path.join(out_dir, f"{kind}{i}.json"))
 
 
+class _Waiter:
+    """The launcher's wait (see `wait_ranks`)."""
+
+    def __init__(self, out_dir: str, pids: list[int], exit_code: Callable[[int], int | None]):
+        self.out_dir, self.pids, self.exit_code = out_dir, pids, exit_code
+        self.out = RankOutcome(out_dir, len(pids))
+        self.last_seen: dict[int, str] = {}  # rank -> the collective and line its last stack showed
+
+    def pending(self) -> list[int]:
+        for i in range(len(self.pids)):
+            if i not in self.out.exits and not _has(self.out_dir, "result", i):
+                code = self.exit_code(i)
+                if code is not None:
+                    self.out.exits[i] = code
+        return [i for i in range(len(self.pids)) if i not in self.out.exits and not _has(self.out_dir, "result", i)]
+
+    def waiting_in(self, pending: list[int]) -> dict[int, str]:
+        """Dump the pending ranks' stacks: the collective (and line) each waits in, for those in one."""
+        from gradprobe.scriptmode.rankwatch import collective_of, last_dump
+
+        for i in pending:
+            _signal(self.pids[i], signal.SIGUSR1)
+        time.sleep(0.3)
+        out: dict[int, str] = {}
+        for i in pending:
+            stack = last_dump(os.path.join(self.out_dir, f"stack{i}.txt"))
+            collective, _ = collective_of(stack)
+            if collective is not None:
+                out[i] = f"{collective}|{stack[:2000]}"
+        return out
+
+    def stuck_early(self, pending: list[int]) -> bool:
+        """Every other rank has reported (it calls no collective any more) and each pending rank showed the same
+        collective wait at two probes in a row: they can never be joined."""
+        seen = self.waiting_in(pending)
+        same = len(seen) == len(pending) and all(self.last_seen.get(i) == seen[i] for i in pending)
+        self.last_seen = seen
+        return same
+
+
 def wait_ranks(out_dir: str, pids: list[int], exit_code: Callable[[int], int | None], t0: float,
                timeout_s: float) -> RankOutcome:
-    """Wait for every rank's report; dump the stacks of those stuck before a step; then end them all."""
-    n = len(pids)
-    out = RankOutcome(out_dir, n)
+    """Wait for every rank's report; the ranks stuck before a step (at the script's share of the timeout, or as soon
+    as the others reported and they wait in a collective) dump their stacks; then end them all."""
+    waiter = _Waiter(out_dir, pids, exit_code)
+    out = waiter.out
     hang_at, end_at = t0 + timeout_s * HANG_SHARE + 2.0, t0 + timeout_s * END_SHARE
-    dumped = False
     started = time.monotonic()
+    next_probe = 0.0
     while True:
-        for i in range(n):
-            code = exit_code(i) if i not in out.exits and not _has(out_dir, "result", i) else None
-            if code is not None:
-                out.exits[i] = code
-        pending = [i for i in range(n) if i not in out.exits and not _has(out_dir, "result", i)]
+        pending = waiter.pending()
         if not pending:
             break
         now = time.monotonic()
-        if not dumped and now >= hang_at:
+        reported = len(pending) < len(pids)
+        if not out.stuck and reported and now >= next_probe and not any(_has(out_dir, "obs", i) for i in pending):
+            next_probe = now + PROBE_S
+            if waiter.stuck_early(pending):
+                out.stuck = pending
+                break
+        if not out.stuck and now >= hang_at:
             out.stuck = [i for i in pending if not _has(out_dir, "obs", i)]
             for i in out.stuck:
                 _signal(pids[i], signal.SIGUSR1)
-            dumped = True
             time.sleep(0.5)
+            if len(out.stuck) == len(pending):
+                break
             continue
         if now >= end_at:
             out.unfinished = [i for i in pending if i not in out.stuck]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import sys
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ def _local(t: torch.Tensor) -> tuple[torch.Tensor, list[str] | None]:
     """A DTensor's local shard and its placements; a plain tensor as it is."""
     to_local = getattr(t, "to_local", None)
     if callable(to_local) and hasattr(t, "placements"):
-        return to_local(), [str(p) for p in t.placements]
+        return to_local(), [type(p).__name__ for p in t.placements]  # Shard, Replicate, Partial
     return t, None
 
 
@@ -52,7 +53,9 @@ def checksum(t: torch.Tensor | None) -> float | None:
     local, _ = _local(t.detach())
     if not (local.is_floating_point() or local.is_complex()):
         return None
-    return float(local.detach().double().sum().item())
+    flat = local.detach().reshape(-1).double()
+    weights = (torch.arange(flat.numel(), dtype=torch.float64) % 13 + 1).to(flat.device)  # linear, not symmetric
+    return float((flat * weights).sum().item())
 
 
 def _leaf_ids(roots: list[torch.Tensor]) -> set[int]:
@@ -82,6 +85,9 @@ class RankWatch:
         self.index = index
         self.used: set[int] = set()
         self.sites: dict[int, dict[str, Any]] = {}  # id(module) -> the user line that first called it with grad
+        self.modules: dict[int, nn.Module] = {}  # the modules called with grad before the first step
+        self._ddp_types: set[type] = set()
+        self.ddp_sync_at_last_forward: bool | None = None
         self.reduced: dict[int, dict[str, Any]] = {}  # id(tensor) -> its last all_reduce by the script
         self.taken = False
         self._undo: list[Any] = []
@@ -105,10 +111,22 @@ class RankWatch:
         self._undo.clear()
 
     def _module_called(self, module: nn.Module, args: Any) -> None:
-        if not self.taken and torch.is_grad_enabled() and id(module) not in self.sites:
+        if not self.taken and torch.is_grad_enabled() and type(module) in self._ddp_types:
+            # DDP decides at its forward whether the backward that follows all-reduces (off inside no_sync())
+            self.ddp_sync_at_last_forward = bool(getattr(module, "require_backward_grad_sync", True))
+        if not self.taken and torch.is_grad_enabled() and id(module) not in self.modules:
+            if _is_ddp(module):
+                self._ddp_types.add(type(module))
+                self.ddp_sync_at_last_forward = bool(getattr(module, "require_backward_grad_sync", True))
+            self.modules[id(module)] = module
             loc = self.user.innermost(skip=2)
             if loc is not None:
                 self.sites[id(module)] = loc
+
+    def roots(self) -> list[nn.Module]:
+        """The outermost of the modules the script called with grad (no gc walk: ranks share a loaded machine)."""
+        inner = {id(c) for m in self.modules.values() for c in m.modules() if c is not m}
+        return [m for i, m in self.modules.items() if i not in inner]
 
     def _patch_backward(self) -> None:
         watch = self
@@ -120,7 +138,7 @@ class RankWatch:
             return orig_tensor(t, *args, **kwargs)
 
         def autograd_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if not watch.taken:
+            if not watch.taken and sys._getframe(1).f_code is not tensor_backward.__code__:
                 roots = [tensors] if isinstance(tensors, torch.Tensor) else [
                     t for t in (tensors or ()) if isinstance(t, torch.Tensor)]
                 watch.note_backward(roots)
@@ -145,14 +163,11 @@ class RankWatch:
         """Every parameter of the model(s) in the loss's graph, and for those in it the line that called their module."""
         from gradprobe.wrappers import unwrap_library
 
-        mods = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]
-        inner = {id(c) for m in mods for c in m.children()}
         names: list[str] = []
         used: dict[str, Any] = {}
         params: list[torch.Tensor] = []
-        for root in mods:
-            if id(root) in inner:
-                continue
+        roots = self.roots()
+        for root in roots:
             model, _ = unwrap_library(root)
             owned = {id(p): id(m) for m in model.modules() for p in m._parameters.values() if p is not None}
             named = list(model.named_parameters())
@@ -163,7 +178,7 @@ class RankWatch:
                 params.append(p)
                 if id(p) in self.used:
                     used[n] = self.sites.get(owned.get(id(p), -1))
-        ddps = _ddp_wrappers(params)
+        ddps = [m for m in roots if _is_ddp(m)]
         return {"index": self.index, "params": names, "used": used, "ddp": bool(ddps),
                 "find_unused": any(bool(getattr(d, "find_unused_parameters", False)) for d in ddps)}
 
@@ -202,9 +217,10 @@ class RankWatch:
         import torch.distributed as dist
 
         params = [p for g in opt.param_groups for p in g["params"]]
-        names = _names(params)
-        owners = _owners(params)
-        ddps = _ddp_wrappers(params)
+        roots = self.roots() or _outermost(params)
+        names = _names(params, roots)
+        owners = _owners(params, roots)
+        ddps = [m for m in roots if _is_ddp(m)]
         rows = []
         for i, p in enumerate(params):
             _, placements = _local(p)
@@ -219,7 +235,7 @@ class RankWatch:
             "rank": dist.get_rank() if initialized else None,
             "world_size": dist.get_world_size() if initialized else None,
             "step_location": self.user.innermost(skip=3),
-            "ddp": [{"sync": bool(getattr(d, "require_backward_grad_sync", True)),
+            "ddp": [{"sync": self.ddp_sync_at_last_forward is not False,
                      "find_unused": bool(getattr(d, "find_unused_parameters", False))} for d in ddps],
             "params": rows,
         }
@@ -232,13 +248,13 @@ def _outermost(params: list[torch.Tensor]) -> list[nn.Module]:
     return [m for m in mods if id(m) not in inner and any(id(p) in ids for p in m.parameters())]
 
 
-def _names(params: list[torch.Tensor]) -> dict[int, str]:
+def _names(params: list[torch.Tensor], roots: list[nn.Module]) -> dict[int, str]:
     """Parameter names in the module holding most of them, without library wrappers' prefixes."""
     from gradprobe.wrappers import unwrap_library
 
     ids = {id(p) for p in params}
     best: dict[int, str] = {}
-    for root in _outermost(params):
+    for root in roots:
         inner, _ = unwrap_library(root)
         names = {id(p): n for n, p in inner.named_parameters() if id(p) in ids}
         if len(names) > len(best):
@@ -246,11 +262,11 @@ def _names(params: list[torch.Tensor]) -> dict[int, str]:
     return best
 
 
-def _owners(params: list[torch.Tensor]) -> dict[int, int]:
+def _owners(params: list[torch.Tensor], roots: list[nn.Module]) -> dict[int, int]:
     """id(parameter) -> id(the module that holds it directly)."""
     ids = {id(p) for p in params}
     out: dict[int, int] = {}
-    for root in _outermost(params):
+    for root in roots:
         for m in root.modules():
             for p in m._parameters.values():
                 if p is not None and id(p) in ids:
@@ -258,10 +274,19 @@ def _owners(params: list[torch.Tensor]) -> dict[int, int]:
     return out
 
 
-def _ddp_wrappers(params: list[torch.Tensor]) -> list[nn.Module]:
-    ids = {id(p) for p in params}
-    return [o for o in gc.get_objects() if any(k.__name__ == "DistributedDataParallel" for k in type(o).__mro__)
-            and isinstance(o, nn.Module) and any(id(p) in ids for p in o.parameters())]
+def _is_ddp(m: object) -> bool:
+    return any(k.__name__ == "DistributedDataParallel" and k.__module__.startswith("torch.") for k in type(m).__mro__)
+
+
+def last_dump(path: str) -> str:
+    """The last faulthandler dump in a rank's stack file."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return ""
+    cut = max(text.rfind("Stack (most recent call first)"), text.rfind("Current thread"))
+    return text[cut:] if cut >= 0 else text
 
 
 def collective_of(stack: str, user: UserCode | None = None) -> tuple[str | None, dict[str, Any] | None]:
@@ -280,4 +305,4 @@ def collective_of(stack: str, user: UserCode | None = None) -> tuple[str | None,
     return collective, line
 
 
-__all__ = ["RankWatch", "write_json", "checksum", "collective_of", "COLLECTIVES"]
+__all__ = ["RankWatch", "write_json", "checksum", "collective_of", "last_dump", "COLLECTIVES"]
