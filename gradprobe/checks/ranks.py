@@ -227,8 +227,7 @@ GP706: Rule[RankFacts] = Rule(
         "a different number of batches per rank, or a DDP gradient bucket one rank never fills (a parameter it did not "
         "use) leaves the others waiting forever (gloo's and NCCL's default timeouts are 30 minutes or more).",
     example="if dist.get_rank() == 0:\n    dist.barrier()   # the other ranks never arrive",
-    message="Rank(s) {stuck} waited in a collective the other ranks did not join, until gradprobe's time for the "
-            "script ran out: {waits}; {others}.",
+    message="Rank(s) {stuck} were blocked in a collective that the other ranks did not join: {waits}; {others}.",
     fix="Call the same collectives on every rank in the same order: move the collective at {line} out of the rank- or "
         "data-dependent branch (or make every rank take it), and give every rank the same number of steps.",
 )

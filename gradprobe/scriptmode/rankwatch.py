@@ -211,7 +211,21 @@ class RankWatch:
             write_json(self.path, self.snapshot(opt))
         except Exception as exc:  # ours: the checks across ranks lose this rank, the script's step goes on
             write_json(self.path, {"index": self.index, "error": f"{type(exc).__name__}: {exc}"})
+        closure = kwargs.get("closure") or (args[1] if len(args) > 1 else None)
+        lrs = [g.get("lr") for g in opt.param_groups]
+        if closure is None and not all(lr == 0 for lr in lrs):  # the step watch captures this step, the script ends
+            self.release_ddp()
         return None
+
+    def release_ddp(self) -> None:
+        """Drop DDP's reducer (its destructor removes its gradient hooks): the checks then replay the step on the
+        wrapped module alone, as on one rank. A reducer left mid-iteration (a bucket a rank never filled) would
+        raise at the replay's backward. Only once the rank's step was captured: the script does not go on."""
+        for m in self.roots():
+            if _is_ddp(m):
+                for attr in ("reducer", "logger"):
+                    if attr in m.__dict__:
+                        m.__dict__[attr] = None
 
     def snapshot(self, opt: torch.optim.Optimizer) -> dict[str, Any]:
         import torch.distributed as dist
