@@ -41,7 +41,8 @@ def merge_findings(reports: dict[int, dict[str, Any]]) -> list[Finding]:
             merged[key][1].append(rank)
     out: list[Finding] = []
     for f, ranks in merged.values():
-        out.append(dict(f, evidence=dict(f.get("evidence") or {}, ranks=ranks)))  # type: ignore[misc]
+        one: Finding = {**f, "evidence": {**(f.get("evidence") or {}), "ranks": ranks}}
+        out.append(one)
     return out
 
 

@@ -72,7 +72,7 @@ def rank_process(tool: str, target: dict[str, Any], options: dict[str, Any], out
     from gradprobe.scriptmode.rankwatch import RankWatch
     from gradprobe.userframes import UserCode
 
-    stacks = open(os.path.join(out_dir, f"stack{index}.txt"), "w", encoding="utf-8")  # noqa: SIM115 (kept open)
+    stacks = open(os.path.join(out_dir, f"stack{index}.txt"), "w", encoding="utf-8")  # kept open: faulthandler writes to it
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=False)
     torch.set_num_threads(1)  # as torchrun does for several ranks on one machine
     chan = RankChannel(out_dir, index, t0)
@@ -303,7 +303,7 @@ class SpawnFollow:
         for owner in (tspawn, tmp):
             if getattr(owner, "start_processes", None) is orig:
                 self._undo.append((owner, "start_processes", orig))
-                setattr(owner, "start_processes", start_processes)
+                owner.start_processes = start_processes  # type: ignore[attr-defined]
 
     def uninstall(self) -> None:
         for owner, name, value in reversed(self._undo):

@@ -144,7 +144,7 @@ class RankWatch:
                 watch.note_backward(roots)
             return orig_autograd(tensors, *args, **kwargs)
 
-        torch.Tensor.backward = tensor_backward  # type: ignore[method-assign]
+        torch.Tensor.backward = tensor_backward  # type: ignore[method-assign,assignment]
         torch.autograd.backward = autograd_backward
         self._undo += [(torch.Tensor, "backward", orig_tensor), (torch.autograd, "backward", orig_autograd)]
 

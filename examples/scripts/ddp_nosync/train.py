@@ -26,10 +26,10 @@ torch.manual_seed(0)
 model = DDP(nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 3)))
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 data = torch.Generator().manual_seed(100 + rank)
-for step in range(args.steps):
+for _step in range(args.steps):
     opt.zero_grad()
     with model.no_sync():  # every micro-batch, the last one included: DDP never all-reduces
-        for micro in range(args.accum):
+        for _micro in range(args.accum):
             x, y = torch.randn(8, 12, generator=data), torch.randint(0, 3, (8,), generator=data)
             (F.cross_entropy(model(x), y) / args.accum).backward()
     opt.step()

@@ -6,7 +6,6 @@ reproduction in https://github.com/pytorch/pytorch/issues/162338 (fully_shard wi
 """
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
@@ -55,7 +54,7 @@ for block in model.blocks:
 fully_shard(model, mesh=mesh)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 data = torch.Generator().manual_seed(100 + rank)
-for step in range(args.steps):
+for _step in range(args.steps):
     x, y = torch.randn(16, 8, generator=data), torch.randint(0, 4, (16,), generator=data)
     loss = F.cross_entropy(model(x), y)
     loss.backward()
