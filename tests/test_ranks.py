@@ -11,8 +11,9 @@ from conftest import ROOT, assert_expected
 
 SCRIPTS = ROOT / "examples" / "scripts"
 
-# (project, script, world_size, expect, timeout_s): expect as in examples/broken's EXPECT, plus `ranks` (the ranks the
-# first hit holds on). The timeouts leave room for a loaded machine; a hang is found as soon as the other ranks stop.
+# (project, script and its extra arguments, world_size, expect, timeout_s): expect as in examples/broken's EXPECT,
+# plus `ranks` (the ranks the first hit holds on). The timeouts leave room for a loaded machine; a hang is found as
+# soon as the other ranks stop.
 CASES = [
     ("ddp", "train.py", 2, {"codes": [], "healthy": True}, 90),
     ("fsdp2", "train.py", 2, {"codes": [], "healthy": True, "absent": ["GP301", "GP201", "GP311"]}, 90),
@@ -23,7 +24,9 @@ CASES = [
     ("spawn_broken", "not_broadcast.py", 1, {"codes": ["GP704"], "culprits": ["0.weight", "2.bias"]}, 90),
     ("spawn_broken", "collective_on_one_rank.py", 1, {"codes": ["GP706"], "culprits": [], "line": 34, "ranks": [0]}, 90),
     ("spawn_broken", "unused_on_one_rank.py", 1,
-     {"codes": ["GP703"], "culprits": ["aux.weight", "aux.bias"], "line": 31, "ranks": [1]}, 90),
+     {"codes": ["GP703"], "culprits": ["aux.weight", "aux.bias"], "line": 32, "ranks": [1]}, 90),
+    ("spawn_broken", "unused_on_one_rank.py --find_unused", 1,
+     {"codes": ["GP703"], "culprits": ["aux.weight"], "severity": "info", "healthy": True, "absent": ["GP706"]}, 90),
 ]
 
 
@@ -34,8 +37,9 @@ def _id(case) -> str:
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
 async def test_ranks_through_mcp(client, case):
-    project, script, world_size, expect, timeout_s = case
-    target = {"project_dir": str(SCRIPTS / project), "script": script, "args": ["--steps", "2"],
+    project, command, world_size, expect, timeout_s = case
+    script, *extra = command.split()
+    target = {"project_dir": str(SCRIPTS / project), "script": script, "args": ["--steps", "2", *extra],
               "timeout_s": timeout_s, "world_size": world_size}
     result = await client.call_tool("diagnose", {"target": target})
     assert not result.is_error, result.content

@@ -5,6 +5,7 @@ prior iteration"). From https://github.com/Yuanhy1997/SeqDiffuSeq/issues/25 (a b
 https://github.com/pytorch/torchdynamo/issues/1844 (the error it raises).
 
     python unused_on_one_rank.py --steps 5
+    python unused_on_one_rank.py --steps 5 --find_unused   # DDP handles the skipped ranks: info only
 """
 
 import argparse
@@ -32,12 +33,12 @@ class Net(nn.Module):
         return self.head(h)
 
 
-def worker(rank, world_size, steps):
+def worker(rank, world_size, steps, find_unused):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29534")
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     torch.manual_seed(0)
-    model = DDP(Net())
+    model = DDP(Net(), find_unused_parameters=find_unused)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = torch.Generator().manual_seed(100 + rank)
     for _ in range(steps):
@@ -51,5 +52,6 @@ def worker(rank, world_size, steps):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--find_unused", action="store_true", help="DDP reduces a zero gradient for skipped ranks")
     args = parser.parse_args()
-    mp.spawn(worker, args=(2, args.steps), nprocs=2)
+    mp.spawn(worker, args=(2, args.steps, args.find_unused), nprocs=2)
