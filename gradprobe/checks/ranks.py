@@ -7,7 +7,8 @@ before and at its first optimizer step (gradprobe/scriptmode/rankwatch.py), comp
   was still in force at the step);
 - GP705 gradients all-reduced with SUM and not divided by the world size (the all-reduced gradient equals the sum of
   the ranks' gradients measured before the all-reduce);
-- GP706 a rank waiting in a collective the others never joined, until the script's share of the call's timeout.
+- GP706 a rank waiting in a collective the others never joined, until the script's share of the call's timeout;
+- GP707 a rank whose step was not checked (its checks did not finish in time, or it ended without a report).
 
 Written from public reports: a rank-dependent branch that leaves parameters out of the loss
 (https://github.com/Yuanhy1997/SeqDiffuSeq/issues/25), a seed per rank before the model is built
@@ -46,6 +47,8 @@ class RankFacts:
     used: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> what took part in its loss (pre<i>.json)
     stuck: list[StuckRank] = field(default_factory=list)
     reached: dict[int, dict[str, Any] | None] = field(default_factory=dict)  # rank -> its step's line
+    unfinished: list[int] = field(default_factory=list)  # ranks that stepped but whose checks did not end in time
+    exited: dict[int, int] = field(default_factory=dict)  # rank -> exit status, for ranks that ended without a report
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -251,4 +254,38 @@ def detect_collective_hangs(facts: RankFacts) -> Iterator[Finding]:
                         others="; ".join(others) or "no rank reached a step", line=_line(first))
 
 
-RANK_RULES = (GP706, GP703, GP704, GP705)
+GP707: Rule[RankFacts] = Rule(
+    code="GP707", name="rank-not-checked", severity="info", rank=99,
+    summary="A rank's step was not checked: its checks did not finish in the call's time, or the rank ended first.",
+    why="Each rank runs the checks on its own captured step, in parallel with the others; on a sharded model (FSDP2) "
+        "the checks' replays gather parameters across ranks, so a rank's checks can wait for another's, and a loaded "
+        "machine can leave a rank's checks unfinished. The merged report then covers the other ranks only.",
+    example="fully_shard(model); ... two ranks on a machine with one free core",
+    message="The checks of rank(s) {ranks} did not finish within the call's time after their first step; the findings "
+            "come from rank(s) {others} only.",
+    fix="Give the call a larger timeout_s (or fewer ranks) to have every rank's step checked.",
+    situations={
+        "exited": Situation(
+            when="a rank's process ended before it reported (its script exited, or it crashed)",
+            severity="warning",
+            message="Rank(s) {ranks} ended before reporting ({statuses}); the findings come from rank(s) {others} only.",
+            fix="Run the script with world_size 1 (or on its own) to see why rank(s) {ranks} ended: an os._exit(), a "
+                "signal or a crash in an extension ends a rank without a report."),
+    },
+)
+
+
+@GP707.detector
+def detect_rank_not_checked(facts: RankFacts) -> Iterator[Finding]:
+    everyone = range(facts.world_size)
+    for situation, ranks in (("exited", sorted(facts.exited)), (None, sorted(facts.unfinished))):
+        if not ranks:
+            continue
+        others = [r for r in everyone if r not in ranks and r not in facts.exited and r not in facts.unfinished
+                  and r not in {s.rank for s in facts.stuck}]
+        statuses = ", ".join(f"rank {r}: exit status {facts.exited[r]}" for r in ranks if r in facts.exited)
+        yield GP707.finding(situation, evidence={"ranks": ranks}, ranks=_ranks(ranks), others=_ranks(others) or "none",
+                            statuses=statuses)
+
+
+RANK_RULES = (GP706, GP703, GP704, GP705, GP707)

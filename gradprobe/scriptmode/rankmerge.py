@@ -69,7 +69,9 @@ def merge_ranks(tool: str, target: dict[str, Any], outcome: RankOutcome, how: st
     facts = RankFacts(world_size=n, observations={labels[i]: o for i, o in obs.items() if isinstance(o, dict)},
                       used={labels[i]: u for i in range(n) if isinstance(u := _load(outcome.out_dir, "pre", i), dict)},
                       stuck=_stuck(outcome, labels, user),
-                      reached={labels[i]: (o or {}).get("step_location") for i, o in obs.items() if o})
+                      reached={labels[i]: (o or {}).get("step_location") for i, o in obs.items() if o},
+                      unfinished=[labels[i] for i in outcome.unfinished],
+                      exited={labels[i]: code for i, code in outcome.exits.items() if results[i] is None})
     findings = merge_findings(reports) + run_rules(RANK_RULES, facts)
     first = reports[min(reports)] if reports else {}
     ranks_facts = [{"rank": labels[i], "index": i, "reported": results[i] is not None,
