@@ -19,6 +19,7 @@ CASES = [
     ("fsdp2", "train.py", 2, {"codes": [], "healthy": True, "absent": ["GP301", "GP201", "GP311"]}, 90),
     ("spawn", "train.py", 1, {"codes": [], "healthy": True}, 90),
     ("spawn", "manual_average.py", 1, {"codes": [], "healthy": True, "absent": ["GP703", "GP704", "GP705", "GP706"]}, 90),
+    ("spawn", "manual_average.py --scale_loss", 1, {"codes": [], "healthy": True, "absent": ["GP705"]}, 90),
     ("ddp_nosync", "train.py", 2, {"codes": ["GP704"], "culprits": ["0.weight"], "ranks": [0, 1]}, 90),
     ("spawn_broken", "sum_not_divided.py", 1, {"codes": ["GP705"], "culprits": ["0.weight", "2.weight"], "line": 33}, 90),
     ("spawn_broken", "not_broadcast.py", 1, {"codes": ["GP704"], "culprits": ["0.weight", "2.bias"]}, 90),

@@ -201,7 +201,7 @@ GP705: Rule[RankFacts] = Rule(
 def detect_sum_not_averaged(facts: RankFacts) -> Iterator[Finding]:
     obs = facts.observations
     n = len(obs)
-    if n < 2:
+    if n < 2 or any(o.get("loss_scaled_by_world") for o in obs.values()):  # a sum of losses / world_size: an average
         return
     hits: list[str] = []
     detail: tuple[str, float, str, dict[str, Any] | None] | None = None

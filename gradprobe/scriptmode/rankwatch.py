@@ -58,6 +58,29 @@ def checksum(t: torch.Tensor | None) -> float | None:
     return float((flat * weights).sum().item())
 
 
+def _scaled_by_world(root: torch.Tensor, depth: int = 8) -> bool:
+    """The loss's last ops include a division by the world size (or a product with its inverse)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    n = float(dist.get_world_size())
+    node, seen = root.grad_fn, 0
+    stack = [node] if node is not None else []
+    while stack and seen < depth:
+        node = stack.pop(0)
+        seen += 1
+        name = type(node).__name__
+        other = getattr(node, "_saved_other", None)
+        if isinstance(other, torch.Tensor) and other.numel() == 1 and not other.requires_grad:
+            other = float(other)
+        if isinstance(other, (int, float)) and ((name.startswith("Div") and abs(other - n) < 1e-9)
+                                                 or (name.startswith("Mul") and abs(other * n - 1) < 1e-9)):
+            return True
+        stack.extend(nxt for nxt, _ in getattr(node, "next_functions", ()) if nxt is not None)
+    return False
+
+
 def _leaf_ids(roots: list[torch.Tensor]) -> set[int]:
     """Ids of the leaf tensors (parameters) in the graphs behind `roots`."""
     seen: set[int] = set()
@@ -88,6 +111,7 @@ class RankWatch:
         self.modules: dict[int, nn.Module] = {}  # the modules called with grad before the first step
         self._ddp_types: set[type] = set()
         self.ddp_sync_at_last_forward: bool | None = None
+        self.loss_scaled_by_world = False  # a loss divided by the world size before backward (a SUM is then an average)
         self.reduced: dict[int, dict[str, Any]] = {}  # id(tensor) -> its last all_reduce by the script
         self.taken = False
         self._undo: list[Any] = []
@@ -150,6 +174,8 @@ class RankWatch:
 
     def note_backward(self, roots: list[torch.Tensor]) -> None:
         """Before a backward: the parameters in its graph, and `pre<index>.json` (kept even if this rank then hangs)."""
+        if not self.loss_scaled_by_world:
+            self.loss_scaled_by_world = any(_scaled_by_world(r) for r in roots)
         leaves = _leaf_ids(roots)
         if leaves <= self.used:
             return
@@ -249,6 +275,7 @@ class RankWatch:
             "rank": dist.get_rank() if initialized else None,
             "world_size": dist.get_world_size() if initialized else None,
             "step_location": self.user.innermost(skip=3),
+            "loss_scaled_by_world": self.loss_scaled_by_world,
             "ddp": [{"sync": self.ddp_sync_at_last_forward is not False,
                      "find_unused": bool(getattr(d, "find_unused_parameters", False))} for d in ddps],
             "params": rows,

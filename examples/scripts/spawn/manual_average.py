@@ -4,6 +4,7 @@ all-reduced and divided by the world size, and the loss is all-reduced for loggi
 prints it). The layout follows the manual averaging discussed in https://github.com/hpcaitech/ColossalAI/issues/3044.
 
     python manual_average.py --steps 5
+    python manual_average.py --steps 5 --scale_loss   # the loss divided by the world size, the gradients summed
 """
 
 import argparse
@@ -16,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def worker(rank, world_size, steps):
+def worker(rank, world_size, steps, scale_loss):
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29538")
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -30,10 +31,15 @@ def worker(rank, world_size, steps):
         x, y = torch.randn(16, 12, generator=data), torch.randint(0, 3, (16,), generator=data)
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-            p.grad /= world_size
+        if scale_loss:  # the loss divided by the world size: the summed gradients are then the average
+            (loss / world_size).backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+        else:
+            loss.backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= world_size
         logged = loss.detach().clone()
         dist.all_reduce(logged)  # every rank joins; only rank 0 prints
         if rank == 0:
@@ -45,5 +51,6 @@ def worker(rank, world_size, steps):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--scale_loss", action="store_true", help="divide the loss, not the summed gradients")
     args = parser.parse_args()
-    mp.spawn(worker, args=(2, args.steps), nprocs=2)
+    mp.spawn(worker, args=(2, args.steps, args.scale_loss), nprocs=2)
