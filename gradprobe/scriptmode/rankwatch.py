@@ -187,7 +187,7 @@ class RankWatch:
 
     def used_snapshot(self) -> dict[str, Any]:
         """Every parameter of the model(s) in the loss's graph, and for those in it the line that called their module."""
-        from gradprobe.wrappers import unwrap_library
+        from gradprobe.wrappers import clean_name, unwrap_library
 
         names: list[str] = []
         used: dict[str, Any] = {}
@@ -199,7 +199,8 @@ class RankWatch:
             named = list(model.named_parameters())
             if not any(id(p) in self.used for _, p in named):
                 continue
-            for n, p in named:
+            for raw, p in named:
+                n = clean_name(raw)
                 names.append(n)
                 params.append(p)
                 if id(p) in self.used:
@@ -291,13 +292,13 @@ def _outermost(params: list[torch.Tensor]) -> list[nn.Module]:
 
 def _names(params: list[torch.Tensor], roots: list[nn.Module]) -> dict[int, str]:
     """Parameter names in the module holding most of them, without library wrappers' prefixes."""
-    from gradprobe.wrappers import unwrap_library
+    from gradprobe.wrappers import clean_name, unwrap_library
 
     ids = {id(p) for p in params}
     best: dict[int, str] = {}
     for root in roots:
         inner, _ = unwrap_library(root)
-        names = {id(p): n for n, p in inner.named_parameters() if id(p) in ids}
+        names = {id(p): clean_name(n) for n, p in inner.named_parameters() if id(p) in ids}
         if len(names) > len(best):
             best = names
     return best
