@@ -76,7 +76,8 @@ def merge_ranks(tool: str, target: dict[str, Any], outcome: RankOutcome, how: st
     first = reports[min(reports)] if reports else {}
     ranks_facts = [{"rank": labels[i], "index": i, "reported": results[i] is not None,
                     "stepped": obs[i] is not None, "exit_code": outcome.exits.get(i),
-                    "stuck": i in outcome.stuck, "checks_unfinished": i in outcome.unfinished} for i in range(n)]
+                    "stuck": i in outcome.stuck, "checks_unfinished": i in outcome.unfinished,
+                    "observation_error": (obs[i] or {}).get("error")} for i in range(n)]
     extra = dict(first.get("facts") or {})
     extra["ranks"] = {"how": how, "world_size": n, "spawned_at": spawn_location, "ranks": ranks_facts,
                       "wait_seconds": round(outcome.seconds, 3)}
