@@ -42,7 +42,7 @@ def _script_target(args: argparse.Namespace) -> dict:
 
     project = os.path.abspath(args.project_dir or (os.path.dirname(os.path.abspath(args.script)) if args.script else "."))
     target = {"project_dir": project, "args": list(args.script_args), "device": args.device, "seed": args.seed,
-              "timeout_s": args.timeout, **_common(args)}
+              "timeout_s": args.timeout, "world_size": args.world_size, **_common(args)}
     if args.script:
         target["script"] = os.path.relpath(os.path.abspath(args.script), project)
     else:
@@ -284,6 +284,7 @@ def _main(argv: list[str] | None = None) -> None:
         p.add_argument("--device", default="cpu")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--timeout", type=float, default=120.0)
+        p.add_argument("--world-size", type=int, default=None, help="--script/--module: run it as this many ranks (2-4)")
         p.add_argument("--json", action="store_true", help="print the report as JSON")
         p.add_argument("--no-color", action="store_true")
         p.add_argument("--mermaid", action="store_true", help="also print the Mermaid flowchart (diagnose)")

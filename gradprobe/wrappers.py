@@ -45,3 +45,15 @@ def compiled_wrapper(*mods: nn.Module | None) -> nn.Module | None:
                 return m
             m = _inner(m)
     return None
+
+
+
+# segments library wrappers insert inside a model's parameter names: FSDP1's per-layer wrappers, activation
+# checkpointing's wrapper, a compiled submodule (`module.` is left: it is also an ordinary attribute name)
+_WRAPPER_SEGMENTS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+
+
+def clean_name(name: str) -> str:
+    """A parameter name without the segments library wrappers add inside a model (`_fsdp_wrapped_module.`, ...)."""
+    parts = name.split(".")
+    return ".".join([p for p in parts[:-1] if p not in _WRAPPER_SEGMENTS] + parts[-1:])

@@ -32,9 +32,9 @@ def run_job(job: Job | Mapping[str, Any], progress: Progress) -> ToolError | dic
 
     tempfile.tempdir = None  # a warm worker's fork inherits its cached temp dir: use this call's TMPDIR
     if job.target.get("script") or job.target.get("module"):
-        from gradprobe.scriptmode.first_step import run_script_job
+        from gradprobe.scriptmode.ranks import run_script_ranks  # several ranks, or workers it spawns; else as one
 
-        return _safe(run_script_job(spec.name, job.target, job.options, progress))
+        return _safe(run_script_ranks(spec.name, job.target, job.options, progress))
     return _check_target(spec, job, progress)
 
 

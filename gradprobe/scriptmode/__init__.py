@@ -6,4 +6,8 @@ autograd, modules, ranks) as they happen, then check that step in place.
     run.py         run the script as __main__ under a timer; GP112 when it reaches no step
     observe.py     the watch: module calls, backwards, optimizer steps, as they happen
     step.py        replay the captured step for the checks
+    ranks.py       several ranks in one call: `world_size` > 1 (torchrun-style forked ranks) and workers the script
+                   starts with torch.multiprocessing.spawn; each rank runs first_step.py's job
+    rankwatch.py   what each rank measures for the checks across ranks (gradprobe/checks/ranks.py)
+    rankmerge.py   the ranks' reports merged (each finding says its ranks) and the checks across ranks
 """

@@ -102,7 +102,11 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
     watch.install()
     progress(Phase.RUNNING_SCRIPT)
     try:
-        if script:
+        entry = target.get("_entry")  # a worker the script spawned: its function (scriptmode/ranks.py), not a file
+        if callable(entry):
+            sys.argv = [os.path.join(project_dir, script) if script else module, *args]
+            entry()
+        elif script:
             path = os.path.join(project_dir, script)
             sys.argv = [path, *args]
             sys.path.insert(0, os.path.dirname(path))

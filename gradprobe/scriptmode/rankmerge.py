@@ -1,0 +1,85 @@
+"""One report from the ranks of a script (ranks.py): each rank's own findings merged, each saying which ranks it
+holds on (`evidence.ranks`), and the checks across ranks (gradprobe/checks/ranks.py) on what the ranks measured."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from gradprobe.checks.ranks import RANK_RULES, RankFacts, StuckRank
+from gradprobe.findings import Finding, run_rules
+from gradprobe.report import make_report
+from gradprobe.sandbox.protocol import ToolError
+from gradprobe.scriptmode.rankwatch import collective_of, last_dump
+from gradprobe.scriptmode.ranks import RankOutcome
+from gradprobe.userframes import UserCode
+
+
+def _load(out_dir: str, kind: str, i: int) -> Any:
+    try:
+        with open(os.path.join(out_dir, f"{kind}{i}.json"), encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _label(obs: dict[str, Any] | None, i: int) -> int:
+    rank = (obs or {}).get("rank")
+    return rank if isinstance(rank, int) else i
+
+
+def merge_findings(reports: dict[int, dict[str, Any]]) -> list[Finding]:
+    """The same finding (code, parameters, line) from several ranks once, with the ranks it holds on."""
+    merged: dict[tuple[Any, ...], tuple[Finding, list[int]]] = {}
+    for rank in sorted(reports):
+        for f in reports[rank].get("findings") or []:
+            loc = f.get("location") or {}
+            key = (f["code"], tuple(f.get("parameters") or ()), loc.get("file"), loc.get("line"))
+            if key not in merged:
+                merged[key] = (f, [])
+            merged[key][1].append(rank)
+    out: list[Finding] = []
+    for f, ranks in merged.values():
+        one: Finding = {**f, "evidence": {**(f.get("evidence") or {}), "ranks": ranks}}
+        out.append(one)
+    return out
+
+
+def _stuck(outcome: RankOutcome, labels: dict[int, int], user: UserCode) -> list[StuckRank]:
+    out = []
+    for i in outcome.stuck:
+        stack = last_dump(os.path.join(outcome.out_dir, f"stack{i}.txt"))
+        collective, loc = collective_of(stack, user)
+        out.append(StuckRank(rank=labels[i], collective=collective, location=loc, stack=stack[-3000:]))
+    return out
+
+
+def merge_ranks(tool: str, target: dict[str, Any], outcome: RankOutcome, how: str,
+                spawn_location: dict[str, Any] | None = None) -> ToolError | dict[str, Any]:
+    user = UserCode(os.path.realpath(target["project_dir"]))
+    n = outcome.count
+    obs = {i: _load(outcome.out_dir, "obs", i) for i in range(n)}
+    labels = {i: _label(obs[i], i) for i in range(n)}
+    results = {i: _load(outcome.out_dir, "result", i) for i in range(n)}
+    reports = {labels[i]: r for i, r in results.items() if isinstance(r, dict) and "findings" in r}
+    errors = [r for r in results.values() if isinstance(r, dict) and "tool_error" in r]
+    if not reports and errors and not outcome.stuck:
+        return ToolError(**errors[0])
+    facts = RankFacts(world_size=n, observations={labels[i]: o for i, o in obs.items() if isinstance(o, dict)},
+                      used={labels[i]: u for i in range(n) if isinstance(u := _load(outcome.out_dir, "pre", i), dict)},
+                      stuck=_stuck(outcome, labels, user),
+                      reached={labels[i]: (o or {}).get("step_location") for i, o in obs.items() if o},
+                      unfinished=[labels[i] for i in outcome.unfinished],
+                      exited={labels[i]: code for i, code in outcome.exits.items() if results[i] is None})
+    findings = merge_findings(reports) + run_rules(RANK_RULES, facts)
+    first = reports[min(reports)] if reports else {}
+    ranks_facts = [{"rank": labels[i], "index": i, "reported": results[i] is not None,
+                    "stepped": obs[i] is not None, "exit_code": outcome.exits.get(i),
+                    "stuck": i in outcome.stuck, "checks_unfinished": i in outcome.unfinished,
+                    "observation_error": (obs[i] or {}).get("error")} for i in range(n)]
+    extra = dict(first.get("facts") or {})
+    extra["ranks"] = {"how": how, "world_size": n, "spawned_at": spawn_location, "ranks": ranks_facts,
+                      "wait_seconds": round(outcome.seconds, 3)}
+    lines = [f"{n} ranks ran ({how}); findings say which ranks they hold on (evidence.ranks)."]
+    return make_report(tool, findings, lines, **extra)

@@ -1,0 +1,64 @@
+"""Several ranks in one sandboxed call, through the real server over stdio: torchrun-style scripts run with
+`world_size: 2` (DDP, FSDP2's fully_shard, DDP under no_sync) and scripts that start their own ranks with
+torch.multiprocessing.spawn, healthy and with one distributed bug each (gloo on CPU, the call's private loopback).
+Findings are merged across ranks and say which ranks they hold on."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import ROOT, assert_expected
+
+SCRIPTS = ROOT / "examples" / "scripts"
+
+# (project, script and its extra arguments, world_size, expect, timeout_s): expect as in examples/broken's EXPECT,
+# plus `ranks` (the ranks the first hit holds on). The timeouts leave room for a loaded machine; a hang is found as
+# soon as the other ranks stop.
+CASES = [
+    ("ddp", "train.py", 2, {"codes": [], "healthy": True}, 90),
+    ("fsdp2", "train.py", 2, {"codes": [], "healthy": True, "absent": ["GP301", "GP201", "GP311"]}, 90),
+    ("spawn", "train.py", 1, {"codes": [], "healthy": True}, 90),
+    ("spawn", "manual_average.py", 1, {"codes": [], "healthy": True, "absent": ["GP703", "GP704", "GP705", "GP706"]}, 90),
+    ("spawn", "manual_average.py --scale_loss", 1, {"codes": [], "healthy": True, "absent": ["GP705"]}, 90),
+    ("ddp_nosync", "train.py", 2, {"codes": ["GP704"], "culprits": ["0.weight"], "ranks": [0, 1]}, 90),
+    ("spawn_broken", "sum_not_divided.py", 1, {"codes": ["GP705"], "culprits": ["0.weight", "2.weight"], "line": 33}, 90),
+    ("spawn_broken", "not_broadcast.py", 1, {"codes": ["GP704"], "culprits": ["0.weight", "2.bias"]}, 90),
+    ("spawn_broken", "collective_on_one_rank.py", 1, {"codes": ["GP706"], "culprits": [], "line": 34, "ranks": [0]}, 90),
+    ("spawn_broken", "unused_on_one_rank.py", 1,
+     {"codes": ["GP703"], "culprits": ["aux.weight", "aux.bias"], "line": 32, "ranks": [1]}, 90),
+    ("spawn_broken", "unused_on_one_rank.py --find_unused", 1,
+     {"codes": ["GP703"], "culprits": ["aux.weight"], "severity": "info", "healthy": True, "absent": ["GP706"]}, 90),
+]
+
+
+def _id(case) -> str:
+    return f"{case[0]}/{case[1]}@{case[2]}"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+async def test_ranks_through_mcp(client, case):
+    project, command, world_size, expect, timeout_s = case
+    script, *extra = command.split()
+    target = {"project_dir": str(SCRIPTS / project), "script": script, "args": ["--steps", "2", *extra],
+              "timeout_s": timeout_s, "world_size": world_size}
+    result = await client.call_tool("diagnose", {"target": target})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    assert_expected(report, expect, _id(case))
+    ranks = report["facts"]["ranks"]
+    assert ranks["world_size"] == 2, ranks
+    assert ranks["how"] == ("torchrun-style" if world_size > 1 else "mp.spawn"), ranks
+    if expect.get("healthy"):
+        assert all(r["stepped"] and r["reported"] for r in ranks["ranks"]), ranks
+    if expect.get("ranks"):
+        hit = next(f for f in report["findings"] if f["code"] in expect["codes"])
+        assert hit["evidence"]["ranks"] == expect["ranks"], hit["evidence"]
+
+
+@pytest.mark.anyio
+async def test_world_size_needs_a_script(client):
+    target = {"project_dir": str(SCRIPTS / "ddp"), "model": "train.py", "world_size": 2}
+    result = await client.call_tool("diagnose", {"target": target})
+    text = str(result.content)
+    assert "world_size" in text, text
