@@ -35,6 +35,10 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
     from gradprobe.scriptmode.run import run_script
     from gradprobe.userframes import UserCode
 
+    if tool == "audit_training":  # several steps, watched as the script runs them (no replay)
+        from gradprobe.scriptmode.audit import run_audit_job
+
+        return run_audit_job(target, options, progress)
     project_dir = os.path.realpath(target["project_dir"])
     user = UserCode(project_dir)
     record = BuildRecord()
@@ -62,7 +66,7 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
         report = state.report or finish(run)
         if not isinstance(report, ToolError):
             report["facts"]["script_swallowed_stop"] = True
-        _deliver_and_exit(report, progress)
+        deliver_and_exit(report, progress)
 
     def on_capture() -> None:
         # the checks run here, inside the script's step, while its state (a Lightning loop, DataLoader
@@ -81,7 +85,7 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
     return state.report if state.report is not None else finish(run)
 
 
-def _deliver_and_exit(report: ToolError | dict[str, Any], progress: Callable[[str], None]) -> None:
+def deliver_and_exit(report: ToolError | dict[str, Any], progress: Callable[[str], None]) -> None:
     """Send the report on the child's result channel and exit, without unwinding the script."""
     chan = getattr(progress, "__self__", None)
     if chan is None or not hasattr(chan, "finish"):

@@ -202,24 +202,25 @@ def _no_optimizer_report() -> dict:
                                               "or a `train_step` that steps one."], note="no optimizer")
 
 
+def facts_report(facts: AuditFacts, extra: list[Finding] | None = None) -> dict:
+    """The GP6xx rules on measured facts (observed in a train_step's calls, or in a script's own loop), ranked, reported."""
+    findings: list[Finding] = sorted(run_rules(RULES, facts), key=lambda f: _RANK.get(f["code"], 99)) + list(extra or ())
+    return make_report("audit_training", findings, summary_lines(facts, findings), **facts_table(facts, findings))
+
+
 def audit_report(loaded: Any, steps: int = 4) -> dict:
     """audit_training: run the user's step `steps` times, observed; GP6xx findings and a measured all-clear."""
     steps = max(1, min(int(steps), MAX_STEPS))
-    if isinstance(getattr(loaded, "info", None), dict) and "script_step" in loaded.info:  # a replayed script step
-        return make_report("audit_training", [], ["audit_training does not run script mode yet (it would audit a replay, "
-                                                  "not the script's own steps): give `model` and `train_step` instead."],
-                           note="script mode not supported")
     if loaded.train_step is None and loaded.optimizer is None:
         return _no_optimizer_report()
     run = _Run(loaded, steps)
     torch.set_grad_enabled(True)
     run.run()
     facts = run.facts()
-    findings: list[Finding] = sorted(run_rules(RULES, facts), key=lambda f: _RANK.get(f["code"], 99))
+    extra = []
     if run.limit is not None:  # a memory limit stopped the step: a resource limit, not the code
-        findings.append(resource_limit_finding(f"running step {run.error_call + 1}", run.limit,
-                                               location=run.error_location))
-    report = make_report("audit_training", findings, summary_lines(facts, findings), **facts_table(facts, findings))
+        extra.append(resource_limit_finding(f"running step {run.error_call + 1}", run.limit, location=run.error_location))
+    report = facts_report(facts, extra)
     if run.error and run.limit is None:
         first, _, rest = report["summary"].partition("\n")
         last = run.error.strip().splitlines()[-1]

@@ -88,7 +88,7 @@ class _GradWrites(TorchFunctionMode):
 class StepObserver:
     """Context manager recording what the user's steps do (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, user: UserCode, optimizer: Any):
+    def __init__(self, model: nn.Module | None, user: UserCode, optimizer: Any):
         self.model, self.user = model, user
         self.call = -1
         self.events: list[Event] = []
@@ -115,7 +115,7 @@ class StepObserver:
         return self.user.innermost(sys._getframe(2))
 
     def tracked(self) -> list[torch.Tensor]:
-        seen: dict[int, torch.Tensor] = {id(p): p for p in self.model.parameters()}
+        seen: dict[int, torch.Tensor] = {id(p): p for p in self.model.parameters()} if self.model is not None else {}
         for opt in self.optimizers_seen.values():
             for g in getattr(opt, "param_groups", ()):
                 for p in g["params"]:
@@ -258,8 +258,8 @@ class StepObserver:
             orig(opt, *args, **kwargs)
             if observer.call < 0:
                 return
-            model_ids = {id(p) for p in observer.model.parameters()}
             ids = {id(p) for g in opt.param_groups for p in g["params"]}
+            model_ids = {id(p) for p in observer.model.parameters()} if observer.model is not None else ids
             observer.built.append(OptimizerBuilt(call=observer.call, location=observer.where(), optimizer=id(opt),
                                                  overlaps_model=bool(ids & model_ids)))
             observer.optimizers_seen[id(opt)] = opt
@@ -271,7 +271,7 @@ class StepObserver:
 
         def setattr_(module: nn.Module, name: str, value: Any) -> None:
             orig(module, name, value)
-            if isinstance(value, (nn.Module, nn.Parameter)):
+            if observer.call >= 0 and isinstance(value, (nn.Module, nn.Parameter)):  # only what is attached during steps
                 ids = {id(value)} if isinstance(value, nn.Parameter) else {id(p) for p in value.parameters()}
                 if ids:
                     observer.attached.append(AttachSite(call=observer.call, location=observer.where(), params=ids))
@@ -371,7 +371,13 @@ class StepObserver:
         self._stack.callback(optimizer_mod.register_optimizer_step_pre_hook(self._pre_step).remove)
         self._stack.callback(optimizer_mod.register_optimizer_step_post_hook(self._post_step).remove)
         # the window between a backward and the step closes at the next forward too (accumulation): no mode in a forward
-        self._stack.callback(self.model.register_forward_pre_hook(lambda module, args: self.close_window()).remove)
+        # (of any module while the model is not known yet: script mode)
+        if self.model is not None:
+            self._stack.callback(self.model.register_forward_pre_hook(lambda module, args: self.close_window()).remove)
+        else:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._stack.callback(register_module_forward_pre_hook(lambda module, args: self.close_window()).remove)
         self._stack.callback(self.close_window)
         return self
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult
 from pydantic import Field
 
@@ -28,9 +27,12 @@ When nothing is wrong, facts.verified lists what was measured.
 
 Use it when one step looks fine but training does not: the target needs `train_step` (or
 `optimizer`, then the default loss and step run, and a scheduler make_optimizer returns is stepped).
-Script mode (`script`/`module`) is not supported by this tool yet.
+Script mode (`script`/`module`): the script's own loop runs under whatever it uses (DDP, HF Trainer,
+accelerate, Lightning), its own optimizer steps are watched as they run (nothing is replayed), and it
+is stopped before its optimizer's step `steps`+1.
 {TARGET_HELP}
-Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}, "steps": 4}}"""
+Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}, "steps": 4}}
+Script mode: {{"target": {{"project_dir": "/home/ana/proj", "script": "train.py", "args": ["--epochs=1"]}}}}"""
 
 
 def register(server: Any, runtime: Any) -> None:
@@ -38,9 +40,7 @@ def register(server: Any, runtime: Any) -> None:
     async def audit_training(
         target: Target,
         ctx: Context,
-        steps: Annotated[int, Field(ge=1, le=32, description="How many steps to run (one call of train_step each).")] = 4,
+        steps: Annotated[int, Field(ge=1, le=32, description=(
+            "How many steps to run (one call of train_step each; in script mode, optimizer steps of the script)."))] = 4,
     ) -> Annotated[CallToolResult, Report]:
-        if target.script or target.module:
-            raise ToolError("audit_training runs the build_model()/train_step form only (script mode is not supported "
-                            "yet): give `model` (and `train_step` or `optimizer`) instead of `script`/`module`.")
         return await call_tool(runtime, "audit_training", target, {"steps": steps}, ctx)
