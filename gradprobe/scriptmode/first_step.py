@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 from gradprobe.findings import Finding
 from gradprobe.report import make_report
 from gradprobe.outcomes import GP100
-from gradprobe.sandbox.failures import replay_failed, script_internal_error
+from gradprobe.sandbox.failures import script_internal_error
 from gradprobe.sandbox.protocol import Phase, Result, ToolError, json_safe
 
 if TYPE_CHECKING:
@@ -140,9 +140,7 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
     try:
         report = run_tool(tool, loaded, options)
     except Exception as exc:  # ours: the script's own step ran
-        from gradprobe.sandbox.failures import internal_error_report
-
-        report = internal_error_report(tool, exc)
+        report = _replay_raised(tool, exc)
     if watch.backwards:
         report = _replay_failures_are_ours(tool, report)
     lr_zero_now = bool(cap.lrs) and all(lr == 0 for lr in cap.lrs)
@@ -168,19 +166,32 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
 _REPLAY_FAILURES = (GP100.code, "GP308", "GP310")
 
 
+def _replay_raised(tool: str, exc: Exception) -> dict[str, Any]:
+    """A check of gradprobe raised on the replayed step. The script's own step ran, so this is never the user's error:
+    the checks are left out and the report says so (a memory limit stays GP113: a resource limit)."""
+    from gradprobe.checks.torchcompat import allocation_failure
+    from gradprobe.sandbox.failures import internal_error_report
+
+    if allocation_failure(exc) is not None:
+        return internal_error_report(tool, exc)
+    error = f"{type(exc).__name__}: {exc}"[:500]
+    return make_report(tool, [], [f"gradprobe's replay of the script's step failed ({error[:200]}): its checks were left "
+                                  "out. The script's own step ran; this is a gradprobe limitation, not a finding."],
+                       replay_left_out={"error": error, "internal_traceback": traceback.format_exc()[-4000:]})
+
+
 def _replay_failures_are_ours(tool: str, report: dict[str, Any]) -> dict[str, Any]:
     """The script's real forward and backward ran without error, so a failure of gradprobe's replay of
-    that step is gradprobe's, never the user's error."""
+    that step is gradprobe's, never the user's error: such findings are left out, and the report says so."""
     findings = report["findings"]
-    if not any(f["code"] in _REPLAY_FAILURES for f in findings):
+    failed = [f for f in findings if f["code"] in _REPLAY_FAILURES]
+    if not failed:
         return report
-    kept: list[Finding] = []
-    for f in findings:
-        if f["code"] in _REPLAY_FAILURES:
-            kept.append(replay_failed(f))
-        else:
-            kept.append(f)
-    return make_report(tool, kept, report["summary"].splitlines()[1:], **report.get("facts", {}))
+    kept: list[Finding] = [f for f in findings if f["code"] not in _REPLAY_FAILURES]
+    note = (f"gradprobe's replay of the script's step failed where the script's own step did not ({failed[0]['message'][:200]}): "
+            "that result was left out (a gradprobe limitation, not a finding).")
+    facts = dict(report.get("facts", {}), replay_left_out={"findings": failed})
+    return make_report(tool, kept, report["summary"].splitlines()[1:] + [note], **facts)
 
 
 def _lr_zero_findings(findings: list[Finding], lrs: list[float], loc: dict[str, Any] | None,
