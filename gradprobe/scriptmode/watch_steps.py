@@ -74,7 +74,7 @@ class ScriptSteps(StepObserver):
     def model_params(self) -> dict[int, torch.Tensor]:
         if self.model is None:
             return {}
-        params = {id(p): p for p in self.model.parameters()}
+        params: dict[int, torch.Tensor] = {id(p): p for p in self.model.parameters()}
         if any(pid not in self.names for pid in params):  # names once, again only when a parameter appears
             for pid, ns in param_names(self.model).items():
                 self.names.setdefault(pid, ns[0])
@@ -105,7 +105,8 @@ class ScriptSteps(StepObserver):
     # ---- optimizer step hooks ---------------------------------------------------------------------------------
 
     def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        if self._stepping is not None or threading.get_ident() != self.watch.main or self.watch.stopping:
+        if (self._stepping is not None and opt is not self._stepping) or threading.get_ident() != self.watch.main \
+                or self.watch.stopping:
             return None  # an inner optimizer's step inside a wrapper's, another thread, or a stop under way
         if self.main_opt is None:
             self.main_opt = opt
@@ -130,7 +131,7 @@ class ScriptSteps(StepObserver):
         return (args[0], observed_closure, *args[2:]), kwargs
 
     def _measure(self, opt: Any, args: Any, kwargs: Any) -> None:
-        if opt is self.main_opt and self.model is None:
+        if opt is self.main_opt and self.model is None and opt is not None:
             self._choose_model(opt)
             self._ref = self._weights()
         if opt is self.main_opt:

@@ -36,7 +36,7 @@ def on_after_backward(model, max_abs=1e3):
 
 model = Net()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-for step in range(args.steps):
+for _step in range(args.steps):
     x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
     optimizer.zero_grad()
     F.cross_entropy(model(x), y).backward()

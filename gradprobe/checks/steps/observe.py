@@ -293,7 +293,8 @@ class StepObserver:
 
     # ---- optimizer step hooks --------------------------------------------------------------------------------------
 
-    def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+    def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """A global optimizer step pre-hook (it may return new (args, kwargs); this one never does)."""
         self.close_window()
         self.optimizers_seen.setdefault(id(opt), opt)
         loc = self.user.innermost(sys._getframe(1))
@@ -322,6 +323,7 @@ class StepObserver:
         self.events.append(Event(self.call, "optimizer_step", loc, optimizer=id(opt)))
         self.opt_steps.append(step)
         self.backwards, self.zero_grads_between = [], []
+        return None
 
     def _post_step(self, opt: Any, args: Any, kwargs: Any) -> None:
         if self._snap is None or not self.opt_steps:
