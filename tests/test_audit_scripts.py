@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, assert_expected
 
 SCRIPTS = ROOT / "examples" / "scripts"
-GP6 = [f"GP60{i}" for i in range(1, 10)]
+GP6 = [f"GP60{i}" for i in range(1, 10)] + ["GP610"]
 
 # (project, args, needs, expect): expect as in examples/broken's EXPECT
 CASES = [
@@ -33,6 +33,8 @@ CASES = [
     ("steps_late_head", ["--steps=8"], None, {"codes": [], "healthy": True}),
     ("steps_late_head_broken", ["--steps=8"], None,
      {"codes": ["GP606"], "culprits": ["heads.aux.weight", "heads.aux.bias"], "line": 38}),
+    ("steps_eval_mode", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP610"]}),
+    ("steps_eval_mode_broken", ["--steps=8"], None, {"codes": ["GP610"], "culprits": [], "line": 27, "severity": "warning"}),
 ]
 
 

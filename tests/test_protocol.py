@@ -104,7 +104,7 @@ async def test_a_failure_inside_a_check_is_gp000_never_the_users_error(client):
 async def test_findings_catalogue_resources_and_prompt(client):
     res = await client.read_resource("gradprobe://findings")
     codes = {r["code"] for r in json.loads(res.contents[0].text)}
-    assert {"GP000", "GP100", "GP112", "GP113", "GP201", "GP209", "GP309", "GP404", "GP511"} <= codes and len(codes) == 75
+    assert {"GP000", "GP100", "GP112", "GP113", "GP201", "GP209", "GP309", "GP404", "GP511"} <= codes and len(codes) == 76  # GP610 (watch28)
     one = await client.read_resource("gradprobe://findings/GP302")
     assert "detach-in-forward" in one.contents[0].text and "## Fix" in one.contents[0].text
     prompt = await client.get_prompt("investigate_gradients", {"project_dir": "/p"})

@@ -156,6 +156,6 @@ def script_facts(observer: ScriptSteps, record: BuildRecord) -> AuditFacts:
                        built=observer.built, attached=observer.attached, initial_optimizer=id(opt) if opt else None,
                        optimizer_site=site[1] if site else None, scheduled=scheduled,
                        schedule_sites={k: v for k, v in sites.items() if v}, outside_moves=observer.outside, ema=ema,
-                       scaler_steps=observer.scaler_steps)
+                       scaler_steps=observer.scaler_steps, mode_calls=observer.mode_calls)
     derive(facts)
     return facts

@@ -18,6 +18,7 @@ import torch.nn as nn
 from gradprobe.checks._step import param_names, run_step
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, derive
 from gradprobe.checks.steps.gradients import GRADIENT_RULES
+from gradprobe.checks.steps.modes import MODE_RULES
 from gradprobe.checks.steps.observe import StepObserver, norms
 from gradprobe.checks.steps.summary import facts_table, summary_lines
 from gradprobe.checks.steps.updates import UPDATE_RULES
@@ -25,7 +26,7 @@ from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
 
-RULES = GRADIENT_RULES + UPDATE_RULES
+RULES = GRADIENT_RULES + UPDATE_RULES + MODE_RULES
 _RANK = {r.code: r.rank for r in RULES}
 _EMA_HINT = re.compile(r"ema|momentum|teacher|target|shadow|averag|avg|mean_t|polyak", re.IGNORECASE)
 MAX_STEPS = 32
@@ -192,7 +193,7 @@ class _Run:
                            initial_optimizer=id(opt) if opt is not None else None, optimizer_site=site[1] if site else None,
                            scheduled=scheduled, schedule_sites={k: v for k, v in sites.items() if v},
                            outside_moves=self.outside, ema=self.ema, step_error=self.error,
-                           scaler_steps=obs.scaler_steps)
+                           scaler_steps=obs.scaler_steps, mode_calls=obs.mode_calls)
         derive(facts)
         return facts
 

@@ -26,7 +26,8 @@ import torch.optim.optimizer as optimizer_mod
 from torch.overrides import TorchFunctionMode
 
 from gradprobe.checks.steps.facts import (
-    AttachSite, BackwardCall, Event, GradCall, GradChange, GroupStep, OptimizerBuilt, OptStep, ParamStep, ScalerStep, at,
+    AttachSite, BackwardCall, Event, GradCall, GradChange, GroupStep, ModeCall, OptimizerBuilt, OptStep, ParamStep, ScalerStep,
+    at,
 )
 from gradprobe.userframes import UserCode
 
@@ -97,6 +98,8 @@ class StepObserver:
         self.built: list[OptimizerBuilt] = []
         self.attached: list[AttachSite] = []
         self.scaler_steps: list[ScalerStep] = []
+        self.mode_calls: list[ModeCall] = []
+        self._in_train = False
         self.schedulers: dict[int, Any] = {}  # id(optimizer) -> a scheduler seen stepping it
         self.backwards: list[BackwardCall] = []  # since the last optimizer step
         self.zero_grads_between: list[tuple[dict | None, int]] = []
@@ -291,6 +294,33 @@ class StepObserver:
 
         return step
 
+    def _wrap_train(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        observer = self
+
+        def train(module: nn.Module, mode: bool = True) -> Any:
+            if observer._in_train:  # the calls train() makes on the children
+                return orig(module, mode)
+            observer._in_train = True
+            try:
+                out = orig(module, mode)
+            finally:
+                observer._in_train = False
+            covers = {id(m) for m in module.modules() if _is_dropout(m)}
+            if covers:
+                observer.mode_calls.append(ModeCall(call=observer.call, location=observer.where(), training=bool(mode),
+                                                    module=id(module), covers=covers))
+            return out
+
+        return train
+
+    def _dropout_modes(self, step: OptStep) -> None:
+        """The model's dropout modules (p > 0) when the step ran, and which of them were in eval mode."""
+        if self.model is None:
+            return
+        drops = [(name, m) for name, m in self.model.named_modules() if _is_dropout(m)]
+        step.dropout = len(drops)
+        step.dropout_in_eval = [name for name, m in drops if not m.training]
+
     # ---- optimizer step hooks --------------------------------------------------------------------------------------
 
     def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
@@ -320,6 +350,7 @@ class StepObserver:
             for pid in ids:
                 step.params[pid] = ParamStep(grad_after_backward=self.after_backward.get(pid), grad_at_step=at_step.get(pid))
         step.others = {pid: v for pid, v in self.after_backward.items() if pid not in step.params}
+        self._dropout_modes(step)
         self.events.append(Event(self.call, "optimizer_step", loc, optimizer=id(opt)))
         self.opt_steps.append(step)
         self.backwards, self.zero_grads_between = [], []
@@ -367,6 +398,7 @@ class StepObserver:
             self._patch(lr_scheduler.ReduceLROnPlateau, "step", self._wrap_sched(lr_scheduler.ReduceLROnPlateau.step))
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_opt_init(torch.optim.Optimizer.__init__))
         self._patch(nn.Module, "__setattr__", self._wrap_setattr(nn.Module.__setattr__))
+        self._patch(nn.Module, "train", self._wrap_train(nn.Module.train))
         scaler = getattr(torch.amp, "GradScaler", None)
         if scaler is not None and "step" in scaler.__dict__:
             self._patch(scaler, "step", self._wrap_scaler_step(scaler.step))
@@ -385,6 +417,10 @@ class StepObserver:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._stack.close()
+
+
+def _is_dropout(m: nn.Module) -> bool:
+    return isinstance(m, nn.modules.dropout._DropoutNd) and float(getattr(m, "p", 0.0)) > 0
 
 
 def _total(values: Iterator[float | None]) -> float | None:
