@@ -33,6 +33,8 @@ CASES = [
     ("steps_late_head", ["--steps=8"], None, {"codes": [], "healthy": True}),
     ("steps_late_head_broken", ["--steps=8"], None,
      {"codes": ["GP606"], "culprits": ["heads.aux.weight", "heads.aux.bias"], "line": 38}),
+    ("steps_ema", ["--steps=8"], None, {"codes": [], "healthy": True}),
+    ("steps_ema_broken", ["--steps=8"], None, {"codes": ["GP609"], "culprits": ["ema_teacher.0.weight"], "line": 28}),
     ("steps_eval_mode", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP610"]}),
     ("steps_eval_mode_broken", ["--steps=8"], None, {"codes": ["GP610"], "culprits": [], "line": 27, "severity": "warning"}),
 ]
@@ -109,3 +111,14 @@ async def test_script_without_an_optimizer_says_there_is_nothing_to_audit(client
     assert not result.is_error, result.content
     report = result.structured_content
     assert not report["findings"] and "no optimizer in existence" in report["summary"], report
+
+
+@pytest.mark.anyio
+async def test_ema_teacher_moves_by_its_decay_in_the_script_own_loop(client):
+    """A mean teacher outside the optimizer, updated in place after each step: healthy, and its decay is measured."""
+    report = await audit_script(client, "steps_ema", ["--steps=8", "--decay=0.9"])
+    assert report["ok"] and not report["findings"], report["findings"]
+    (copy,) = report["facts"]["ema_copies"]
+    assert copy["copy"] == "ema_teacher" and copy["of"] == "student" and copy["moved_per_step"] == [True] * 4
+    assert copy["kept_gap_per_step"] and all(abs(k - 0.9) < 1e-4 for k in copy["kept_gap_per_step"]), copy
+    assert "4 more, outside the optimizer, were moved by an EMA-like update" in report["facts"]["headline"]

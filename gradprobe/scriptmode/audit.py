@@ -48,7 +48,7 @@ def run_audit_job(target: dict[str, Any], options: dict[str, Any],
     seed_everything(int(target.get("seed") or 0))
     watch = StepWatch(user)
     watch.passive = True
-    observer = ScriptSteps(watch, steps)
+    observer = ScriptSteps(watch, steps, record)
     recorder = BuildRecorder(user, record)
     state = _State()
     t0 = time.monotonic()
@@ -147,7 +147,8 @@ def script_facts(observer: ScriptSteps, record: BuildRecord) -> AuditFacts:
     scheduled = {e.optimizer for e in observer.events if e.kind == "scheduler_step" and e.optimizer is not None}
     sites = {id(s.optimizer): _schedule_site(s, observer.user) for s in observer.schedulers.values()}
     in_opt = {pid for s in observer.opt_steps for g in s.groups for pid in g.params}
-    ema = _pair_ema(observer.model, in_opt, observer.names, record) if observer.model is not None else []
+    ema = observer.ema if observer.ema is not None else \
+        _pair_ema(observer.model, in_opt, observer.names, record) if observer.model is not None else []
     for copy in ema:
         copy.moved = [any(k < len(observer.outside.get(pid, ())) and observer.outside[pid][k] for pid in copy.params)
                       for k in range(observer.intervals)]

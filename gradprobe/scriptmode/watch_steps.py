@@ -16,6 +16,7 @@ measured once.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from gradprobe.checks._step import param_names
+from gradprobe.checks.steps.facts import EmaCopy
 from gradprobe.checks.steps.observe import StepObserver, norms
 from gradprobe.scriptmode.observe import StepWatch
 
@@ -30,8 +32,11 @@ from gradprobe.scriptmode.observe import StepWatch
 class ScriptSteps(StepObserver):
     """The observer of audit_training's script mode (see the module docstring)."""
 
-    def __init__(self, watch: StepWatch, steps: int):
+    def __init__(self, watch: StepWatch, steps: int, record: Any = None):
         super().__init__(None, watch.user, None)
+        self.record = record  # the BuildRecord (where modules were attached), for the EMA copies' sites
+        self.ema: list[EmaCopy] | None = None  # paired after the first main step
+        self._ema_saved: list[tuple[EmaCopy, list[torch.Tensor]]] = []
         self.watch, self.steps = watch, steps
         self.main_opt: torch.optim.Optimizer | None = None
         self.done = 0  # steps of the main optimizer completed
@@ -101,6 +106,7 @@ class ScriptSteps(StepObserver):
         for pid, w in now.items():
             ref = stepped.get(pid, self._ref.get(pid))
             self.outside.setdefault(pid, [False] * (self.intervals - 1)).append(ref is not None and w != ref)
+        self._kept()
 
     # ---- optimizer step hooks ---------------------------------------------------------------------------------
 
@@ -150,6 +156,29 @@ class ScriptSteps(StepObserver):
 
     def _take_ref(self) -> None:
         self._ref, self._ref_index = self._weights(), len(self.opt_steps)
+        if self.ema is None and self.model is not None:
+            from gradprobe.checks.steps.engine import _pair_ema
+
+            in_opt = {pid for st in self.opt_steps for g in st.groups for pid in g.params}
+            self.ema = _pair_ema(self.model, in_opt, self.names, self.record)
+        # an EMA copy that moved in the last interval: keep its weights, to measure how much of its gap it keeps next
+        by_id = self.model_params()
+        self._ema_saved = [(c, [by_id[pid].detach().clone() for pid in c.params if pid in by_id])
+                           for c in self.ema or () if any(self.outside.get(pid, [False])[-1] for pid in c.params)]
+
+    def _kept(self) -> None:
+        """|teacher - student| after the copy's update over the same before it: an EMA of decay d keeps d of its gap."""
+        saved, self._ema_saved = self._ema_saved, []
+        by_id = self.model_params()
+        for copy, before in saved:
+            t1 = [by_id[i].detach() for i in copy.params if i in by_id]
+            s1 = [by_id[i].detach() for i in copy.students if i in by_id]
+            if len(t1) != len(before) or len(s1) != len(t1):
+                continue
+            gap1 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(t1, s1))))
+            gap0 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(before, s1))))
+            if gap0 > 0:
+                copy.kept.append(gap1 / gap0)
 
     def _before_backward(self, loss: Any) -> None:
         self._guarded(super()._before_backward, loss)
