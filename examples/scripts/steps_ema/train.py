@@ -35,7 +35,7 @@ class MeanTeacher(nn.Module):
 
 def update_teacher(model, decay):
     with torch.no_grad():
-        for pt, ps in zip(model.ema_teacher.parameters(), model.student.parameters()):
+        for pt, ps in zip(model.ema_teacher.parameters(), model.student.parameters(), strict=True):
             pt.lerp_(ps, 1 - decay)
 
 

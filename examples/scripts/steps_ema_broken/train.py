@@ -35,7 +35,7 @@ class MeanTeacher(nn.Module):
 
 def update_teacher(model, decay):
     with torch.no_grad():
-        for pt, ps in zip(model.ema_teacher.parameters(), model.student.parameters()):
+        for pt, ps in zip(model.ema_teacher.parameters(), model.student.parameters(), strict=True):
             pt = decay * pt + (1 - decay) * ps  # rebinds the name: the teacher's tensor is untouched
 
 
