@@ -122,3 +122,16 @@ async def test_ema_teacher_moves_by_its_decay_in_the_script_own_loop(client):
     assert copy["copy"] == "ema_teacher" and copy["of"] == "student" and copy["moved_per_step"] == [True] * 4
     assert copy["kept_gap_per_step"] and all(abs(k - 0.9) < 1e-4 for k in copy["kept_gap_per_step"]), copy
     assert "4 more, outside the optimizer, were moved by an EMA-like update" in report["facts"]["headline"]
+
+
+@pytest.mark.anyio
+async def test_script_that_swallows_the_stop_is_audited_and_the_cost_is_measured(client):
+    target = {"project_dir": str(SCRIPTS / "nostep"), "script": "swallows_stop.py", "timeout_s": 60}
+    result = await client.call_tool("audit_training", {"target": target})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    assert report["ok"] and not report["findings"] and report["facts"]["script_swallowed_stop"], report
+    step = report["facts"]["script_step"]
+    assert step["optimizer_steps_watched"] == 4, step
+    cost = step["cost"]
+    assert 0 <= cost["in_gradprobe_measurements_seconds"] <= cost["watched_seconds"] and cost["ratio_to_unwatched_estimate"] >= 1

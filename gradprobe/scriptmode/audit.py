@@ -118,6 +118,9 @@ def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptR
         "script_seconds": round(run.seconds, 3),
         "ended": f"stopped before optimizer step {steps + 1}" if observer.done >= steps else run.ended,
     }
+    cost = observer.cost()
+    if cost is not None:
+        step_facts["cost"] = cost
     if observer.failed:
         step_facts["measurement_left_out"] = observer.failed
         report["summary"] += (f"\nA measurement of gradprobe's failed ({observer.failed[:200]}) and was left out; "

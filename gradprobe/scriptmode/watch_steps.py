@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -50,16 +51,33 @@ class ScriptSteps(StepObserver):
         self._ref_index = 0  # len(opt_steps) when _ref was taken
         self.intervals = 0  # intervals between main steps measured by measure_outside
         self.failed: str | None = None  # a measurement of ours that raised: the rest is left out, the script goes on
+        self.first_step_at: float | None = None  # perf_counter at the main optimizer's first step, and at its last
+        self.last_step_at: float | None = None
+        self.hook_seconds = 0.0  # time spent in the measurements since the first step
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run a measurement; if it fails, say so and measure nothing more (the script's own step must not fail)."""
         if self.failed is not None:
             return
+        t0 = time.perf_counter()
         try:
             fn(*args)
         except Exception as exc:  # ours, never the script's
             self.failed = f"{type(exc).__name__}: {exc}"[:500]
             self.close_window()
+        finally:
+            if self.first_step_at is not None:
+                self.hook_seconds += time.perf_counter() - t0
+
+    def cost(self) -> dict[str, Any] | None:
+        """The watched steps' wall time and the part of it spent in gradprobe's measurements (first step to the stop)."""
+        if self.first_step_at is None or self.last_step_at is None:
+            return None
+        span = self.last_step_at - self.first_step_at
+        plain = span - self.hook_seconds
+        return {"watched_seconds": round(span, 4), "in_gradprobe_measurements_seconds": round(self.hook_seconds, 4),
+                "ratio_to_unwatched_estimate": round(span / plain, 3) if plain > 0 else None,
+                "spans": f"from the first optimizer step to the last one watched ({self.done} steps)"}
 
     # ---- the model and its parameters -----------------------------------------------------------------------------
 
@@ -116,6 +134,7 @@ class ScriptSteps(StepObserver):
             return None  # an inner optimizer's step inside a wrapper's, another thread, or a stop under way
         if self.main_opt is None:
             self.main_opt = opt
+            self.first_step_at = time.perf_counter()
         if opt is self.main_opt and self.done >= self.steps and self.stop is not None:
             self.measure_outside()
             self.close_window()
@@ -153,6 +172,7 @@ class ScriptSteps(StepObserver):
             self.done += 1
             self.call = self.done
             self._guarded(self._take_ref)
+            self.last_step_at = time.perf_counter()
 
     def _take_ref(self) -> None:
         self._ref, self._ref_index = self._weights(), len(self.opt_steps)
