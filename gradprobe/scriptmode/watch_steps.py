@@ -105,10 +105,14 @@ class ScriptSteps(StepObserver):
             self.requires_grad[pid] = p.requires_grad
         return params
 
-    def _weights(self) -> dict[int, float]:
+    def _weights(self, known: dict[int, float] | None = None) -> dict[int, float]:
+        """Every model parameter's norm (those in `known` are taken from it: the post-step hook just measured them)."""
         params = self.model_params()
-        ids = list(params)
-        return dict(zip(ids, norms([params[i] for i in ids]), strict=True))
+        known = known or {}
+        ids = [pid for pid in params if pid not in known]
+        out = {pid: w for pid, w in known.items() if pid in params}
+        out.update(zip(ids, norms([params[i] for i in ids]), strict=True))
+        return out
 
     def measure_outside(self) -> None:
         """After a main step and before the next one: which model parameters changed that no optimizer step changed."""
@@ -175,7 +179,9 @@ class ScriptSteps(StepObserver):
             self.last_step_at = time.perf_counter()
 
     def _take_ref(self) -> None:
-        self._ref, self._ref_index = self._weights(), len(self.opt_steps)
+        last = self.opt_steps[-1] if self.opt_steps and self.opt_steps[-1].optimizer == id(self.main_opt) else None
+        known = {pid: ps.weight for pid, ps in last.params.items() if ps.weight is not None} if last else {}
+        self._ref, self._ref_index = self._weights(known), len(self.opt_steps)
         if self.ema is None and self.model is not None:
             from gradprobe.checks.steps.engine import _pair_ema
 
