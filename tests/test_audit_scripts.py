@@ -135,3 +135,24 @@ async def test_script_that_swallows_the_stop_is_audited_and_the_cost_is_measured
     assert step["optimizer_steps_watched"] == 4, step
     cost = step["cost"]
     assert 0 <= cost["in_gradprobe_measurements_seconds"] <= cost["watched_seconds"] and cost["ratio_to_unwatched_estimate"] >= 1
+
+
+DIAGNOSE = [
+    ("steps_accelerate_broken", ["--epochs=1"], "accelerate", {"codes": ["GP605"], "culprits": ["0.weight"], "line": 35}),
+    ("steps_accelerate", ["--epochs=1"], "accelerate", {"codes": [], "healthy": True, "absent": ["GP605", "GP000"]}),
+    ("steps_callback_broken", ["--steps=3"], None, {"codes": ["GP605"], "culprits": ["head.weight"], "line": 34}),
+    ("steps_callback", ["--steps=3"], None, {"codes": [], "healthy": True, "absent": ["GP605", "GP000"]}),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", DIAGNOSE, ids=[c[0] for c in DIAGNOSE])
+async def test_diagnose_watches_the_script_first_step(client, case):
+    """diagnose on a script: besides the checks on its step, the step as it ran: a gradient zeroed before step()."""
+    project, args, needs, expect = case
+    if needs and importlib.util.find_spec(needs) is None:
+        pytest.skip(f"needs {needs}")
+    target = {"project_dir": str(SCRIPTS / project), "script": "train.py", "args": args, "timeout_s": 240}
+    result = await client.call_tool("diagnose", {"target": target})
+    assert not result.is_error, result.content
+    assert_expected(result.structured_content, expect, project)

@@ -39,18 +39,25 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
         from gradprobe.scriptmode.audit import run_audit_job
 
         return run_audit_job(target, options, progress)
+    from gradprobe.checks.steps.observe import StepObserver
+
     project_dir = os.path.realpath(target["project_dir"])
     user = UserCode(project_dir)
     record = BuildRecord()
     seed_everything(int(target.get("seed") or 0))
     watch = StepWatch(user)
+    first = StepObserver(None, user, None)  # the script's own first step as it runs: what wrote its gradients
+    first.snapshot = False
     t0 = time.monotonic()
     recorder = BuildRecorder(user, record)
     state = _State()
 
     def finish(run: ScriptRun) -> ToolError | dict[str, Any]:
+        first.__exit__(None, None, None)
         try:
             report = _check_step(tool, target, options, progress, run, record)
+            if tool == "diagnose" and not isinstance(report, ToolError):
+                report = _watched_first_step(report, first, run)
         except Exception as exc:  # ours; never let it reach the script's own `except`
             report = make_report(tool, [script_internal_error(f"{type(exc).__name__}: {exc}",
                                                               {"internal_traceback": traceback.format_exc()[-4000:]})])
@@ -80,9 +87,40 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
 
     watch.on_stuck = on_stuck
     watch.on_capture = on_capture
-    with recorder:
+    with recorder, first:
         run = run_script(target, watch, progress, lambda r: setattr(state, "run", r))
     return state.report if state.report is not None else finish(run)
+
+
+def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> dict[str, Any]:
+    """GP605 from the script's own first step(s) as they ran: a gradient that backward() produced and that was zero
+    (or None) when optimizer.step() ran, with the line that wrote it. A failure here is ours: left out, said so."""
+    from gradprobe.checks._step import param_names
+    from gradprobe.checks.steps.facts import AuditFacts
+    from gradprobe.checks.steps.gradients import GP605
+    from gradprobe.findings import run_rules
+    from gradprobe.scriptmode.step import choose_model
+
+    zeroed = [c for s in first.opt_steps for c in s.changes if c.before > 0 and not c.after]
+    if not zeroed:
+        return report
+    try:
+        cap = run.watch.capture
+        in_opt = {pid for s in first.opt_steps for g in s.groups for pid in g.params}
+        model, _ = choose_model(run.watch, in_opt, set(), run.watch.user)
+        names = {pid: ns[0] for pid, ns in param_names(model).items()} if model is not None else {}
+        facts = AuditFacts(calls=len(first.opt_steps), mode="script", names=names, requires_grad={},
+                           opt_steps=first.opt_steps, events=first.events, grad_calls=[], built=[], attached=[],
+                           initial_optimizer=id(cap.optimizer) if cap is not None and cap.optimizer is not None else None,
+                           optimizer_site=None, scheduled=set(), schedule_sites={}, outside_moves={}, ema=[])
+        found = list(run_rules((GP605,), facts))
+    except Exception as exc:  # ours: the script's own step ran
+        report.setdefault("facts", {})["watched_step_left_out"] = f"{type(exc).__name__}: {exc}"[:500]
+        return report
+    if not found:
+        return report
+    return make_report(report["tool"], report["findings"] + found, report["summary"].splitlines()[1:],
+                       **report.get("facts", {}))
 
 
 def deliver_and_exit(report: ToolError | dict[str, Any], progress: Callable[[str], None]) -> None:

@@ -99,6 +99,7 @@ class StepObserver:
         self.attached: list[AttachSite] = []
         self.scaler_steps: list[ScalerStep] = []
         self.mode_calls: list[ModeCall] = []
+        self.snapshot = True  # False: measure no update (no copy of the parameters; diagnose's first step)
         self._in_train = False
         self.schedulers: dict[int, Any] = {}  # id(optimizer) -> a scheduler seen stepping it
         self.backwards: list[BackwardCall] = []  # since the last optimizer step
@@ -259,6 +260,7 @@ class StepObserver:
 
         def init(opt: Any, *args: Any, **kwargs: Any) -> None:
             orig(opt, *args, **kwargs)
+            observer.optimizers_seen.setdefault(id(opt), opt)  # its parameters' gradients are watched from now on
             if observer.call < 0:
                 return
             ids = {id(p) for g in opt.param_groups for p in g["params"]}
@@ -340,7 +342,8 @@ class StepObserver:
                 changes.append(GradChange(param=id(p), before=before, after=after, location=site, op=op,
                                           writers=[f"{at(loc)} {name}" for loc, name in writers if name]))
         moving = [p for p in params if p.grad is not None]
-        self._snap = (moving, [p.detach().clone() for p in moving])
+        if self.snapshot:  # the one copy: for the update norm, freed in the post-hook
+            self._snap = (moving, [p.detach().clone() for p in moving])
         step = OptStep(call=self.call, optimizer=id(opt), location=loc, backwards=self.backwards,
                        zero_grads_between=self.zero_grads_between, changes=changes)
         for i, g in enumerate(opt.param_groups):
