@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gradprobe.report import make_report
-from gradprobe.sandbox.failures import script_internal_error
 from gradprobe.sandbox.protocol import ToolError
 
 if TYPE_CHECKING:
@@ -36,7 +34,7 @@ class _State:
 def run_audit_job(target: dict[str, Any], options: dict[str, Any],
                   progress: Callable[[str], None]) -> ToolError | dict[str, Any]:
     from gradprobe.loading import BuildRecord, BuildRecorder, seed_everything
-    from gradprobe.scriptmode.first_step import deliver_and_exit
+    from gradprobe.scriptmode.first_step import deliver_and_exit, left_out
     from gradprobe.scriptmode.observe import StepWatch, StopScript
     from gradprobe.scriptmode.run import run_script
     from gradprobe.scriptmode.watch_steps import ScriptSteps
@@ -58,9 +56,8 @@ def run_audit_job(target: dict[str, Any], options: dict[str, Any],
         recorder.__exit__(None, None, None)
         try:
             report = audit_script_report(observer, record, run, steps, target)
-        except Exception as exc:  # ours; never let it reach the script's own `except`
-            report = make_report("audit_training", [script_internal_error(
-                f"{type(exc).__name__}: {exc}", {"internal_traceback": traceback.format_exc()[-4000:]})])
+        except Exception as exc:  # ours; never let it reach the script's own `except`, never blame the script
+            report = left_out("audit_training", exc, "gradprobe's judgement of the watched steps")
         if not isinstance(report, ToolError):
             report.setdefault("facts", {})["script_total_seconds"] = round(time.monotonic() - t0, 3)
         return report

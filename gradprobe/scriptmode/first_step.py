@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, cast
 from gradprobe.findings import Finding
 from gradprobe.report import make_report
 from gradprobe.outcomes import GP100
-from gradprobe.sandbox.failures import script_internal_error
 from gradprobe.sandbox.protocol import Phase, Result, ToolError, json_safe
 
 if TYPE_CHECKING:
@@ -58,9 +57,8 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
             report = _check_step(tool, target, options, progress, run, record)
             if tool == "diagnose" and not isinstance(report, ToolError):
                 report = _watched_first_step(report, first, run)
-        except Exception as exc:  # ours; never let it reach the script's own `except`
-            report = make_report(tool, [script_internal_error(f"{type(exc).__name__}: {exc}",
-                                                              {"internal_traceback": traceback.format_exc()[-4000:]})])
+        except Exception as exc:  # ours; never let it reach the script's own `except`, never blame the script
+            report = left_out(tool, exc, "gradprobe's checks of the script's step")
         if not isinstance(report, ToolError):
             report.setdefault("facts", {})["script_total_seconds"] = round(time.monotonic() - t0, 3)
         return report
@@ -178,7 +176,7 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
     try:
         report = run_tool(tool, loaded, options)
     except Exception as exc:  # ours: the script's own step ran
-        report = _replay_raised(tool, exc)
+        report = left_out(tool, exc, "gradprobe's replay of the script's step")
     if watch.backwards:
         report = _replay_failures_are_ours(tool, report)
     lr_zero_now = bool(cap.lrs) and all(lr == 0 for lr in cap.lrs)
@@ -204,18 +202,18 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
 _REPLAY_FAILURES = (GP100.code, "GP308", "GP310")
 
 
-def _replay_raised(tool: str, exc: Exception) -> dict[str, Any]:
-    """A check of gradprobe raised on the replayed step. The script's own step ran, so this is never the user's error:
-    the checks are left out and the report says so (a memory limit stays GP113: a resource limit)."""
+def left_out(tool: str, exc: Exception, what: str) -> dict[str, Any]:
+    """gradprobe raised on a script's step (call it inside the `except`). The script's own step ran, so this is never the
+    user's error (no GP000): what failed is left out and the report says so (a memory limit stays GP113)."""
     from gradprobe.checks.torchcompat import allocation_failure
     from gradprobe.sandbox.failures import internal_error_report
 
     if allocation_failure(exc) is not None:
         return internal_error_report(tool, exc)
     error = f"{type(exc).__name__}: {exc}"[:500]
-    return make_report(tool, [], [f"gradprobe's replay of the script's step failed ({error[:200]}): its checks were left "
-                                  "out. The script's own step ran; this is a gradprobe limitation, not a finding."],
-                       replay_left_out={"error": error, "internal_traceback": traceback.format_exc()[-4000:]})
+    return make_report(tool, [], [f"{what} failed ({error[:200]}) and was left out. The script's own step ran; this is "
+                                  "a gradprobe limitation, not a finding."],
+                       replay_left_out={"what": what, "error": error, "internal_traceback": traceback.format_exc()[-4000:]})
 
 
 def _replay_failures_are_ours(tool: str, report: dict[str, Any]) -> dict[str, Any]:
