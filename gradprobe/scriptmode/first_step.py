@@ -46,7 +46,7 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
     seed_everything(int(target.get("seed") or 0))
     watch = StepWatch(user)
     first = StepObserver(None, user, None)  # the script's own first step as it runs: what wrote its gradients
-    first.snapshot = False
+    first.snapshot = first.probe_grads = False  # no copy of the parameters, the script's tensors untouched
     t0 = time.monotonic()
     recorder = BuildRecorder(user, record)
     state = _State()

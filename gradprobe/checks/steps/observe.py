@@ -100,6 +100,7 @@ class StepObserver:
         self.scaler_steps: list[ScalerStep] = []
         self.mode_calls: list[ModeCall] = []
         self.snapshot = True  # False: measure no update (no copy of the parameters; diagnose's first step)
+        self.probe_grads = True  # False: leave what autograd.grad returns untouched (GP608 is then not measured)
         self._in_train = False
         self.schedulers: dict[int, Any] = {}  # id(optimizer) -> a scheduler seen stepping it
         self.backwards: list[BackwardCall] = []  # since the last optimizer step
@@ -243,7 +244,7 @@ class StepObserver:
             call = GradCall(call=observer.call, location=observer.where(), create_graph=create_graph,
                             inputs_are_parameters=on_params)
             direct = observer.user.is_user_file(sys._getframe(1).f_code.co_filename)
-            if not create_graph and not on_params and direct:
+            if not create_graph and not on_params and direct and observer.probe_grads:
                 # a probe: if what this returned feeds a loss that is backpropagated, its .grad fills in. Only for the
                 # user's own direct call (never inside a library); the returned tensor then requires grad
                 for g in result if isinstance(result, tuple) else (result,):
