@@ -35,6 +35,8 @@ CASES = [
      {"codes": ["GP606"], "culprits": ["heads.aux.weight", "heads.aux.bias"], "line": 38}),
     ("steps_ema", ["--steps=8"], None, {"codes": [], "healthy": True}),
     ("steps_ema_broken", ["--steps=8"], None, {"codes": ["GP609"], "culprits": ["ema_teacher.0.weight"], "line": 28}),
+    ("steps_gradient_penalty", ["--steps=8"], None, {"codes": [], "healthy": True}),
+    ("steps_gradient_penalty_broken", ["--steps=8"], None, {"codes": ["GP608"], "culprits": [], "line": 27}),
     ("steps_eval_mode", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP610"]}),
     ("steps_eval_mode_broken", ["--steps=8"], None, {"codes": ["GP610"], "culprits": [], "line": 27, "severity": "warning"}),
 ]
