@@ -91,11 +91,11 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
 
 
 def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> dict[str, Any]:
-    """GP605 from the script's own first step(s) as they ran: a gradient that backward() produced and that was zero
+    """The one-step GP6xx rules on the script's own first step(s) as they ran: a gradient that backward() produced and that was zero
     (or None) when optimizer.step() ran, with the line that wrote it. A failure here is ours: left out, said so."""
     from gradprobe.checks._step import param_names
     from gradprobe.checks.steps.facts import AuditFacts
-    from gradprobe.checks.steps.gradients import GP605
+    from gradprobe.checks.steps.gradients import ONE_STEP_RULES
     from gradprobe.findings import run_rules
     from gradprobe.scriptmode.step import choose_model
 
@@ -111,7 +111,7 @@ def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> d
                            opt_steps=first.opt_steps, events=first.events, grad_calls=[], built=[], attached=[],
                            initial_optimizer=id(cap.optimizer) if cap is not None and cap.optimizer is not None else None,
                            optimizer_site=None, scheduled=set(), schedule_sites={}, outside_moves={}, ema=[])
-        found = list(run_rules((GP605,), facts))
+        found = list(run_rules(ONE_STEP_RULES, facts))
     except Exception as exc:  # ours: the script's own step ran
         report.setdefault("facts", {})["watched_step_left_out"] = f"{type(exc).__name__}: {exc}"[:500]
         return report

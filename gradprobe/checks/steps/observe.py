@@ -100,7 +100,7 @@ class StepObserver:
         self.scaler_steps: list[ScalerStep] = []
         self.mode_calls: list[ModeCall] = []
         self.snapshot = True  # False: measure no update (no copy of the parameters; diagnose's first step)
-        self.probe_grads = True  # False: leave what autograd.grad returns untouched (GP608 is then not measured)
+        self.probe_grads = True  # False: leave what autograd.grad returns untouched (the gradient-penalty check is then blind)
         self._in_train = False
         self.schedulers: dict[int, Any] = {}  # id(optimizer) -> a scheduler seen stepping it
         self.backwards: list[BackwardCall] = []  # since the last optimizer step

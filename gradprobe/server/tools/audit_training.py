@@ -22,7 +22,8 @@ modules attached during the steps. Headline: per parameter, over the steps, in t
 non-zero gradient at step time, moved. Findings: accumulation not averaged or zeroed inside the loop
 (GP601), gradients never cleared (GP602), lr 0 at every step (GP603), scheduler before optimizer
 (GP604), a gradient zeroed before the step (GP605), a parameter that never moves (GP606), optimizer
-state lost (GP607), a gradient penalty without create_graph (GP608), a broken EMA copy (GP609).
+state lost (GP607), a gradient penalty without create_graph (GP608), a broken EMA copy (GP609), every
+dropout module in eval mode while training (GP610).
 When nothing is wrong, facts.verified lists what was measured.
 
 Use it when one step looks fine but training does not: the target needs `train_step` (or
