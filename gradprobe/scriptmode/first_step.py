@@ -91,8 +91,9 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
 
 
 def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> dict[str, Any]:
-    """The one-step GP6xx rules on the script's own first step(s) as they ran: a gradient that backward() produced and that was zero
-    (or None) when optimizer.step() ran, with the line that wrote it. A failure here is ours: left out, said so."""
+    """The one-step GP6xx rules on the script's own first step(s) as they ran: a gradient that backward() produced
+    and that was zero (or None) when optimizer.step() ran, with the line that wrote it. A failure here is ours:
+    left out, and said so."""
     from gradprobe.checks._step import param_names
     from gradprobe.checks.steps.facts import AuditFacts
     from gradprobe.checks.steps.gradients import ONE_STEP_RULES
