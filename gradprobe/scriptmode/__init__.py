@@ -5,7 +5,9 @@ autograd, modules, ranks) as they happen, then check that step in place.
     first_step.py  the tool call on a script target: run, check the captured step, report
     run.py         run the script as __main__ under a timer; GP112 when it reaches no step
     observe.py     the watch: module calls, backwards, optimizer steps, as they happen
-    step.py        replay the captured step for the checks
+    step.py        replay the captured step for the checks (after the script's own step ran; a failure is left out)
+    audit.py       audit_training on a script: watch its own optimizer steps, stop before step N+1, judge them
+    watch_steps.py the audit's observer: the GP6xx StepObserver over the whole script run, no replay
     ranks.py       several ranks in one call: `world_size` > 1 (torchrun-style forked ranks) and workers the script
                    starts with torch.multiprocessing.spawn; each rank runs first_step.py's job
     rankwatch.py   what each rank measures for the checks across ranks (gradprobe/checks/ranks.py)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, cast
 from gradprobe.findings import Finding
 from gradprobe.report import make_report
 from gradprobe.outcomes import GP100
-from gradprobe.sandbox.failures import replay_failed, script_internal_error
 from gradprobe.sandbox.protocol import Phase, Result, ToolError, json_safe
 
 if TYPE_CHECKING:
@@ -35,21 +34,31 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
     from gradprobe.scriptmode.run import run_script
     from gradprobe.userframes import UserCode
 
+    if tool == "audit_training":  # several steps, watched as the script runs them (no replay)
+        from gradprobe.scriptmode.audit import run_audit_job
+
+        return run_audit_job(target, options, progress)
+    from gradprobe.checks.steps.observe import StepObserver
+
     project_dir = os.path.realpath(target["project_dir"])
     user = UserCode(project_dir)
     record = BuildRecord()
     seed_everything(int(target.get("seed") or 0))
     watch = StepWatch(user)
+    first = StepObserver(None, user, None)  # the script's own first step as it runs: what wrote its gradients
+    first.snapshot = first.probe_grads = False  # no copy of the parameters, the script's tensors untouched
     t0 = time.monotonic()
     recorder = BuildRecorder(user, record)
     state = _State()
 
     def finish(run: ScriptRun) -> ToolError | dict[str, Any]:
+        first.__exit__(None, None, None)
         try:
             report = _check_step(tool, target, options, progress, run, record)
-        except Exception as exc:  # ours; never let it reach the script's own `except`
-            report = make_report(tool, [script_internal_error(f"{type(exc).__name__}: {exc}",
-                                                              {"internal_traceback": traceback.format_exc()[-4000:]})])
+            if tool == "diagnose" and not isinstance(report, ToolError):
+                report = _watched_first_step(report, first, run)
+        except Exception as exc:  # ours; never let it reach the script's own `except`, never blame the script
+            report = left_out(tool, exc, "gradprobe's checks of the script's step")
         if not isinstance(report, ToolError):
             report.setdefault("facts", {})["script_total_seconds"] = round(time.monotonic() - t0, 3)
         return report
@@ -62,7 +71,7 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
         report = state.report or finish(run)
         if not isinstance(report, ToolError):
             report["facts"]["script_swallowed_stop"] = True
-        _deliver_and_exit(report, progress)
+        deliver_and_exit(report, progress)
 
     def on_capture() -> None:
         # the checks run here, inside the script's step, while its state (a Lightning loop, DataLoader
@@ -76,12 +85,44 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
 
     watch.on_stuck = on_stuck
     watch.on_capture = on_capture
-    with recorder:
+    with recorder, first:
         run = run_script(target, watch, progress, lambda r: setattr(state, "run", r))
     return state.report if state.report is not None else finish(run)
 
 
-def _deliver_and_exit(report: ToolError | dict[str, Any], progress: Callable[[str], None]) -> None:
+def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> dict[str, Any]:
+    """The one-step GP6xx rules on the script's own first step(s) as they ran: a gradient that backward() produced
+    and that was zero (or None) when optimizer.step() ran, with the line that wrote it. A failure here is ours:
+    left out, and said so."""
+    from gradprobe.checks._step import param_names
+    from gradprobe.checks.steps.facts import AuditFacts
+    from gradprobe.checks.steps.gradients import ONE_STEP_RULES
+    from gradprobe.findings import run_rules
+    from gradprobe.scriptmode.step import choose_model
+
+    zeroed = [c for s in first.opt_steps for c in s.changes if c.before > 0 and not c.after]
+    if not zeroed:
+        return report
+    try:
+        cap = run.watch.capture
+        in_opt = {pid for s in first.opt_steps for g in s.groups for pid in g.params}
+        model, _ = choose_model(run.watch, in_opt, set(), run.watch.user)
+        names = {pid: ns[0] for pid, ns in param_names(model).items()} if model is not None else {}
+        facts = AuditFacts(calls=len(first.opt_steps), mode="script", names=names, requires_grad={},
+                           opt_steps=first.opt_steps, events=first.events, grad_calls=[], built=[], attached=[],
+                           initial_optimizer=id(cap.optimizer) if cap is not None and cap.optimizer is not None else None,
+                           optimizer_site=None, scheduled=set(), schedule_sites={}, outside_moves={}, ema=[])
+        found = list(run_rules(ONE_STEP_RULES, facts))
+    except Exception as exc:  # ours: the script's own step ran
+        report.setdefault("facts", {})["watched_step_left_out"] = f"{type(exc).__name__}: {exc}"[:500]
+        return report
+    if not found:
+        return report
+    return make_report(report["tool"], report["findings"] + found, report["summary"].splitlines()[1:],
+                       **report.get("facts", {}))
+
+
+def deliver_and_exit(report: ToolError | dict[str, Any], progress: Callable[[str], None]) -> None:
     """Send the report on the child's result channel and exit, without unwinding the script."""
     chan = getattr(progress, "__self__", None)
     if chan is None or not hasattr(chan, "finish"):
@@ -136,9 +177,7 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
     try:
         report = run_tool(tool, loaded, options)
     except Exception as exc:  # ours: the script's own step ran
-        from gradprobe.sandbox.failures import internal_error_report
-
-        report = internal_error_report(tool, exc)
+        report = left_out(tool, exc, "gradprobe's replay of the script's step")
     if watch.backwards:
         report = _replay_failures_are_ours(tool, report)
     lr_zero_now = bool(cap.lrs) and all(lr == 0 for lr in cap.lrs)
@@ -164,19 +203,32 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
 _REPLAY_FAILURES = (GP100.code, "GP308", "GP310")
 
 
+def left_out(tool: str, exc: Exception, what: str) -> dict[str, Any]:
+    """gradprobe raised on a script's step (call it inside the `except`). The script's own step ran, so this is never the
+    user's error (no GP000): what failed is left out and the report says so (a memory limit stays GP113)."""
+    from gradprobe.checks.torchcompat import allocation_failure
+    from gradprobe.sandbox.failures import internal_error_report
+
+    if allocation_failure(exc) is not None:
+        return internal_error_report(tool, exc)
+    error = f"{type(exc).__name__}: {exc}"[:500]
+    return make_report(tool, [], [f"{what} failed ({error[:200]}) and was left out. The script's own step ran; this is "
+                                  "a gradprobe limitation, not a finding."],
+                       replay_left_out={"what": what, "error": error, "internal_traceback": traceback.format_exc()[-4000:]})
+
+
 def _replay_failures_are_ours(tool: str, report: dict[str, Any]) -> dict[str, Any]:
     """The script's real forward and backward ran without error, so a failure of gradprobe's replay of
-    that step is gradprobe's, never the user's error."""
+    that step is gradprobe's, never the user's error: such findings are left out, and the report says so."""
     findings = report["findings"]
-    if not any(f["code"] in _REPLAY_FAILURES for f in findings):
+    failed = [f for f in findings if f["code"] in _REPLAY_FAILURES]
+    if not failed:
         return report
-    kept: list[Finding] = []
-    for f in findings:
-        if f["code"] in _REPLAY_FAILURES:
-            kept.append(replay_failed(f))
-        else:
-            kept.append(f)
-    return make_report(tool, kept, report["summary"].splitlines()[1:], **report.get("facts", {}))
+    kept: list[Finding] = [f for f in findings if f["code"] not in _REPLAY_FAILURES]
+    note = (f"gradprobe's replay of the script's step failed where the script's own step did not ({failed[0]['message'][:200]}): "
+            "that result was left out (a gradprobe limitation, not a finding).")
+    facts = dict(report.get("facts", {}), replay_left_out={"findings": failed})
+    return make_report(tool, kept, report["summary"].splitlines()[1:] + [note], **facts)
 
 
 def _lr_zero_findings(findings: list[Finding], lrs: list[float], loc: dict[str, Any] | None,

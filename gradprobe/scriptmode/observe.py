@@ -97,6 +97,7 @@ class StepWatch:
         self.on_capture: Callable[[], None] | None = None  # runs the checks at the captured step
         self.forward_error: tuple[BaseException, dict | None] | None = None
         self.lr_zero_step: tuple[list[float], dict | None] | None = None  # a first step at lr 0, let through
+        self.passive = False  # True: capture no step here (audit_training's watch counts the steps and stops the script)
 
     # ---- how far the script got ---------------------------------------------------------
     def reached(self, phase: int) -> None:
@@ -262,6 +263,8 @@ class StepWatch:
             self._stop_again()
             return None
         self.reached(6)
+        if self.passive:
+            return None
         lrs = _lrs(opt)
         if lrs and all(lr == 0 for lr in lrs) and self.lr_zero_step is None:
             # a warm-up from 0 moves nothing on its first step: let it run, judge a later step

@@ -58,6 +58,11 @@ def settle_ema(findings: list[Finding], moved: dict[str, dict[str, Any]], steps:
 
 def add_steps(loaded: Any, steps: int, findings: list[Finding], facts: dict[str, Any]) -> tuple[list[Finding], list[str]]:
     """Run the audit after diagnose's step; its findings join `findings`, its facts go in facts["steps"]."""
+    if isinstance(getattr(loaded, "info", None), dict) and "script_step" in loaded.info:  # a script: never replayed
+        note = ("for a script, audit_training watches the script's own loop for that many optimizer steps "
+                "(diagnose checked its first step)")
+        facts["steps"] = {"note": note}
+        return findings, [f"Steps: not audited here ({note})."]
     report = audit_report(loaded, steps)
     audit_facts: dict[str, Any] = report.get("facts") or {}
     facts["steps"] = {k: audit_facts[k] for k in ("steps", "mode", "headline", "verdicts", "param_groups",

@@ -20,6 +20,7 @@ from gradprobe.checks.steps.accumulation import LossFactors, accumulation_lines
 from gradprobe.checks.steps.amp import AMP_RULES, ScalerWatch
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, derive
 from gradprobe.checks.steps.gradients import GRADIENT_RULES
+from gradprobe.checks.steps.modes import MODE_RULES
 from gradprobe.checks.steps.observe import StepObserver, norms
 from gradprobe.checks.steps.overfit import OVERFIT_RULES, overfit_one_batch, overfit_summary
 from gradprobe.checks.steps.ratio import RATIO_RULES
@@ -29,7 +30,7 @@ from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
 
-RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES
+RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES + MODE_RULES
 _RANK = {r.code: r.rank for r in RULES + AMP_RULES + OVERFIT_RULES}
 _EMA_HINT = re.compile(r"ema|momentum|teacher|target|shadow|averag|avg|mean_t|polyak", re.IGNORECASE)
 MAX_STEPS = 32
@@ -196,7 +197,7 @@ class _Run:
                            initial_optimizer=id(opt) if opt is not None else None, optimizer_site=site[1] if site else None,
                            scheduled=scheduled, schedule_sites={k: v for k, v in sites.items() if v},
                            outside_moves=self.outside, ema=self.ema, step_error=self.error,
-                           scaler_steps=obs.scaler_steps)
+                           scaler_steps=obs.scaler_steps, mode_calls=obs.mode_calls)
         derive(facts)
         return facts
 
@@ -206,14 +207,16 @@ def _no_optimizer_report() -> dict:
                                               "or a `train_step` that steps one."], note="no optimizer")
 
 
+def facts_report(facts: AuditFacts, extra: list[Finding] | None = None) -> dict:
+    """The GP6xx rules on measured facts (observed in a train_step's calls, or in a script's own loop), ranked, reported."""
+    findings: list[Finding] = sorted(run_rules(RULES, facts), key=lambda f: _RANK.get(f["code"], 99)) + list(extra or ())
+    return make_report("audit_training", findings, summary_lines(facts, findings), **facts_table(facts, findings))
+
+
 def audit_report(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> dict:
     """audit_training: run the user's step `steps` times, observed; GP6xx findings and a measured all-clear; then,
     when `overfit_steps` > 0, that many more steps on the same batch to see the loss go down (overfit.py)."""
     steps = max(1, min(int(steps), MAX_STEPS))
-    if isinstance(getattr(loaded, "info", None), dict) and "script_step" in loaded.info:  # a replayed script step
-        return make_report("audit_training", [], ["audit_training does not run script mode yet (it would audit a replay, "
-                                                  "not the script's own steps): give `model` and `train_step` instead."],
-                           note="script mode not supported")
     if loaded.train_step is None and loaded.optimizer is None:
         return _no_optimizer_report()
     run = _Run(loaded, steps)

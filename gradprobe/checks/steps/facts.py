@@ -81,6 +81,8 @@ class OptStep:
     others: dict[int, float | None] = field(default_factory=dict)  # gradient norms of tracked tensors in no group
     state_size: int = 0
     state_step: float | None = None
+    dropout: int = 0  # the model's dropout modules with p > 0 when optimizer.step() ran
+    dropout_in_eval: list[str] = field(default_factory=list)  # ... of those, the ones in eval mode (names)
 
 
 @dataclass
@@ -101,6 +103,17 @@ class ScalerStep:
     location: dict | None
     scale: float | None
     skipped: bool
+
+
+@dataclass
+class ModeCall:
+    """A user call of module.train(mode) / module.eval() (the outermost one: not the calls it makes on children)."""
+
+    call: int
+    location: dict | None
+    training: bool
+    module: int  # id of the module it was called on
+    covers: set[int] = field(default_factory=set)  # ids of the dropout modules it set
 
 
 @dataclass
@@ -168,6 +181,7 @@ class AuditFacts:
     ema: list[EmaCopy]
     step_error: str | None = None
     scaler_steps: list[ScalerStep] = field(default_factory=list)
+    mode_calls: list[ModeCall] = field(default_factory=list)
     verdicts: dict[int, Verdict] = field(default_factory=dict)
 
     def name(self, pid: int) -> str:

@@ -166,3 +166,5 @@ def detect_penalty_without_graph(facts: AuditFacts) -> Iterator[Finding]:
 
 
 GRADIENT_RULES: tuple[Rule[AuditFacts], ...] = (GP601, GP602, GP605, GP608)
+# what one watched step can show on its own (diagnose's script mode watches the script's first step)
+ONE_STEP_RULES: tuple[Rule[AuditFacts], ...] = (GP605,)

@@ -26,7 +26,8 @@ import torch.optim.optimizer as optimizer_mod
 from torch.overrides import TorchFunctionMode
 
 from gradprobe.checks.steps.facts import (
-    AttachSite, BackwardCall, Event, GradCall, GradChange, GroupStep, OptimizerBuilt, OptStep, ParamStep, ScalerStep, at,
+    AttachSite, BackwardCall, Event, GradCall, GradChange, GroupStep, ModeCall, OptimizerBuilt, OptStep, ParamStep, ScalerStep,
+    at,
 )
 from gradprobe.userframes import UserCode
 
@@ -88,7 +89,7 @@ class _GradWrites(TorchFunctionMode):
 class StepObserver:
     """Context manager recording what the user's steps do (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, user: UserCode, optimizer: Any):
+    def __init__(self, model: nn.Module | None, user: UserCode, optimizer: Any):
         self.model, self.user = model, user
         self.call = -1
         self.events: list[Event] = []
@@ -97,6 +98,10 @@ class StepObserver:
         self.built: list[OptimizerBuilt] = []
         self.attached: list[AttachSite] = []
         self.scaler_steps: list[ScalerStep] = []
+        self.mode_calls: list[ModeCall] = []
+        self.snapshot = True  # False: measure no update (no copy of the parameters; diagnose's first step)
+        self.probe_grads = True  # False: leave what autograd.grad returns untouched (the gradient-penalty check is then blind)
+        self._in_train = False
         self.schedulers: dict[int, Any] = {}  # id(optimizer) -> a scheduler seen stepping it
         self.backwards: list[BackwardCall] = []  # since the last optimizer step
         self.zero_grads_between: list[tuple[dict | None, int]] = []
@@ -115,7 +120,7 @@ class StepObserver:
         return self.user.innermost(sys._getframe(2))
 
     def tracked(self) -> list[torch.Tensor]:
-        seen: dict[int, torch.Tensor] = {id(p): p for p in self.model.parameters()}
+        seen: dict[int, torch.Tensor] = {id(p): p for p in self.model.parameters()} if self.model is not None else {}
         for opt in self.optimizers_seen.values():
             for g in getattr(opt, "param_groups", ()):
                 for p in g["params"]:
@@ -239,7 +244,7 @@ class StepObserver:
             call = GradCall(call=observer.call, location=observer.where(), create_graph=create_graph,
                             inputs_are_parameters=on_params)
             direct = observer.user.is_user_file(sys._getframe(1).f_code.co_filename)
-            if not create_graph and not on_params and direct:
+            if not create_graph and not on_params and direct and observer.probe_grads:
                 # a probe: if what this returned feeds a loss that is backpropagated, its .grad fills in. Only for the
                 # user's own direct call (never inside a library); the returned tensor then requires grad
                 for g in result if isinstance(result, tuple) else (result,):
@@ -256,10 +261,11 @@ class StepObserver:
 
         def init(opt: Any, *args: Any, **kwargs: Any) -> None:
             orig(opt, *args, **kwargs)
+            observer.optimizers_seen.setdefault(id(opt), opt)  # its parameters' gradients are watched from now on
             if observer.call < 0:
                 return
-            model_ids = {id(p) for p in observer.model.parameters()}
             ids = {id(p) for g in opt.param_groups for p in g["params"]}
+            model_ids = {id(p) for p in observer.model.parameters()} if observer.model is not None else ids
             observer.built.append(OptimizerBuilt(call=observer.call, location=observer.where(), optimizer=id(opt),
                                                  overlaps_model=bool(ids & model_ids)))
             observer.optimizers_seen[id(opt)] = opt
@@ -271,7 +277,7 @@ class StepObserver:
 
         def setattr_(module: nn.Module, name: str, value: Any) -> None:
             orig(module, name, value)
-            if isinstance(value, (nn.Module, nn.Parameter)):
+            if observer.call >= 0 and isinstance(value, (nn.Module, nn.Parameter)):  # only what is attached during steps
                 ids = {id(value)} if isinstance(value, nn.Parameter) else {id(p) for p in value.parameters()}
                 if ids:
                     observer.attached.append(AttachSite(call=observer.call, location=observer.where(), params=ids))
@@ -291,9 +297,37 @@ class StepObserver:
 
         return step
 
+    def _wrap_train(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        observer = self
+
+        def train(module: nn.Module, mode: bool = True) -> Any:
+            if observer._in_train:  # the calls train() makes on the children
+                return orig(module, mode)
+            observer._in_train = True
+            try:
+                out = orig(module, mode)
+            finally:
+                observer._in_train = False
+            covers = {id(m) for m in module.modules() if _is_dropout(m)}
+            if covers:
+                observer.mode_calls.append(ModeCall(call=observer.call, location=observer.where(), training=bool(mode),
+                                                    module=id(module), covers=covers))
+            return out
+
+        return train
+
+    def _dropout_modes(self, step: OptStep) -> None:
+        """The model's dropout modules (p > 0) when the step ran, and which of them were in eval mode."""
+        if self.model is None:
+            return
+        drops = [(name, m) for name, m in self.model.named_modules() if _is_dropout(m)]
+        step.dropout = len(drops)
+        step.dropout_in_eval = [name for name, m in drops if not m.training]
+
     # ---- optimizer step hooks --------------------------------------------------------------------------------------
 
-    def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+    def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """A global optimizer step pre-hook (it may return new (args, kwargs); this one never does)."""
         self.close_window()
         self.optimizers_seen.setdefault(id(opt), opt)
         loc = self.user.innermost(sys._getframe(1))
@@ -309,7 +343,8 @@ class StepObserver:
                 changes.append(GradChange(param=id(p), before=before, after=after, location=site, op=op,
                                           writers=[f"{at(loc)} {name}" for loc, name in writers if name]))
         moving = [p for p in params if p.grad is not None]
-        self._snap = (moving, [p.detach().clone() for p in moving])
+        if self.snapshot:  # the one copy: for the update norm, freed in the post-hook
+            self._snap = (moving, [p.detach().clone() for p in moving])
         step = OptStep(call=self.call, optimizer=id(opt), location=loc, backwards=self.backwards,
                        zero_grads_between=self.zero_grads_between, changes=changes)
         for i, g in enumerate(opt.param_groups):
@@ -319,9 +354,11 @@ class StepObserver:
             for pid in ids:
                 step.params[pid] = ParamStep(grad_after_backward=self.after_backward.get(pid), grad_at_step=at_step.get(pid))
         step.others = {pid: v for pid, v in self.after_backward.items() if pid not in step.params}
+        self._dropout_modes(step)
         self.events.append(Event(self.call, "optimizer_step", loc, optimizer=id(opt)))
         self.opt_steps.append(step)
         self.backwards, self.zero_grads_between = [], []
+        return None
 
     def _post_step(self, opt: Any, args: Any, kwargs: Any) -> None:
         if self._snap is None or not self.opt_steps:
@@ -365,18 +402,29 @@ class StepObserver:
             self._patch(lr_scheduler.ReduceLROnPlateau, "step", self._wrap_sched(lr_scheduler.ReduceLROnPlateau.step))
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_opt_init(torch.optim.Optimizer.__init__))
         self._patch(nn.Module, "__setattr__", self._wrap_setattr(nn.Module.__setattr__))
+        self._patch(nn.Module, "train", self._wrap_train(nn.Module.train))
         scaler = getattr(torch.amp, "GradScaler", None)
         if scaler is not None and "step" in scaler.__dict__:
             self._patch(scaler, "step", self._wrap_scaler_step(scaler.step))
         self._stack.callback(optimizer_mod.register_optimizer_step_pre_hook(self._pre_step).remove)
         self._stack.callback(optimizer_mod.register_optimizer_step_post_hook(self._post_step).remove)
         # the window between a backward and the step closes at the next forward too (accumulation): no mode in a forward
-        self._stack.callback(self.model.register_forward_pre_hook(lambda module, args: self.close_window()).remove)
+        # (of any module while the model is not known yet: script mode)
+        if self.model is not None:
+            self._stack.callback(self.model.register_forward_pre_hook(lambda module, args: self.close_window()).remove)
+        else:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._stack.callback(register_module_forward_pre_hook(lambda module, args: self.close_window()).remove)
         self._stack.callback(self.close_window)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._stack.close()
+
+
+def _is_dropout(m: nn.Module) -> bool:
+    return isinstance(m, nn.modules.dropout._DropoutNd) and float(getattr(m, "p", 0.0)) > 0
 
 
 def _total(values: Iterator[float | None]) -> float | None:

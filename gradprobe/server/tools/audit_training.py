@@ -27,7 +27,8 @@ non-zero gradient at step time, moved. Findings: accumulation not averaged or ze
 (GP604), a gradient zeroed before the step (GP605), a parameter that never moves (GP606), optimizer
 state lost (GP607), a gradient penalty without create_graph (GP608), a broken EMA copy (GP609),
 clipping before scaler.unscale_ (GP615), a GradScaler that skips every step (GP617), a group
-whose update is half its weights or more at every step (GP618).
+whose update is half its weights or more at every step (GP618), every dropout module in eval
+mode while training (GP610).
 When nothing is wrong, facts.verified lists what was measured. `overfit_steps` (opt-in, e.g. 20) then
 runs that many more steps on the same batch and checks that the loss goes down, per loss term
 (facts.overfit_one_batch; GP616 when it does not, with the parameters that did not move). The result
@@ -35,9 +36,12 @@ carries an SVG chart per parameter group of the lr, grad norm and update ratio o
 
 Use it when one step looks fine but training does not: the target needs `train_step` (or
 `optimizer`, then the default loss and step run, and a scheduler make_optimizer returns is stepped).
-Script mode (`script`/`module`) is not supported by this tool yet.
+Script mode (`script`/`module`): the script's own loop runs under whatever it uses (DDP, HF Trainer,
+accelerate, Lightning), its own optimizer steps are watched as they run (nothing is replayed), and it
+is stopped before its optimizer's step `steps`+1.
 {TARGET_HELP}
-Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}, "steps": 4}}"""
+Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}, "steps": 4}}
+Script mode: {{"target": {{"project_dir": "/home/ana/proj", "script": "train.py", "args": ["--epochs=1"]}}}}"""
 
 
 def steps_picture(report: dict) -> list:
@@ -55,13 +59,14 @@ def register(server: Any, runtime: Any) -> None:
     async def audit_training(
         target: Target,
         ctx: Context,
-        steps: Annotated[int, Field(ge=1, le=32, description="How many steps to run (one call of train_step each).")] = 4,
+        steps: Annotated[int, Field(ge=1, le=32, description=(
+            "How many steps to run (one call of train_step each; in script mode, optimizer steps of the script)."))] = 4,
         overfit_steps: Annotated[int, Field(ge=0, le=200, description=(
-            "Opt-in: after the audit, run this many more steps on the same batch and check that the loss goes down "
-            "(20 is a good value; 0: off)."))] = 0,
+            "Opt-in, build_model()/train_step form: after the audit, run this many more steps on the same batch and "
+            "check that the loss goes down (20 is a good value; 0: off)."))] = 0,
     ) -> Annotated[CallToolResult, Report]:
-        if target.script or target.module:
-            raise ToolError("audit_training runs the build_model()/train_step form only (script mode is not supported "
-                            "yet): give `model` (and `train_step` or `optimizer`) instead of `script`/`module`.")
+        if (target.script or target.module) and overfit_steps:
+            raise ToolError("overfit_steps needs the build_model()/train_step form (a script's own loop decides its "
+                            "batches): give `model` and `train_step`, or leave overfit_steps at 0.")
         return await call_tool(runtime, "audit_training", target, {"steps": steps, "overfit_steps": overfit_steps}, ctx,
                                post=steps_picture)

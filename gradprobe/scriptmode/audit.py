@@ -1,0 +1,162 @@
+"""audit_training on a script target (the child's side): run the script, watch its own optimizer steps as they
+run (watch_steps.ScriptSteps; nothing is replayed), stop it before step N+1, and judge the steps with the same
+facts and GP6xx rules as the build_model()/train_step form (gradprobe/checks/steps)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gradprobe.report import make_report
+from gradprobe.sandbox.protocol import ToolError
+
+if TYPE_CHECKING:
+    import torch
+
+    from gradprobe.checks.steps.facts import AuditFacts
+    from gradprobe.loading import BuildRecord
+    from gradprobe.scriptmode.run import ScriptRun
+    from gradprobe.scriptmode.watch_steps import ScriptSteps
+
+DEFAULT_STEPS = 4
+MAX_STEPS = 32
+
+
+@dataclass
+class _State:
+    run: ScriptRun | None = None
+    report: ToolError | dict[str, Any] | None = None
+
+
+def run_audit_job(target: dict[str, Any], options: dict[str, Any],
+                  progress: Callable[[str], None]) -> ToolError | dict[str, Any]:
+    from gradprobe.loading import BuildRecord, BuildRecorder, seed_everything
+    from gradprobe.scriptmode.first_step import deliver_and_exit, left_out
+    from gradprobe.scriptmode.observe import StepWatch, StopScript
+    from gradprobe.scriptmode.run import run_script
+    from gradprobe.scriptmode.watch_steps import ScriptSteps
+    from gradprobe.userframes import UserCode
+
+    steps = max(1, min(int(options.get("steps") or DEFAULT_STEPS), MAX_STEPS))
+    user = UserCode(os.path.realpath(target["project_dir"]))
+    record = BuildRecord()
+    seed_everything(int(target.get("seed") or 0))
+    watch = StepWatch(user)
+    watch.passive = True
+    observer = ScriptSteps(watch, steps, record)
+    recorder = BuildRecorder(user, record)
+    state = _State()
+    t0 = time.monotonic()
+
+    def finish(run: ScriptRun) -> ToolError | dict[str, Any]:
+        observer.__exit__(None, None, None)
+        recorder.__exit__(None, None, None)
+        try:
+            report = audit_script_report(observer, record, run, steps, target)
+        except Exception as exc:  # ours; never let it reach the script's own `except`, never blame the script
+            report = left_out("audit_training", exc, "gradprobe's judgement of the watched steps")
+        if not isinstance(report, ToolError):
+            report.setdefault("facts", {})["script_total_seconds"] = round(time.monotonic() - t0, 3)
+        return report
+
+    def stop(opt: torch.optim.Optimizer, loc: dict[str, Any] | None) -> None:
+        # the main optimizer is about to take step N+1: judge the N steps now, while the script's state is live
+        run = state.run
+        assert run is not None
+        run.restore()
+        watch.take(opt, loc, closure=False, how="optimizer.step", in_script=False)
+        state.report = finish(run)
+        run.rearm()
+        raise StopScript(f"audit_training watched {steps} optimizer steps")
+
+    def on_stuck() -> None:
+        run = state.run
+        assert run is not None
+        run.restore()
+        report = state.report or finish(run)
+        if not isinstance(report, ToolError):
+            report["facts"]["script_swallowed_stop"] = True
+        deliver_and_exit(report, progress)
+
+    observer.stop = stop
+    watch.on_stuck = on_stuck
+    with recorder, observer:
+        run = run_script(target, watch, progress, lambda r: setattr(state, "run", r))
+    return state.report if state.report is not None else finish(run)
+
+
+def _ended(run: ScriptRun) -> str:
+    if run.ended == "raised" and run.exc is not None:
+        return f"raised {type(run.exc).__name__}: {str(run.exc)[:300]}"
+    return {"exited": "called sys.exit()", "timeout": "ran out of time", "finished": "ended"}.get(run.ended, run.ended)
+
+
+def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptRun, steps: int,
+                        target: dict[str, Any]) -> dict[str, Any]:
+    from gradprobe.checks.steps.engine import facts_report
+    from gradprobe.scriptmode.run import no_step_report
+
+    if observer.done == 0:
+        cap = run.watch.capture
+        if cap is not None and cap.optimizer is None and cap.how == "backward":
+            return make_report("audit_training", [], [
+                "The script ran backward() with no optimizer in existence: audit_training watches optimizer steps, so "
+                "there was nothing to audit (diagnose checks such a step)."], note="no optimizer")
+        return no_step_report("audit_training", run, target)
+    facts = script_facts(observer, record)
+    report = facts_report(facts)
+    opt = observer.main_opt
+    step_facts: dict[str, Any] = {
+        "watched": "the script's own steps, as they ran (nothing replayed)", "optimizer_steps_watched": observer.done,
+        "optimizer": type(opt).__name__ if opt is not None else None, **observer.model_note,
+        "script_seconds": round(run.seconds, 3),
+        "ended": f"stopped before optimizer step {steps + 1}" if observer.done >= steps else run.ended,
+    }
+    cost = observer.cost()
+    if cost is not None:
+        step_facts["cost"] = cost
+    if observer.failed:
+        step_facts["measurement_left_out"] = observer.failed
+        report["summary"] += (f"\nA measurement of gradprobe's failed ({observer.failed[:200]}) and was left out; "
+                              "the script's own steps ran.")
+    if observer.done < steps:
+        how = _ended(run)
+        step_facts["script_ended"] = f"after {observer.done} of {steps} optimizer steps, the script {how}"
+        first, _, rest = report["summary"].partition("\n")
+        report["summary"] = f"The script {how} after {observer.done} of {steps} optimizer steps; those were audited. " + \
+            first + ("\n" + rest if rest else "")
+    report["facts"]["script_step"] = step_facts
+    return report
+
+
+def script_facts(observer: ScriptSteps, record: BuildRecord) -> AuditFacts:
+    """The watched steps as audit_training's facts (the same dataclass the build_model()/train_step form fills)."""
+    from gradprobe.checks.steps.engine import _pair_ema, _schedule_site
+    from gradprobe.checks.steps.facts import AuditFacts, derive
+
+    observer.measure_outside()  # the interval after the last step, when the script ended there
+    observer.model_params()  # names of parameters attached since the last step
+    for call in observer.grad_calls:
+        call.used_in_backward = any(getattr(t, "grad", None) is not None for t in call.probes)
+        call.probes = []
+    opt = observer.main_opt
+    site = record.optimizer_sites.get(id(opt)) if opt is not None else None
+    scheduled = {e.optimizer for e in observer.events if e.kind == "scheduler_step" and e.optimizer is not None}
+    sites = {id(s.optimizer): _schedule_site(s, observer.user) for s in observer.schedulers.values()}
+    in_opt = {pid for s in observer.opt_steps for g in s.groups for pid in g.params}
+    ema = observer.ema if observer.ema is not None else \
+        _pair_ema(observer.model, in_opt, observer.names, record) if observer.model is not None else []
+    for copy in ema:
+        copy.moved = [any(k < len(observer.outside.get(pid, ())) and observer.outside[pid][k] for pid in copy.params)
+                      for k in range(observer.intervals)]
+    facts = AuditFacts(calls=observer.done, mode="script", names=observer.names, requires_grad=observer.requires_grad,
+                       opt_steps=observer.opt_steps, events=observer.events, grad_calls=observer.grad_calls,
+                       built=observer.built, attached=observer.attached, initial_optimizer=id(opt) if opt else None,
+                       optimizer_site=site[1] if site else None, scheduled=scheduled,
+                       schedule_sites={k: v for k, v in sites.items() if v}, outside_moves=observer.outside, ema=ema,
+                       scaler_steps=observer.scaler_steps, mode_calls=observer.mode_calls)
+    derive(facts)
+    return facts

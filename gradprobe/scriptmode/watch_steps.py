@@ -1,0 +1,226 @@
+"""audit_training on a script: watch the script's own optimizer steps as they run (no replay), then stop it.
+
+`ScriptSteps` is audit_training's `StepObserver` (gradprobe/checks/steps/observe.py) entered around the
+whole script run. The first optimizer that steps is the main one: one of its steps is one observed
+"call" of the audit. At its first step the model is chosen (step.choose_model: the outermost module
+holding most of its parameters and of the loss graph's leaves; library wrappers unwrapped). Between two
+of its steps every model parameter's norm is compared with its norm after the previous step: a change
+the optimizers did not make is a change outside the optimizer (an EMA update). When the main optimizer
+is about to take step N+1, the script is stopped (`stop`, given by the job, raises StopScript): N steps
+were watched, and the backward of step N+1 showed whether the gradients of step N were cleared.
+
+A step given a closure (Lightning, LBFGS) runs its forward and backward inside `step()`: the step is
+measured when the closure has returned. A wrapper's step that calls an inner optimizer's step is
+measured once.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gradprobe.checks._step import param_names
+from gradprobe.checks.steps.facts import EmaCopy
+from gradprobe.checks.steps.observe import StepObserver, norms
+from gradprobe.scriptmode.observe import StepWatch
+
+
+class ScriptSteps(StepObserver):
+    """The observer of audit_training's script mode (see the module docstring)."""
+
+    def __init__(self, watch: StepWatch, steps: int, record: Any = None):
+        super().__init__(None, watch.user, None)
+        self.record = record  # the BuildRecord (where modules were attached), for the EMA copies' sites
+        self.ema: list[EmaCopy] | None = None  # paired after the first main step
+        self._ema_saved: list[tuple[EmaCopy, list[torch.Tensor]]] = []
+        self.watch, self.steps = watch, steps
+        self.main_opt: torch.optim.Optimizer | None = None
+        self.done = 0  # steps of the main optimizer completed
+        self.names: dict[int, str] = {}
+        self.requires_grad: dict[int, bool] = {}
+        self.outside: dict[int, list[bool]] = {}  # id(param) -> per completed main step: changed outside the optimizers
+        self.model_note: dict[str, Any] = {}
+        self.stop: Callable[[torch.optim.Optimizer, dict | None], None] | None = None
+        self._stepping: torch.optim.Optimizer | None = None  # the optimizer whose step is running (a wrapper's)
+        self._ref: dict[int, float] = {}  # model parameter norms after the last main step
+        self._ref_index = 0  # len(opt_steps) when _ref was taken
+        self.intervals = 0  # intervals between main steps measured by measure_outside
+        self.failed: str | None = None  # a measurement of ours that raised: the rest is left out, the script goes on
+        self.first_step_at: float | None = None  # perf_counter at the main optimizer's first step, and at its last
+        self.last_step_at: float | None = None
+        self.hook_seconds = 0.0  # time spent in the measurements since the first step
+
+    def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run a measurement; if it fails, say so and measure nothing more (the script's own step must not fail)."""
+        if self.failed is not None:
+            return
+        t0 = time.perf_counter()
+        try:
+            fn(*args)
+        except Exception as exc:  # ours, never the script's
+            self.failed = f"{type(exc).__name__}: {exc}"[:500]
+            self.close_window()
+        finally:
+            if self.first_step_at is not None:
+                self.hook_seconds += time.perf_counter() - t0
+
+    def cost(self) -> dict[str, Any] | None:
+        """The watched steps' wall time and the part of it spent in gradprobe's measurements (first step to the stop)."""
+        if self.first_step_at is None or self.last_step_at is None:
+            return None
+        span = self.last_step_at - self.first_step_at
+        plain = span - self.hook_seconds
+        return {"watched_seconds": round(span, 4), "in_gradprobe_measurements_seconds": round(self.hook_seconds, 4),
+                "ratio_to_unwatched_estimate": round(span / plain, 3) if plain > 0 else None,
+                "spans": f"from the first optimizer step to the last one watched ({self.done} steps)"}
+
+    # ---- the model and its parameters -----------------------------------------------------------------------------
+
+    def _choose_model(self, opt: torch.optim.Optimizer) -> None:
+        from gradprobe.scriptmode.step import choose_model, graph_leaves
+
+        roots = [b.root for b in self.watch.backwards if b.root is not None]
+        in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+        _, leaf_ids, _ = graph_leaves(roots)
+        model, note = choose_model(self.watch, in_opt, leaf_ids, self.user)
+        root = note.pop("_root", None)
+        self.model = model
+        self.model_note = {"model": type(model).__name__ if model is not None else None,
+                           "wrapper": type(root).__name__ if root is not None and root is not model else None}
+        self.watch.backwards = self.watch.backwards[-1:]  # the roots were only needed here
+
+    def model_params(self) -> dict[int, torch.Tensor]:
+        if self.model is None:
+            return {}
+        params: dict[int, torch.Tensor] = {id(p): p for p in self.model.parameters()}
+        if any(pid not in self.names for pid in params):  # names once, again only when a parameter appears
+            for pid, ns in param_names(self.model).items():
+                self.names.setdefault(pid, ns[0])
+        for pid, p in params.items():
+            self.requires_grad[pid] = p.requires_grad
+        return params
+
+    def _weights(self, known: dict[int, float] | None = None) -> dict[int, float]:
+        """Every model parameter's norm (those in `known` are taken from it: the post-step hook just measured them)."""
+        params = self.model_params()
+        known = known or {}
+        ids = [pid for pid in params if pid not in known]
+        out = {pid: w for pid, w in known.items() if pid in params}
+        out.update(zip(ids, norms([params[i] for i in ids]), strict=True))
+        return out
+
+    def measure_outside(self) -> None:
+        """After a main step and before the next one: which model parameters changed that no optimizer step changed."""
+        self._guarded(self._measure_outside)
+
+    def _measure_outside(self) -> None:
+        if self.intervals >= self.done:
+            return
+        self.intervals += 1
+        now = self._weights()
+        stepped = {pid: ps.weight for s in self.opt_steps[self._ref_index:] for pid, ps in s.params.items()
+                   if ps.weight is not None}
+        for pid, w in now.items():
+            ref = stepped.get(pid, self._ref.get(pid))
+            self.outside.setdefault(pid, [False] * (self.intervals - 1)).append(ref is not None and w != ref)
+        self._kept()
+
+    # ---- optimizer step hooks ---------------------------------------------------------------------------------
+
+    def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if (self._stepping is not None and opt is not self._stepping) or threading.get_ident() != self.watch.main \
+                or self.watch.stopping:
+            return None  # an inner optimizer's step inside a wrapper's, another thread, or a stop under way
+        if self.main_opt is None:
+            self.main_opt = opt
+            self.first_step_at = time.perf_counter()
+        if opt is self.main_opt and self.done >= self.steps and self.stop is not None:
+            self.measure_outside()
+            self.close_window()
+            self.stop(opt, self.user.innermost())  # raises StopScript
+        self._stepping = opt
+        closure = kwargs.get("closure") if "closure" in kwargs else (args[1] if len(args) > 1 and callable(args[1]) else None)
+        if closure is None:
+            self._guarded(self._measure, opt, args, kwargs)
+            return None
+        observer = self
+
+        def observed_closure() -> Any:
+            out = closure()
+            observer._guarded(observer._measure, opt, args, kwargs)
+            return out
+
+        if "closure" in kwargs:
+            return args, dict(kwargs, closure=observed_closure)
+        return (args[0], observed_closure, *args[2:]), kwargs
+
+    def _measure(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if opt is self.main_opt and self.model is None and opt is not None:
+            self._choose_model(opt)
+            self._ref = self._weights()
+        if opt is self.main_opt:
+            self.measure_outside()
+        super()._pre_step(opt, args, kwargs)
+
+    def _post_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if opt is not self._stepping:
+            return
+        self._stepping = None
+        self._guarded(super()._post_step, opt, args, kwargs)
+        if opt is self.main_opt:
+            self.done += 1
+            self.call = self.done
+            self._guarded(self._take_ref)
+            self.last_step_at = time.perf_counter()
+
+    def _take_ref(self) -> None:
+        last = self.opt_steps[-1] if self.opt_steps and self.opt_steps[-1].optimizer == id(self.main_opt) else None
+        known = {pid: ps.weight for pid, ps in last.params.items() if ps.weight is not None} if last else {}
+        self._ref, self._ref_index = self._weights(known), len(self.opt_steps)
+        if self.ema is None and self.model is not None:
+            from gradprobe.checks.steps.engine import _pair_ema
+
+            in_opt = {pid for st in self.opt_steps for g in st.groups for pid in g.params}
+            self.ema = _pair_ema(self.model, in_opt, self.names, self.record)
+        # an EMA copy that moved in the last interval: keep its weights, to measure how much of its gap it keeps next
+        by_id = self.model_params()
+        self._ema_saved = [(c, [by_id[pid].detach().clone() for pid in c.params if pid in by_id])
+                           for c in self.ema or () if any(self.outside.get(pid, [False])[-1] for pid in c.params)]
+
+    def _kept(self) -> None:
+        """|teacher - student| after the copy's update over the same before it: an EMA of decay d keeps d of its gap."""
+        saved, self._ema_saved = self._ema_saved, []
+        by_id = self.model_params()
+        for copy, before in saved:
+            t1 = [by_id[i].detach() for i in copy.params if i in by_id]
+            s1 = [by_id[i].detach() for i in copy.students if i in by_id]
+            if len(t1) != len(before) or len(s1) != len(t1):
+                continue
+            gap1 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(t1, s1))))
+            gap0 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(before, s1))))
+            if gap0 > 0:
+                copy.kept.append(gap1 / gap0)
+
+    def _before_backward(self, loss: Any) -> None:
+        self._guarded(super()._before_backward, loss)
+
+    def _after_backward(self) -> None:
+        self._guarded(super()._after_backward)
+
+    def _wrap_opt_init(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        base = super()._wrap_opt_init(orig)
+        observer = self
+
+        def init(opt: Any, *args: Any, **kwargs: Any) -> None:
+            base(opt, *args, **kwargs)
+            if observer.call < 0:  # the first optimizer: from now on, a module attached to the model is attached late
+                observer.call = 0
+            observer.optimizers_seen.setdefault(id(opt), opt)
+
+        return init
+

@@ -1,0 +1,160 @@
+"""audit_training on script targets, through the real server over stdio: the script's own optimizer steps are watched
+as they run (no replay) under whatever it uses (plain loop, DDP, torch.compile, accelerate, HF Trainer, Lightning),
+the script is stopped before step N+1, and the GP6xx rules judge what was watched."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from conftest import ROOT, assert_expected
+
+SCRIPTS = ROOT / "examples" / "scripts"
+GP6 = [f"GP60{i}" for i in range(1, 10)] + ["GP610"]
+
+# (project, args, needs, expect): expect as in examples/broken's EXPECT
+CASES = [
+    ("nanogpt", ["--max_iters=8"], None, {"codes": [], "healthy": True}),
+    ("ddp", ["--steps=8"], None, {"codes": [], "healthy": True}),
+    ("compiled", ["--steps=8"], None, {"codes": [], "healthy": True}),
+    ("ddp_compiled", ["--steps=8"], None, {"codes": [], "healthy": True}),
+    ("accelerate", ["--epochs=1"], "accelerate", {"codes": [], "healthy": True}),
+    ("hf_trainer", ["--max_steps=8", "--warmup_steps=1"], "transformers", {"codes": [], "healthy": True}),
+    ("lightning", ["--fast_dev_run=8"], "lightning", {"codes": [], "healthy": True}),
+    ("lightning_broken", ["--fast_dev_run=8"], "lightning",
+     {"codes": ["GP606"], "culprits": ["head.weight", "head.bias"]}),
+    ("steps_accelerate", ["--epochs=1"], "accelerate", {"codes": [], "healthy": True}),
+    ("steps_accelerate_broken", ["--epochs=1"], "accelerate",
+     {"codes": ["GP605"], "culprits": ["0.weight", "2.weight"], "line": 35}),
+    ("steps_callback", ["--steps=8"], None, {"codes": [], "healthy": True}),
+    ("steps_callback_broken", ["--steps=8"], None, {"codes": ["GP605"], "culprits": ["head.weight"], "line": 34}),
+    ("steps_late_head", ["--steps=8"], None, {"codes": [], "healthy": True}),
+    ("steps_late_head_broken", ["--steps=8"], None,
+     {"codes": ["GP606"], "culprits": ["heads.aux.weight", "heads.aux.bias"], "line": 38}),
+    ("steps_ema", ["--steps=8"], None, {"codes": [], "healthy": True}),
+    ("steps_ema_broken", ["--steps=8"], None, {"codes": ["GP609"], "culprits": ["ema_teacher.0.weight"], "line": 28}),
+    ("steps_gradient_penalty", ["--steps=8"], None, {"codes": [], "healthy": True}),
+    ("steps_gradient_penalty_broken", ["--steps=8"], None, {"codes": ["GP608"], "culprits": [], "line": 27}),
+    ("steps_eval_mode", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP610"]}),
+    ("steps_eval_mode_broken", ["--steps=8"], None, {"codes": ["GP610"], "culprits": [], "line": 27, "severity": "warning"}),
+]
+
+
+async def audit_script(client, project: str, args: list[str], steps: int = 4) -> dict:
+    target = {"project_dir": str(SCRIPTS / project), "script": "train.py", "args": args, "timeout_s": 240}
+    result = await client.call_tool("audit_training", {"target": target, "steps": steps})
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+async def test_audit_script_through_mcp(client, case):
+    project, args, needs, expect = case
+    if needs and importlib.util.find_spec(needs) is None:
+        pytest.skip(f"needs {needs} (pip install 'gradprobe[frameworks]')")
+    report = await audit_script(client, project, args)
+    assert not [f for f in report["findings"] if f["code"] == "GP000"], report["findings"]
+    assert_expected(report, expect, project)
+    step = report["facts"]["script_step"]
+    assert step["optimizer_steps_watched"] == 4 and step["ended"] == "stopped before optimizer step 5", step
+    assert step["watched"].startswith("the script's own steps") and step["model"], step
+    assert len(report["facts"]["optimizer_steps"]) >= 4
+    if expect.get("healthy"):
+        assert report["ok"] and not [f for f in report["findings"] if f["code"] in GP6], report["findings"]
+        assert report["facts"]["verified"], report["facts"]
+
+
+@pytest.mark.anyio
+async def test_gradient_zeroed_by_a_callback_is_named_with_its_line(client):
+    report = await audit_script(client, "steps_callback_broken", ["--steps=8"], steps=2)
+    f = next(f for f in report["findings"] if f["code"] == "GP605")
+    assert f["location"]["function"] == "on_after_backward" and "`mul_` at train.py:34" in f["message"]
+    assert sorted(f["parameters"]) == ["head.bias", "head.weight"]
+    rows = {r["name"]: r for r in report["facts"]["per_parameter"]}
+    assert rows["head.weight"]["verdict"] == "zeroed-between" and rows["body.weight"]["verdict"] == "ok"
+
+
+@pytest.mark.anyio
+async def test_zero_grad_between_backward_and_step_under_accelerate(client):
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("needs accelerate")
+    report = await audit_script(client, "steps_accelerate_broken", ["--epochs=1"], steps=2)
+    f = next(f for f in report["findings"] if f["code"] == "GP605")
+    assert os.path.basename(f["location"]["file"]) == "train.py" and f["location"]["line"] == 35
+    assert "Move zero_grad() at train.py:35" in f["fix"] and "after optimizer.step() (train.py:36)" in f["fix"]
+
+
+@pytest.mark.anyio
+async def test_head_attached_at_the_second_iteration(client):
+    report = await audit_script(client, "steps_late_head_broken", ["--steps=8"])
+    f = next(f for f in report["findings"] if f["code"] == "GP606")
+    assert "attached to the model at train.py:38 during step 2" in f["message"], f["message"]
+    assert "add_param_group" in f["fix"]
+    healthy = await audit_script(client, "steps_late_head", ["--steps=8"])
+    assert "6 of 6 trainable parameter tensors" in healthy["facts"]["headline"], healthy["facts"]["headline"]
+
+
+@pytest.mark.anyio
+async def test_script_that_ends_before_n_steps_is_audited_on_the_steps_it_took(client):
+    report = await audit_script(client, "ddp", ["--steps=2"], steps=4)
+    assert report["ok"] and not report["findings"], report["findings"]
+    step = report["facts"]["script_step"]
+    assert step["optimizer_steps_watched"] == 2 and "after 2 of 4 optimizer steps" in step["script_ended"], step
+    assert report["summary"].startswith("The script ended after 2 of 4 optimizer steps")
+
+
+@pytest.mark.anyio
+async def test_script_without_an_optimizer_says_there_is_nothing_to_audit(client):
+    target = {"project_dir": str(SCRIPTS / "nostep"), "script": "manual_sgd.py", "timeout_s": 60}
+    result = await client.call_tool("audit_training", {"target": target})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    assert not report["findings"] and "no optimizer in existence" in report["summary"], report
+
+
+@pytest.mark.anyio
+async def test_ema_teacher_moves_by_its_decay_in_the_script_own_loop(client):
+    """A mean teacher outside the optimizer, updated in place after each step: healthy, and its decay is measured."""
+    report = await audit_script(client, "steps_ema", ["--steps=8", "--decay=0.9"])
+    assert report["ok"] and not report["findings"], report["findings"]
+    (copy,) = report["facts"]["ema_copies"]
+    assert copy["copy"] == "ema_teacher" and copy["of"] == "student" and copy["moved_per_step"] == [True] * 4
+    assert copy["kept_gap_per_step"] and all(abs(k - 0.9) < 1e-4 for k in copy["kept_gap_per_step"]), copy
+    assert "4 more, outside the optimizer, were moved by an EMA-like update" in report["facts"]["headline"]
+
+
+@pytest.mark.anyio
+async def test_script_that_swallows_the_stop_is_audited_and_the_cost_is_measured(client):
+    target = {"project_dir": str(SCRIPTS / "nostep"), "script": "swallows_stop.py", "timeout_s": 60}
+    result = await client.call_tool("audit_training", {"target": target})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    assert report["ok"] and not report["findings"] and report["facts"]["script_swallowed_stop"], report
+    step = report["facts"]["script_step"]
+    assert step["optimizer_steps_watched"] == 4, step
+    cost = step["cost"]
+    assert 0 <= cost["in_gradprobe_measurements_seconds"] <= cost["watched_seconds"] and cost["ratio_to_unwatched_estimate"] >= 1
+
+
+DIAGNOSE = [
+    ("steps_accelerate_broken", ["--epochs=1"], "accelerate", {"codes": ["GP605"], "culprits": ["0.weight"], "line": 35}),
+    ("steps_accelerate", ["--epochs=1"], "accelerate", {"codes": [], "healthy": True, "absent": ["GP605", "GP000"]}),
+    ("steps_callback_broken", ["--steps=3"], None, {"codes": ["GP605"], "culprits": ["head.weight"], "line": 34}),
+    ("steps_callback", ["--steps=3"], None, {"codes": [], "healthy": True, "absent": ["GP605", "GP000"]}),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", DIAGNOSE, ids=[c[0] for c in DIAGNOSE])
+async def test_diagnose_watches_the_script_first_step(client, case):
+    """diagnose on a script: besides the checks on its step, the step as it ran: a gradient zeroed before step()."""
+    project, args, needs, expect = case
+    if needs and importlib.util.find_spec(needs) is None:
+        pytest.skip(f"needs {needs}")
+    target = {"project_dir": str(SCRIPTS / project), "script": "train.py", "args": args, "timeout_s": 240}
+    result = await client.call_tool("diagnose", {"target": target})
+    assert not result.is_error, result.content
+    assert_expected(result.structured_content, expect, project)
