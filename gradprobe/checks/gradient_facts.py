@@ -142,6 +142,8 @@ def _how_it_ended(tracer: GradTracer, step: StepResult, error_explained: bool) -
         return "loss_problem"
     if step.error is not None and not tracer.backward_calls and not error_explained:
         return "step_raised"
+    if step.error is not None and tracer.backward_calls and not error_explained:
+        return "raised_after_backward"  # the step raised after a backward() that ran (an update, the optimizer step)
     if not tracer.backward_calls and step.kind == "train_step" and step.error is None:
         return "no_backward"
     return None

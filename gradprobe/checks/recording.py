@@ -41,6 +41,7 @@ from gradprobe.checks.candidates import (
     storage_ptr,
     tensors_in,
 )
+from gradprobe.checks.torch_errors import leaf_inplace_target
 from gradprobe.checks.torchcompat import (
     CHECKPOINT_NO_INPUT_GRAD_WARNING,
     GRAD_ENABLE,
@@ -61,6 +62,7 @@ from gradprobe.checks.watches import (
 from gradprobe.userframes import UserCode, is_gradprobe_file
 
 MAX_INPLACE_EVENTS = 20000
+MAX_ROOTS_KEPT = 64  # backward() roots kept for checks/torch_errors.py (a graph reused by a later backward)
 # frames between a no_grad switch and the code that asked for it: torch's grad-mode machinery, Module.__call__
 _GRAD_MODE_FILES = ("grad_mode.py", "_contextlib.py")
 _MODULE_CALL_FILES = ("nn/modules/module.py",)
@@ -105,6 +107,10 @@ class GradTracer(TorchFunctionMode):
         self.grad_fn_loc: dict[int, Location | None] = {}
         # in-place ops on tensors that take part in autograd: (shape, version after the op, user line)
         self.inplace_ops: list[tuple[list[int], int, Location | None]] = []
+        # an in-place op on a leaf that requires grad (or a view of one) that raised: (the leaf, user line); the
+        # grad_fn of each backward() root, kept alive (checks/torch_errors.py reads both when torch raised)
+        self.leaf_inplace: tuple[torch.Tensor, Location | None] | None = None
+        self.backward_roots: list[Any] = []
         self.disable_site: Location | None = None
         self.disable_by_library = False
         self.library_no_grad: set[int] = set()  # candidate indices cut by a no_grad the library entered itself
@@ -145,7 +151,15 @@ class GradTracer(TorchFunctionMode):
         if name == "backward":
             return self._backward(func, args, kwargs)
         req, tags, plain_hits = self._inputs(name, args, kwargs)
-        out = func(*args, **kwargs)
+        leaf = leaf_inplace_target(name, args, kwargs) if req else None
+        if leaf is None:
+            out = func(*args, **kwargs)
+        else:
+            try:
+                out = func(*args, **kwargs)
+            except RuntimeError:
+                self.leaf_inplace = (leaf, self.user.innermost(skip=2))
+                raise
         if tags is not None:  # values behind cuts met this op (rare in a healthy step): which parameters they met
             self._params_met(args, kwargs, tags)
             if name not in SHAPE_ONLY_OPS:
@@ -393,6 +407,8 @@ class GradTracer(TorchFunctionMode):
             if root.grad_fn is not None:
                 rec["made_at"] = self.grad_fn_loc.get(id(root.grad_fn))  # the user line that computed the loss
         self.backward_calls.append(rec)
+        if len(self.backward_roots) < MAX_ROOTS_KEPT:
+            self.backward_roots.append(root.grad_fn if root is not None else None)
         try:
             return func(*args, **kwargs)
         except BaseException as exc:
