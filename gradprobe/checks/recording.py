@@ -151,15 +151,7 @@ class GradTracer(TorchFunctionMode):
         if name == "backward":
             return self._backward(func, args, kwargs)
         req, tags, plain_hits = self._inputs(name, args, kwargs)
-        leaf = leaf_inplace_target(name, args, kwargs) if req else None
-        if leaf is None:
-            out = func(*args, **kwargs)
-        else:
-            try:
-                out = func(*args, **kwargs)
-            except RuntimeError:
-                self.leaf_inplace = (leaf, self.user.innermost(skip=2))
-                raise
+        out = self._call(name, func, args, kwargs) if req else func(*args, **kwargs)
         if tags is not None:  # values behind cuts met this op (rare in a healthy step): which parameters they met
             self._params_met(args, kwargs, tags)
             if name not in SHAPE_ONLY_OPS:
@@ -182,6 +174,17 @@ class GradTracer(TorchFunctionMode):
         if self.provenance is not None and not req:
             self._note_provenance(out)
         return out
+
+    def _call(self, name: str, func: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> Any:
+        """An op whose inputs require grad; an in-place op on a leaf that requires grad that raised is kept (GP118)."""
+        leaf = leaf_inplace_target(name, args, kwargs)
+        if leaf is None:
+            return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError:
+            self.leaf_inplace = (leaf, self.user.innermost(skip=3))
+            raise
 
     def _attribute_get(self, func: Callable[..., Any], attr: str, args: Any, kwargs: dict[str, Any]) -> Any:
         """A tensor property other than .data (.T, .mT, .real): followed only for a module's plain tensor attribute."""

@@ -210,7 +210,8 @@ def detect_leaf_inplace(facts: TorchErrorFacts) -> Iterator[Finding]:
     yield GP118.finding("update" if facts.after_backward else "forward", parameters=[name], location=at,
                         evidence={"parameter": name, "shape": shape, "error": str(facts.error)[:2000],
                                   "after_backward": facts.after_backward},
-                        code=at.get("code", "").split("  #")[0].strip(), line=line_of(at), lineno=at["line"], name=name, shape=shape,
+                        code=at.get("code", "").split("  #")[0].strip(), line=line_of(at), lineno=at["line"], name=name,
+                        shape=shape,
                         first=_first(facts.error))
 
 
