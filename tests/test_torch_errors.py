@@ -1,0 +1,51 @@
+"""torch's own errors in the user's step (GP118, GP119), through the real server: the finding states what torch does not
+(the parameter, the reused tensor, the lines), measured by identity in the traced step."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import EXAMPLES
+
+
+async def _trace(client, name: str) -> list[dict]:
+    result = await client.call_tool("trace_grad_path", {"target": {"project_dir": str(EXAMPLES), "model": name}})
+    assert not result.is_error, result.content
+    return result.structured_content["findings"]
+
+
+@pytest.mark.anyio
+async def test_leaf_clamped_after_backward_names_the_parameter_and_the_no_grad_form(client):
+    findings = await _trace(client, "gp118_wgan_clip_outside_no_grad.py")
+    [f] = [f for f in findings if f["code"] == "GP118"]
+    assert f["parameters"] == ["0.weight"] and f["evidence"]["shape"] == [8, 4] and f["evidence"]["after_backward"]
+    assert f["location"]["line"] == 36 and "p.clamp_(-0.01, 0.01)" in f["message"]
+    assert "with torch.no_grad(): p.clamp_(-0.01, 0.01)" in f["fix"]
+    assert not [g for g in findings if g["code"] in ("GP100", "GP308")]
+
+
+@pytest.mark.anyio
+async def test_hidden_state_carried_across_chunks_is_named_with_its_line(client):
+    findings = await _trace(client, "gp119_hidden_state_not_detached.py")
+    [f] = [f for f in findings if f["code"] == "GP119"]
+    assert f["location"]["line"] == 25 and "`tanh`" in f["message"] and "carried into the next iteration" in f["message"]
+    [reused] = [r for r in f["evidence"]["reused"] if r["carried"]]
+    assert reused["shape"] == [4, 8] and reused["made_at"]["line"] == 25
+    assert "h.detach()" in f["fix"] and not [g for g in findings if g["code"] == "GP308"]
+
+
+@pytest.mark.anyio
+async def test_gan_fakes_not_detached_point_at_the_discriminator_loss(client):
+    findings = await _trace(client, "gp119_gan_fake_not_detached.py")
+    [f] = [f for f in findings if f["code"] == "GP119"]
+    reused = f["evidence"]["reused"][0]
+    assert (reused["made_at"]["line"], reused["earlier_use_at"]["line"], reused["used_at"]["line"]) == (38, 41, 46)
+    assert f["evidence"]["earlier_backward_at"]["line"] == 43 and f["evidence"]["backward_called_at"]["line"] == 47
+    assert "carried" not in f["message"] and "fake.detach()" in f["fix"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", ["healthy_wgan_clip_no_grad.py", "healthy_rnn_hidden_detached.py"])
+async def test_healthy_twins_get_no_torch_error_finding(client, name):
+    findings = await _trace(client, name)
+    assert not [f for f in findings if f["code"] in ("GP100", "GP118", "GP119", "GP308") or f["severity"] == "error"]
