@@ -45,7 +45,16 @@ async def test_gan_fakes_not_detached_point_at_the_discriminator_loss(client):
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("name", ["healthy_wgan_clip_no_grad.py", "healthy_rnn_hidden_detached.py"])
+@pytest.mark.parametrize("name", ["healthy_wgan_clip_no_grad.py", "healthy_rnn_hidden_detached.py",
+                                  "healthy_fusion_weights_relu.py"])
 async def test_healthy_twins_get_no_torch_error_finding(client, name):
     findings = await _trace(client, name)
     assert not [f for f in findings if f["code"] in ("GP100", "GP118", "GP119", "GP308") or f["severity"] == "error"]
+
+
+@pytest.mark.anyio
+async def test_inplace_relu_on_a_parameter_in_forward_names_it_and_the_op(client):
+    findings = await _trace(client, "gp118_inplace_relu_on_fusion_weights.py")
+    [f] = [f for f in findings if f["code"] == "GP118"]
+    assert f["parameters"] == ["fuse.weight"] and f["location"]["line"] == 23 and not f["evidence"]["after_backward"]
+    assert "`relu`" in f["message"] and "before backward()" in f["message"] and "out-of-place" in f["fix"]

@@ -109,7 +109,7 @@ class GradTracer(TorchFunctionMode):
         self.inplace_ops: list[tuple[list[int], int, Location | None]] = []
         # an in-place op on a leaf that requires grad (or a view of one) that raised: (the leaf, user line); the
         # grad_fn of each backward() root, kept alive (checks/torch_errors.py reads both when torch raised)
-        self.leaf_inplace: tuple[torch.Tensor, Location | None] | None = None
+        self.leaf_inplace: tuple[torch.Tensor, str, Location | None] | None = None
         self.backward_roots: list[Any] = []
         self.disable_site: Location | None = None
         self.disable_by_library = False
@@ -183,7 +183,7 @@ class GradTracer(TorchFunctionMode):
         try:
             return func(*args, **kwargs)
         except RuntimeError:
-            self.leaf_inplace = (leaf, self.user.innermost(skip=3))
+            self.leaf_inplace = (leaf, name, self.user.innermost(skip=3))
             raise
 
     def _attribute_get(self, func: Callable[..., Any], attr: str, args: Any, kwargs: dict[str, Any]) -> Any:

@@ -45,20 +45,20 @@ GP118: Rule[TorchErrorFacts] = Rule(
         "tensor: the finding names the parameter (found by identity, the base of a view included) and the line. An "
         "update of the weights (a clamp, a projection, a manual SGD step) must not be recorded by autograd.",
     example="loss.backward(); optimizer.step(); for p in model.parameters(): p.clamp_(-0.01, 0.01)  # WGAN clipping",
-    message="`{code}` at {line} modifies parameter {name} (shape {shape}) in place while autograd records: torch "
+    message="`{code}` at {line} modifies parameter {name} (shape {shape}) in place (`{op}`) while autograd records: torch "
             "refuses an in-place op on a leaf that requires grad ({first}).",
     fix="Run the in-place update without recording it: `with torch.no_grad(): {code}` (or apply it to the parameter's "
         ".data).",
     situations={
         "update": Situation(
             when="the op ran after backward(): an update of the weights (a clamp, a re-normalisation, a manual step)",
-            message="`{code}` at {line} modifies parameter {name} (shape {shape}) in place after backward(), outside "
+            message="`{code}` at {line} modifies parameter {name} (shape {shape}) in place (`{op}`) after backward(), outside "
                     "torch.no_grad(): torch refuses an in-place op on a leaf that requires grad ({first}).",
             fix="An update of the weights must not be recorded: wrap line {lineno} as `with torch.no_grad(): {code}` "
                 "(or apply it to the parameter's .data, as older examples do)."),
         "forward": Situation(
             when="the op ran before backward(), in the forward or the loss",
-            message="`{code}` at {line} modifies parameter {name} (shape {shape}) in place before backward(), while the "
+            message="`{code}` at {line} modifies parameter {name} (shape {shape}) in place (`{op}`) before backward(), while the "
                     "forward is recorded: torch refuses an in-place op on a leaf that requires grad ({first}).",
             fix="Do not modify the parameter inside the forward: compute an out-of-place value from it at line {lineno} "
                 "(w = p.clamp(...), then use w), or, if the weights are meant to be projected, do it once per step "
@@ -123,14 +123,14 @@ class TorchErrorFacts:
 
     error: BaseException | None
     after_backward: bool = False
-    leaf: tuple[str, list[int], Loc | None] | None = None  # (parameter name, shape, user line of the op)
+    leaf: tuple[str, list[int], str, Loc | None] | None = None  # (parameter name, shape, op, user line of the op)
     failing_at: Loc | None = None
     first_at: Loc | None = None
     reused: list[Reused] = field(default_factory=list)
 
 
 def _first(error: BaseException | None) -> str:
-    return str(error).splitlines()[0].split(" Hint:")[0] if error is not None else ""
+    return str(error).splitlines()[0].split(" Hint:")[0].rstrip(".") if error is not None else ""
 
 
 def _walk(root: Any, seen: dict[int, Any]) -> None:
@@ -190,9 +190,9 @@ def measure_torch_error(tracer: GradTracer, error: BaseException | None, after_b
     facts = TorchErrorFacts(error, after_backward=after_backward)
     text = str(error) if error is not None else ""
     if LEAF_INPLACE.search(text) and tracer.leaf_inplace is not None:
-        t, at = tracer.leaf_inplace
+        t, op, at = tracer.leaf_inplace
         names = tracer.names.get(id(t))
-        facts.leaf = (names[0] if names else f"<tensor {tuple(t.shape)}>", list(t.shape), at)
+        facts.leaf = (names[0] if names else f"<tensor {tuple(t.shape)}>", list(t.shape), op, at)
     elif SECOND_BACKWARD in text:
         failing, facts.reused = reused_nodes(tracer)
         if facts.reused:
@@ -203,15 +203,15 @@ def measure_torch_error(tracer: GradTracer, error: BaseException | None, after_b
 
 @GP118.detector
 def detect_leaf_inplace(facts: TorchErrorFacts) -> Iterator[Finding]:
-    if facts.leaf is None or facts.leaf[2] is None:
+    if facts.leaf is None or facts.leaf[3] is None:
         return
-    name, shape, at = facts.leaf
+    name, shape, op, at = facts.leaf
     assert at is not None
     yield GP118.finding("update" if facts.after_backward else "forward", parameters=[name], location=at,
-                        evidence={"parameter": name, "shape": shape, "error": str(facts.error)[:2000],
+                        evidence={"parameter": name, "shape": shape, "op": op, "error": str(facts.error)[:2000],
                                   "after_backward": facts.after_backward},
                         code=at.get("code", "").split("  #")[0].strip(), line=line_of(at), lineno=at["line"], name=name,
-                        shape=shape,
+                        shape=shape, op=op,
                         first=_first(facts.error))
 
 
