@@ -46,7 +46,7 @@ async def test_gan_fakes_not_detached_point_at_the_discriminator_loss(client):
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("name", ["healthy_wgan_clip_no_grad.py", "healthy_rnn_hidden_detached.py",
-                                  "healthy_fusion_weights_relu.py"])
+                                  "healthy_fusion_weights_relu.py", "healthy_custom_backward_shapes.py"])
 async def test_healthy_twins_get_no_torch_error_finding(client, name):
     findings = await _trace(client, name)
     assert not [f for f in findings if f["code"] in ("GP100", "GP118", "GP119", "GP308") or f["severity"] == "error"]
@@ -58,3 +58,13 @@ async def test_inplace_relu_on_a_parameter_in_forward_names_it_and_the_op(client
     [f] = [f for f in findings if f["code"] == "GP118"]
     assert f["parameters"] == ["fuse.weight"] and f["location"]["line"] == 23 and not f["evidence"]["after_backward"]
     assert "`relu`" in f["message"] and "before backward()" in f["message"] and "out-of-place" in f["fix"]
+
+
+@pytest.mark.anyio
+async def test_custom_backward_bad_shape_names_the_argument_the_parameter_and_the_lines(client):
+    findings = await _trace(client, "gp120_custom_backward_wrong_width.py")
+    [f] = [f for f in findings if f["code"] == "GP120"]
+    ev = f["evidence"]
+    assert f["location"]["line"] == 28 and f["parameters"] == ["Render", "scales"]
+    assert (ev["arg"], ev["index"], ev["got"], ev["expected"], ev["apply_at"]["line"]) == ("scales", 1, "[5, 2]", "[5, 3]", 38)
+    assert not [g for g in findings if g["code"] == "GP308"]

@@ -1,4 +1,4 @@
-"""GP118, GP119: torch's own errors raised by the user's step, with what torch does not say.
+"""GP118, GP119, GP120: torch's own errors raised by the user's step, with what torch does not say.
 
 torch's message is only the trigger; what the finding states is measured by identity in the traced step
 (checks/recording.py keeps the two facts read here):
@@ -11,6 +11,9 @@ torch's message is only the trigger; what the finding states is measured by iden
                                    backward() reached that an earlier backward() had already run through (and freed),
                                    where each was created and where the new graph used it; a line that ran again and fed
                                    on its own earlier output is a tensor carried across iterations.
+    GP120 custom-backward-bad-shape "Function XBackward returned an invalid gradient at index i": the Function (among
+                                   those the step applied), the forward argument at that index and the parameter passed
+                                   there (by identity), the shapes, the backward's return line and the apply() line.
 
 When the extra measurement finds nothing (the op was not seen, no node of an earlier backward is reached), no claim is
 made: the step's error stays GP308 / GP100 (checks/backward_rules.py).
@@ -18,6 +21,7 @@ made: the step's error stays GP308 / GP100 (checks/backward_rules.py).
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gradprobe.checks.candidates import is_inplace
+from gradprobe.checks.jacobians import backward_lines
 from gradprobe.checks.rule_text import line_of
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 
@@ -36,6 +41,8 @@ Loc = dict[str, Any]
 
 LEAF_INPLACE = re.compile(r"a (view of a )?leaf Variable that requires grad (is being|has been) used in an in-place operation")
 SECOND_BACKWARD = "Trying to backward through the graph a second time"
+BAD_GRADIENT = re.compile(r"Function (\w+)Backward returned an invalid gradient at index (\d+) - got (\[[^\]]*\]) but "
+                          r"expected shape compatible with (\[[^\]]*\])")
 MAX_NODES = 200_000  # graph nodes walked per graph (a bound, not a sample: larger graphs are not compared)
 
 GP118: Rule[TorchErrorFacts] = Rule(
@@ -94,6 +101,21 @@ GP119: Rule[TorchErrorFacts] = Rule(
 )
 
 
+GP120: Rule[TorchErrorFacts] = Rule(
+    code="GP120", name="custom-backward-bad-shape", severity="error", rank=32,
+    summary="A custom autograd.Function's backward returned a gradient whose shape does not fit its input; torch refused it.",
+    why="torch raises \"Function XBackward returned an invalid gradient at index i - got [..] but expected shape compatible "
+        "with [..]\" and names neither the input nor the line: the finding names the forward argument at that index, the "
+        "parameter passed there (by identity), the backward's return line and the apply() call it came from.",
+    example="def backward(ctx, g): x, w = ctx.saved_tensors; return g * w, g * x  # w's gradient keeps the batch dim",
+    message="{function}.backward at {back_line} returned a gradient of shape {got} for input {index} (`{arg}`{param}) of "
+            "{function}.apply() at {apply_line}, whose shape is {expected}: torch refuses it ({first}).",
+    fix="Return, at {back_line}, a gradient for `{arg}` of its shape {expected}: sum over the dimensions the forward "
+        "broadcast it along (grad.sum(0) for a per-feature weight), or reshape it; return None for an input that needs "
+        "no gradient.",
+)
+
+
 def leaf_inplace_target(name: str, args: Any, kwargs: Any) -> torch.Tensor | None:
     """The leaf an in-place op under grad mode modifies (the tensor itself or the base of its view) when it requires
     grad: the op torch will refuse. Called by the tracer only for ops whose inputs require grad."""
@@ -127,6 +149,7 @@ class TorchErrorFacts:
     failing_at: Loc | None = None
     first_at: Loc | None = None
     reused: list[Reused] = field(default_factory=list)
+    bad_gradient: dict[str, Any] | None = None  # GP120: the Function, the input, the shapes, the lines
 
 
 def _first(error: BaseException | None) -> str:
@@ -193,6 +216,8 @@ def measure_torch_error(tracer: GradTracer, error: BaseException | None, after_b
         t, op, at = tracer.leaf_inplace
         names = tracer.names.get(id(t))
         facts.leaf = (names[0] if names else f"<tensor {tuple(t.shape)}>", list(t.shape), op, at)
+    elif (m := BAD_GRADIENT.search(text)) is not None:
+        facts.bad_gradient = _bad_gradient(tracer, m)
     elif SECOND_BACKWARD in text:
         failing, facts.reused = reused_nodes(tracer)
         if facts.reused:
@@ -239,6 +264,39 @@ def detect_reused_graph(facts: TorchErrorFacts) -> Iterator[Finding]:
                         shape=f" (shape {head.shape})" if head.shape else "")
 
 
+def _bad_gradient(tracer: GradTracer, m: re.Match[str]) -> dict[str, Any] | None:
+    """The Function the message names, among those the step applied (by class), and what was passed at that index."""
+    cls = next((c for c in tracer.apply_watch.calls if c.__name__ == m.group(1)), None)
+    if cls is None:
+        return None
+    _, ret_loc = backward_lines(cls)
+    back_loc = ret_loc or backward_lines(cls)[0]
+    if back_loc is None:
+        return None
+    index = int(m.group(2))
+    try:
+        args = [p for p in inspect.signature(cls.forward).parameters][1:]  # after ctx
+    except (TypeError, ValueError):
+        args = []
+    entry = tracer.apply_watch.calls[cls]
+    return {"function": cls.__name__, "index": index, "arg": args[index] if index < len(args) else f"input {index}",
+            "params": list(entry.get("params_at", {}).get(index, [])), "got": m.group(3), "expected": m.group(4),
+            "backward_at": back_loc, "apply_at": entry.get("location")}
+
+
+@GP120.detector
+def detect_bad_gradient(facts: TorchErrorFacts) -> Iterator[Finding]:
+    b = facts.bad_gradient
+    if b is None:
+        return
+    param = f", parameter {', '.join(b['params'][:4])}" if b["params"] else ""
+    yield GP120.finding(parameters=[b["function"], *b["params"]], location=b["backward_at"],
+                        evidence={"error": str(facts.error)[:2000], **b},
+                        function=b["function"], back_line=line_of(b["backward_at"]), got=b["got"], index=b["index"],
+                        arg=b["arg"], param=param, apply_line=_line(b["apply_at"], "an unrecorded line"),
+                        expected=b["expected"], first=_first(facts.error))
+
+
 def torch_error_findings(tracer: GradTracer, error: BaseException | None, after_backward: bool) -> list[Finding]:
-    """GP118/GP119 for torch's error where the measurement found what torch does not say; [] otherwise."""
-    return run_rules((GP118, GP119), measure_torch_error(tracer, error, after_backward))
+    """GP118/GP119/GP120 for torch's error where the measurement found what torch does not say; [] otherwise."""
+    return run_rules((GP118, GP119, GP120), measure_torch_error(tracer, error, after_backward))
