@@ -269,14 +269,15 @@ def _bad_gradient(tracer: GradTracer, m: re.Match[str]) -> dict[str, Any] | None
     cls = next((c for c in tracer.apply_watch.calls if c.__name__ == m.group(1)), None)
     if cls is None:
         return None
-    _, ret_loc = backward_lines(cls)
-    back_loc = ret_loc or backward_lines(cls)[0]
+    def_loc, ret_loc = backward_lines(cls)
+    back_loc = ret_loc or def_loc
     if back_loc is None:
         return None
     index = int(m.group(2))
     try:
-        args = [p for p in inspect.signature(cls.forward).parameters][1:]  # after ctx
-    except (TypeError, ValueError):
+        forward = vars(cls).get("forward")
+        args = list(inspect.signature(getattr(forward, "__func__", forward)).parameters)[1:]  # after ctx
+    except (AttributeError, TypeError, ValueError):
         args = []
     entry = tracer.apply_watch.calls[cls]
     return {"function": cls.__name__, "index": index, "arg": args[index] if index < len(args) else f"input {index}",
