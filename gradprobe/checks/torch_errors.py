@@ -275,9 +275,9 @@ def _bad_gradient(tracer: GradTracer, m: re.Match[str]) -> dict[str, Any] | None
         return None
     index = int(m.group(2))
     try:
-        forward = vars(cls).get("forward")
+        forward = vars(cls)["forward"]
         args = list(inspect.signature(getattr(forward, "__func__", forward)).parameters)[1:]  # after ctx
-    except (AttributeError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError):  # a forward inherited or not introspectable: the index alone
         args = []
     entry = tracer.apply_watch.calls[cls]
     return {"function": cls.__name__, "index": index, "arg": args[index] if index < len(args) else f"input {index}",
