@@ -68,3 +68,15 @@ async def test_custom_backward_bad_shape_names_the_argument_the_parameter_and_th
     assert f["location"]["line"] == 28 and f["parameters"] == ["Render", "scales"]
     assert (ev["arg"], ev["index"], ev["got"], ev["expected"], ev["apply_at"]["line"]) == ("scales", 1, "[5, 2]", "[5, 3]", 38)
     assert not [g for g in findings if g["code"] == "GP308"]
+
+
+@pytest.mark.anyio
+async def test_hidden_state_kept_on_the_module_is_found_after_one_step_and_confirmed_by_a_second(client):
+    target = {"project_dir": str(EXAMPLES), "model": "gp119_hidden_kept_on_module.py"}
+    result = await client.call_tool("diagnose", {"target": target})
+    [f] = [f for f in result.structured_content["findings"] if f["code"] == "GP119"]
+    assert f["location"]["line"] == 27 and f["evidence"]["held_by_model"] == ["hidden"]
+    assert "keeps a tensor of the step's graph in hidden" in f["message"] and ".detach()" in f["fix"]
+    target = {"project_dir": str(EXAMPLES), "model": "healthy_hidden_kept_detached.py"}
+    healthy = await client.call_tool("diagnose", {"target": target})
+    assert not [f for f in healthy.structured_content["findings"] if f["severity"] == "error"]

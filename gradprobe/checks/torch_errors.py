@@ -97,6 +97,14 @@ GP119: Rule[TorchErrorFacts] = Rule(
             fix="Detach the carried tensor at the start of each iteration (`h = h.detach()` before {used_at}), so each "
                 "iteration's backward() runs through its own graph only (truncated backpropagation through time); "
                 "retain_graph=True would instead grow the graph without bound."),
+        "held": Situation(
+            when="the model keeps the tensor in an attribute from one call of the step to the next (found after one "
+                 "traced step, confirmed by a second call that raised)",
+            message="The model keeps a tensor of the step's graph in {held} between calls: the tensor made by `{op}` at "
+                    "{made_at}{shape} still belongs to the graph that backward() at {first_line} freed, and the next "
+                    "call's backward() at {line} ran into it through that tensor.",
+            fix="Store it detached where the model keeps it (the value assigned to {held} at {made_at}: `.detach()` it), "
+                "or reset it at the start of each call; retain_graph=True would instead grow the graph without bound."),
     },
 )
 
@@ -137,6 +145,7 @@ class Reused:
     shape: list[int] | None
     carried: bool  # the line that made it made a node of the new graph that fed on it
     first_used_at: Loc | None = None  # where the earlier graph used it (where a .detach() keeps that backward out)
+    node: int = 0  # id() of the node (alive while the earlier graph is kept)
 
 
 @dataclass
@@ -150,6 +159,8 @@ class TorchErrorFacts:
     first_at: Loc | None = None
     reused: list[Reused] = field(default_factory=list)
     bad_gradient: dict[str, Any] | None = None  # GP120: the Function, the input, the shapes, the lines
+    # id(grad_fn) -> the model attribute holding that tensor across calls (checks/carried_state.py)
+    held: dict[int, str] = field(default_factory=dict)
 
 
 def _first(error: BaseException | None) -> str:
@@ -199,7 +210,7 @@ def reused_nodes(tracer: GradTracer) -> tuple[int, list[Reused]]:
                 continue
             made_at, used_at = made.get(id(child)), made.get(nid)
             op = re.sub(r"Backward\d*$", "", type(child).__name__).lower() or type(child).__name__
-            found[id(child)] = Reused(op, made_at, used_at, _shape(child), _same_line(made_at, used_at))
+            found[id(child)] = Reused(op, made_at, used_at, _shape(child), _same_line(made_at, used_at), node=id(child))
     for oid, node in old.items():  # where the earlier graph used each reused node (its consumers there)
         for child, _ in getattr(node, "next_functions", ()):
             r = found.get(id(child)) if child is not None else None
@@ -248,14 +259,20 @@ def _line(loc: Loc | None, otherwise: str) -> str:
 def detect_reused_graph(facts: TorchErrorFacts) -> Iterator[Finding]:
     if not facts.reused:
         return
-    carried = [r for r in facts.reused if r.carried]
+    held = [r for r in facts.reused if r.node in facts.held]  # the tensor the model keeps, by identity
+    carried = held or [r for r in facts.reused if r.carried]
     head = (carried or facts.reused)[0]
-    where = (head.made_at if carried else head.first_used_at or head.made_at) or head.used_at
-    evidence = {"error": str(facts.error)[:2000], "backward_called_at": facts.failing_at,
-                "earlier_backward_at": facts.first_at,
-                "reused": [{"op": r.op, "made_at": r.made_at, "used_at": r.used_at, "earlier_use_at": r.first_used_at,
-                            "shape": r.shape, "carried": r.carried} for r in facts.reused[:8]]}
-    yield GP119.finding("carried" if carried else None, location=where, evidence=evidence,
+    where = (head.made_at if carried else head.first_used_at or head.made_at) or head.used_at or head.first_used_at
+    evidence: dict[str, Any] = {"error": str(facts.error)[:2000], "backward_called_at": facts.failing_at,
+                                "earlier_backward_at": facts.first_at,
+                                "reused": [{"op": r.op, "made_at": r.made_at, "used_at": r.used_at,
+                                            "earlier_use_at": r.first_used_at, "shape": r.shape, "carried": r.carried}
+                                           for r in facts.reused[:8]]}
+    paths = sorted({facts.held[r.node] for r in held})
+    if held:
+        evidence["held_by_model"] = paths
+    situation = "held" if held else "carried" if carried else None
+    yield GP119.finding(situation, location=where, evidence=evidence, held=", ".join(paths[:3]),
                         line=_line(facts.failing_at, "an unrecorded line"),
                         first_line=_line(facts.first_at, "an unrecorded line"),
                         op=head.op, first_used_at=_line(head.first_used_at, "the earlier loss"),

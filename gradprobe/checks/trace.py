@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from gradprobe.checks._step import StepResult, attempt_step, run_step
 from gradprobe.checks.backward_rules import step_end_findings
+from gradprobe.checks.carried_state import carried_graph_findings
 from gradprobe.checks.cut_rules import GP301, GP302, GP303, GP304, GP305, GP309
 from gradprobe.checks.gradient_facts import TraceFacts, backward_broke, measure
 from gradprobe.checks.gradient_rules import GP306, GP307, GP311, GP312, GP313, GP314
@@ -115,6 +116,8 @@ def trace_findings(loaded: Any, parameters: list[str] | None = None, optimizer_s
     step = observed_step(loaded, tracer, grads, optimizer_step=optimizer_step)
     findings, facts = analyze(tracer, grads, loaded.model, step, parameters, record=loaded.record,
                               optimizer=loaded.optimizer)
+    if step.error is None:  # a graph the model keeps for the next call (GP119 before torch raises it)
+        findings += carried_graph_findings(loaded, tracer)
     return TraceRun(findings, facts, tracer, grads, step)
 
 
