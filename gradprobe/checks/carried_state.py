@@ -1,4 +1,5 @@
-"""A graph held on the model across calls of the step: GP119 (checks/torch_errors.py) before torch raises it.
+"""A graph held on the model across calls of the step: graph-used-after-free (checks/torch_errors.py) before torch
+raises it.
 
 After a traced step that ran backward(), a tensor with a grad_fn that a module still holds in an attribute (a recurrent
 hidden state, a memory, a running total kept on `self`) reaches the next call's loss with the graph this call's
@@ -17,8 +18,8 @@ import torch.nn as nn
 
 from gradprobe.checks._step import run_step
 from gradprobe.checks.recording import GradTracer
-from gradprobe.checks.torch_errors import GP119, SECOND_BACKWARD, measure_torch_error
-from gradprobe.findings import Finding, run_rules
+from gradprobe.checks.torch_errors import SECOND_BACKWARD, held_graph_findings
+from gradprobe.findings import Finding
 
 MAX_HELD = 64
 
@@ -59,6 +60,4 @@ def carried_graph_findings(loaded: Any, tracer: GradTracer) -> list[Finding]:
     error = again.backward_error
     if step.resource_limit is not None or error is None or SECOND_BACKWARD not in str(error):
         return []
-    facts = measure_torch_error(again, error, after_backward=False)
-    facts.held = {id(t.grad_fn): path for path, t in held}
-    return run_rules((GP119,), facts)
+    return held_graph_findings(again, error, {id(t.grad_fn): path for path, t in held})

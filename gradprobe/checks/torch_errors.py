@@ -315,6 +315,14 @@ def detect_bad_gradient(facts: TorchErrorFacts) -> Iterator[Finding]:
                         expected=b["expected"], first=_first(facts.error))
 
 
+def held_graph_findings(tracer: GradTracer, error: BaseException, held: dict[int, str]) -> list[Finding]:
+    """GP119 for a second call of the step that ran into the graph a tensor the model keeps (id(grad_fn) -> attribute)
+    belongs to (checks/carried_state.py)."""
+    facts = measure_torch_error(tracer, error, after_backward=False)
+    facts.held = held
+    return run_rules((GP119,), facts)
+
+
 def torch_error_findings(tracer: GradTracer, error: BaseException | None, after_backward: bool) -> list[Finding]:
     """GP118/GP119/GP120 for torch's error where the measurement found what torch does not say; [] otherwise."""
     return run_rules((GP118, GP119, GP120), measure_torch_error(tracer, error, after_backward))
