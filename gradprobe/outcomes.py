@@ -29,6 +29,11 @@ GP100: Rule[Any] = Rule(
             when="the model built, then the user's step raised before backward() (the forward, the loss or a train_step)",
             message="{error}",
             fix="Fix the error in the traceback; the forward must run before gradients can be traced."),
+        "after_backward": Situation(
+            when="the user's step raised after a backward() that ran (in the optimizer step or the code after it)",
+            message="The step raised after backward(): {error}",
+            fix="Fix the error in the traceback (user frames only); the gradients of the backward() before it were "
+                "traced."),
     },
 )
 

@@ -16,7 +16,8 @@ import torch.nn as nn
 
 from gradprobe.checks.candidates import Candidate, Location, family_of
 from gradprobe.checks.graphwalk import reach
-from gradprobe.checks.recording import GradRecorder, GradTracer
+from gradprobe.checks.grad_recorder import GradRecorder
+from gradprobe.checks.recording import GradTracer
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import Any
 from gradprobe.checks.gradient_facts import TraceFacts
 from gradprobe.checks.recording import GradTracer
 from gradprobe.checks.rule_text import line_of
+from gradprobe.checks.torch_errors import torch_error_findings
 from gradprobe.checks.torchcompat import ANOMALY_FRAME, allocation_failure, explain_backward_error, inplace_detail
 from gradprobe.checks.candidates import Location
 from gradprobe.findings import Finding, Rule, Situation, run_rules
@@ -160,9 +161,13 @@ def _resource_limit(facts: TraceFacts) -> Finding:
 
 
 def _step_raised(facts: TraceFacts) -> Finding:
-    """GP100 (its `step` situation): the user's step raised before backward(), so nothing could be traced."""
+    """GP100 (its `step` situation): the user's step raised before backward(), so nothing could be traced; or after a
+    backward() that ran (its `after_backward` situation)."""
     step = facts.step
     err = step.error
+    if facts.ended == "raised_after_backward":
+        return target_failed_finding("running the step", f"{type(err).__name__}: {err}", situation="after_backward",
+                                     location=step.error_location, evidence={"traceback": step.error_traceback})
     text = f"{step.not_run}: {err}" if step.not_run else f"The step raised before backward(): {type(err).__name__}: {err}"
     return target_failed_finding("running the step", text, situation="step", location=step.error_location,
                                  evidence={"traceback": step.error_traceback})
@@ -172,6 +177,10 @@ def step_end_findings(facts: TraceFacts) -> list[Finding]:
     """At most one finding on how the step ended (nothing when it ended with a usable backward)."""
     if facts.ended == "resource_limit":  # a memory limit, not the code: no GP308/GP310/GP100 about the step
         return [_resource_limit(facts)]
-    if facts.ended == "step_raised":
-        return [_step_raised(facts)]
+    if facts.ended in ("step_raised", "raised_after_backward"):  # torch's own error, measured (GP118) where it applies
+        measured = torch_error_findings(facts.tracer, facts.step.error, facts.ended == "raised_after_backward")
+        return measured or [_step_raised(facts)]
+    if facts.ended == "backward_raised" and (measured := torch_error_findings(facts.tracer, facts.tracer.backward_error,
+                                                                              after_backward=False)):
+        return measured  # GP119: the graph an earlier backward() freed, measured; else GP308 below
     return run_rules((GP310, GP308), facts)

@@ -23,8 +23,10 @@ import torch.nn as nn
 
 from gradprobe.checks import compiled, gradcheck, optimizer, precision, prompt_tuning, registration, trace
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
+from gradprobe.checks.carried_state import carried_graph_findings
 from gradprobe.checks._step import StepResult, param_names
-from gradprobe.checks.recording import GradRecorder, GradTracer
+from gradprobe.checks.grad_recorder import GradRecorder
+from gradprobe.checks.recording import GradTracer
 from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.loading import BuildRecorder
 from gradprobe.report import make_report
@@ -226,6 +228,8 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
         findings += optimizer.analyze_step(model, seen.opt, seen.before, seen.step_obs, coverage,
                                            optimizer._opt_site(loaded.record, seen.opt)[1])
         facts["step_events"] = seen.step_obs.events[:50]
+    if step.error is None:  # after the step's own measurements: a graph the model keeps for the next call (GP119)
+        findings += carried_graph_findings(loaded, tracer)
     findings += _gradcheck(loaded, seen, tfacts, facts)
     if not prompt_on:
         findings += prompt_tuning.checkpoint_findings(tracer, tfacts)

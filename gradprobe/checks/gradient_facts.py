@@ -18,7 +18,8 @@ from gradprobe.checks._step import StepResult, module_of, param_names
 from gradprobe.checks.attribution import Cause, blame_cuts, merge_causes, zero_by_initialisation
 from gradprobe.checks.dataloader_workers import WorkerCrossing, worker_crossings
 from gradprobe.checks.graphwalk import chain
-from gradprobe.checks.recording import GradRecorder, GradTracer
+from gradprobe.checks.grad_recorder import GradRecorder
+from gradprobe.checks.recording import GradTracer
 from gradprobe.checks.term_split import TermSplit, behind_cut_terms, term_table
 from gradprobe.checks.torchcompat import LOSS_DOES_NOT_REQUIRE_GRAD, LOSS_NOT_DIFFERENTIABLE, LOSS_NOT_SCALAR, tensor_hooks
 
@@ -150,6 +151,8 @@ def _how_it_ended(tracer: GradTracer, step: StepResult, error_explained: bool) -
         return "loss_problem"
     if step.error is not None and not tracer.backward_calls and not error_explained:
         return "step_raised"
+    if step.error is not None and tracer.backward_calls and not error_explained:
+        return "raised_after_backward"  # the step raised after a backward() that ran (an update, the optimizer step)
     if not tracer.backward_calls and step.kind == "train_step" and step.error is None:
         return "no_backward"
     return None

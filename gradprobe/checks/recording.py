@@ -13,12 +13,11 @@ calls and warnings. `GradRecorder` records which parameters got a gradient.
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -42,6 +41,7 @@ from gradprobe.checks.candidates import (
     tensors_in,
 )
 from gradprobe.checks.term_split import CutTerm, TermProbe
+from gradprobe.checks.torch_errors import leaf_inplace_target
 from gradprobe.checks.torchcompat import (
     CHECKPOINT_NO_INPUT_GRAD_WARNING,
     GRAD_ENABLE,
@@ -64,6 +64,7 @@ from gradprobe.checks.watches import (
 from gradprobe.userframes import UserCode, is_gradprobe_file
 
 MAX_INPLACE_EVENTS = 20000
+MAX_ROOTS_KEPT = 64  # backward() roots kept for checks/torch_errors.py (a graph reused by a later backward)
 # frames between a no_grad switch and the code that asked for it: torch's grad-mode machinery, Module.__call__
 _GRAD_MODE_FILES = ("grad_mode.py", "_contextlib.py")
 _MODULE_CALL_FILES = ("nn/modules/module.py",)
@@ -112,6 +113,10 @@ class GradTracer(TorchFunctionMode):
         self.grad_fn_loc: dict[int, Location | None] = {}
         # in-place ops on tensors that take part in autograd: (shape, version after the op, user line)
         self.inplace_ops: list[tuple[list[int], int, Location | None]] = []
+        # an in-place op on a leaf that requires grad (or a view of one) that raised: (the leaf, user line); the
+        # grad_fn of each backward() root, kept alive (checks/torch_errors.py reads both when torch raised)
+        self.leaf_inplace: tuple[torch.Tensor, str, Location | None] | None = None
+        self.backward_roots: list[Any] = []
         self.disable_site: Location | None = None
         self.disable_by_library = False
         self.library_no_grad: set[int] = set()  # candidate indices cut by a no_grad the library entered itself
@@ -158,7 +163,7 @@ class GradTracer(TorchFunctionMode):
         if name == "backward":
             return self._backward(func, args, kwargs)
         req, tags, plain_hits = self._inputs(name, args, kwargs)
-        out = func(*args, **kwargs)
+        out = self._call(name, func, args, kwargs) if req else func(*args, **kwargs)
         if tags is not None:  # values behind cuts met this op (rare in a healthy step): which parameters they met
             self._params_met(args, kwargs, tags)
             if name not in SHAPE_ONLY_OPS:
@@ -183,6 +188,17 @@ class GradTracer(TorchFunctionMode):
         if self.provenance is not None and not req:
             self._note_provenance(out)
         return out
+
+    def _call(self, name: str, func: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> Any:
+        """An op whose inputs require grad; an in-place op on a leaf that requires grad that raised is kept (GP118)."""
+        leaf = leaf_inplace_target(name, args, kwargs)
+        if leaf is None:
+            return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError:
+            self.leaf_inplace = (leaf, name, self.user.innermost(skip=3))
+            raise
 
     def _attribute_get(self, func: Callable[..., Any], attr: str, args: Any, kwargs: dict[str, Any]) -> Any:
         """A tensor property other than .data (.T, .mT, .real): followed only for a module's plain tensor attribute."""
@@ -437,6 +453,8 @@ class GradTracer(TorchFunctionMode):
         self.backward_calls.append(rec)
         probe = self._term_probe(root, args, kwargs, rec)
         self.zero_ops.arm()
+        if len(self.backward_roots) < MAX_ROOTS_KEPT:
+            self.backward_roots.append(root.grad_fn if root is not None else None)
         try:
             return func(*args, **kwargs)
         except BaseException as exc:
@@ -545,46 +563,3 @@ class GradTracer(TorchFunctionMode):
             self.zero_ops.disarm()
             if self._stack is not None:
                 self._stack.close()
-
-
-class GradRecorder:
-    """Post-accumulate hooks: which parameters got a gradient in this step, its norm, finiteness."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.got: dict[int, dict[str, Any]] = {}
-        self._hooks: list[Any] = []
-        self.zero_at_start: set[int] = set()
-
-    def record(self, p: torch.Tensor) -> None:
-        """Read a gradient that no hook saw (a parameter created during the step)."""
-        self._hook(p)
-
-    def _hook(self, p: torch.Tensor) -> None:
-        g = p.grad
-        if g is None:
-            return
-        rec = self.got.setdefault(id(p), {"norm": 0.0, "finite": True, "zero": True})
-        with torch.no_grad(), untraced():
-            # one pass over the gradient: its norm says finite and zero too (a second pass only if it overflowed)
-            norm = float(torch.linalg.vector_norm(g.detach(), dtype=torch.float32))
-            finite = math.isfinite(norm) or bool(torch.isfinite(g).all())
-            rec["finite"] = rec["finite"] and finite
-            rec["norm"] = norm if finite else float("nan")
-            rec["zero"] = rec["zero"] and norm == 0.0
-
-    def __enter__(self) -> GradRecorder:
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        with torch.no_grad(), untraced():
-            # exactly-zero trainable tensors before the step: zero-initialised partners (LoRA B, gates)
-            self.zero_at_start = {id(p) for p in trainable if p.numel() and not bool(p.any())}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._hook) for p in trainable]
-        # buffers that require grad (learnable buffers, GP104): whether they got a gradient decides how bad they are
-        self._hooks += [b.register_post_accumulate_grad_hook(self._hook) for b in self.model.buffers()
-                        if b.requires_grad and b.is_leaf]
-        return self
-
-    def __exit__(self, *exc: Any) -> Literal[False]:
-        for h in self._hooks:
-            h.remove()
-        return False

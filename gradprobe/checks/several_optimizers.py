@@ -95,15 +95,20 @@ def held_by_others(optimizer: Any, record: BuildRecord | None) -> set[int]:
     return {id(t) for o in _live(optimizer, record) if o is not optimizer for g in o.param_groups for t in g["params"]}
 
 
+def live_optimizers(optimizer: Any, record: BuildRecord, model: nn.Module) -> list[torch.optim.Optimizer]:
+    """The optimizers that belong to the training: the one in use, one make_optimizer returned, or one the model holds
+    (a GAN's second optimizer); a leftover a script or setup keeps in a variable is not one."""
+    returned = getattr(record.group_sources, "returned", [])
+    return [o for o in _live(optimizer, record)
+            if o is optimizer or any(o is r for r in returned) or _held_by_model(o, model)]
+
+
 def measure_shared(model: nn.Module, optimizer: Any, record: BuildRecord | None) -> SharedFacts:
     facts = SharedFacts()
     if record is None:
         return facts
-    # an error needs both optimizers to belong to the training: the one in use, one make_optimizer returned, or one the
-    # model holds (a GAN's second optimizer); a leftover a script or setup keeps in a variable is not compared
-    returned = getattr(record.group_sources, "returned", [])
-    live = [o for o in _live(optimizer, record)
-            if o is optimizer or any(o is r for r in returned) or _held_by_model(o, model)]
+    # an error needs both optimizers to belong to the training (a leftover in a variable is not compared)
+    live = live_optimizers(optimizer, record, model)
     if len(live) < 2:
         return facts
     names = param_names(model)

@@ -1,6 +1,6 @@
 """trace_grad_path: which parameters the loss cannot reach, where the path breaks in the user's code, and why.
 
-One real step runs under the recording mode (checks/recording.py: GradTracer and GradRecorder).
+One real step runs under the recording mode (checks/recording.py: GradTracer; checks/grad_recorder.py: GradRecorder).
 The GP3xx engine is three stages: `measure` the facts of the step (checks/gradient_facts.py: each
 parameter's outcome, the cuts blamed for missing gradients, crossings, how the step ended), run the
 rules over them in a fixed order (checks/cut_rules.py, gradient_rules.py, backward_rules.py), rank.
@@ -19,11 +19,13 @@ import torch.nn as nn
 
 from gradprobe.checks._step import StepResult, attempt_step, run_step
 from gradprobe.checks.backward_rules import step_end_findings
+from gradprobe.checks.carried_state import carried_graph_findings
 from gradprobe.checks.cut_rules import GP301, GP302, GP303, GP304, GP305, GP309
 from gradprobe.checks.gradient_facts import TraceFacts, backward_broke, measure
 from gradprobe.checks.gradient_rules import GP306, GP307, GP311, GP312, GP313, GP314
 from gradprobe.checks.loss_terms import GP315, GP316, GP317
-from gradprobe.checks.recording import GradRecorder, GradTracer
+from gradprobe.checks.grad_recorder import GradRecorder
+from gradprobe.checks.recording import GradTracer
 from gradprobe.checks.zeroing_rules import GP318
 from gradprobe.checks.torchcompat import ANOMALY_FRAME, allocation_failure, is_anomaly_forward_trace
 from gradprobe.findings import Finding, run_rules
@@ -118,6 +120,8 @@ def trace_findings(loaded: Any, parameters: list[str] | None = None, optimizer_s
     step = observed_step(loaded, tracer, grads, optimizer_step=optimizer_step)
     findings, facts = analyze(tracer, grads, loaded.model, step, parameters, record=loaded.record,
                               optimizer=loaded.optimizer)
+    if step.error is None:  # a graph the model keeps for the next call (GP119 before torch raises it)
+        findings += carried_graph_findings(loaded, tracer)
     return TraceRun(findings, facts, tracer, grads, step)
 
 

@@ -24,8 +24,10 @@ from gradprobe.checks.steps.modes import MODE_RULES
 from gradprobe.checks.steps.observe import StepObserver, norms
 from gradprobe.checks.steps.overfit import OVERFIT_RULES, overfit_one_batch, overfit_summary
 from gradprobe.checks.steps.ratio import RATIO_RULES
+from gradprobe.checks.steps.gradients import GP602
+from gradprobe.checks.steps.optimizer_owners import GP212, GP213, OwnersWatch
 from gradprobe.checks.steps.summary import facts_table, summary_lines
-from gradprobe.checks.steps.updates import UPDATE_RULES
+from gradprobe.checks.steps.updates import GP606, UPDATE_RULES
 from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
@@ -95,6 +97,7 @@ class _Run:
         self.loaded, self.steps = loaded, steps
         self.model: nn.Module = loaded.model
         self.observer = StepObserver(self.model, loaded.user, loaded.optimizer)
+        self.owners = OwnersWatch(self.model, loaded.optimizer, loaded.record, loaded.user, loaded.train_step is not None)
         self.names: dict[int, str] = {}
         self.requires_grad: dict[int, bool] = {}
         self.outside: dict[int, list[bool]] = {}
@@ -142,7 +145,7 @@ class _Run:
         before = _weights(params)
         copies = self._ema_copies(moved_last)
         n_steps = len(self.observer.opt_steps)
-        self.observer.call = k
+        self.observer.call = self.owners.call = k
         result = run_step(self.loaded, optimizer_step=True)
         self.observer.close_window()
         if not result.failed:
@@ -171,7 +174,7 @@ class _Run:
 
     def run(self) -> None:
         moved: set[int] = set()
-        with self.observer:
+        with self.observer, self.owners:
             for k in range(self.steps):
                 moved = self._call(k, moved)
                 if k == 0:
@@ -207,6 +210,17 @@ def _no_optimizer_report() -> dict:
                                               "or a `train_step` that steps one."], note="no optimizer")
 
 
+def _with_owners(run: _Run, findings: list[Finding]) -> list[Finding]:
+    """Several optimizers: GP212/GP213 first; GP602 only where an optimizer's step() was measured using an earlier
+    step's gradient and no GP212 explains it; no GP606 for the parameters of an optimizer never stepped (GP213)."""
+    owners = run.owners.findings()
+    accumulated = run.owners.measured_accumulation()
+    explained = accumulated is False or any(f["code"] == GP212.code for f in owners)
+    never = {n for f in owners if f["code"] == GP213.code for n in f["parameters"]}
+    return owners + [f for f in findings if not (explained and f["code"] == GP602.code)
+                     and not (f["code"] == GP606.code and never and set(f["parameters"]) <= never)]
+
+
 def facts_report(facts: AuditFacts, extra: list[Finding] | None = None) -> dict:
     """The GP6xx rules on measured facts (observed in a train_step's calls, or in a script's own loop), ranked, reported."""
     findings: list[Finding] = sorted(run_rules(RULES, facts), key=lambda f: _RANK.get(f["code"], 99)) + list(extra or ())
@@ -231,6 +245,7 @@ def audit_report(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> dict:
         findings += run_rules(OVERFIT_RULES, ofacts)
         line, extra["overfit_one_batch"] = overfit_summary(ofacts)
     findings.sort(key=lambda f: _RANK.get(f["code"], 99))
+    findings = _with_owners(run, findings)
     if run.limit is not None:  # a memory limit stopped the step: a resource limit, not the code
         findings.append(resource_limit_finding(f"running step {run.error_call + 1}", run.limit,
                                                location=run.error_location))
