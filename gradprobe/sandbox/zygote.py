@@ -108,6 +108,26 @@ def _warm_linecache() -> None:
     torch.manual_seed(0)  # no tensor op, no CUDA init: it reads the seeding path's torch sources into linecache
 
 
+def pretouch() -> None:
+    """Run in a spare before its job: set again, to the very same value, an attribute of each torch class that a
+    call patches while it loads the model or observes a step (loading.py, checks/steps/observe.py). Setting an
+    attribute on a class rewrites every subclass's type object (slots, method-cache tags): hundreds of classes
+    once transformers is preloaded, each a copy-on-write page fault in a forked process. Done here, those pages
+    are the spare's own before the job arrives; nothing changes but where the copying happens."""
+    import torch
+    from torch import nn
+    from torch.optim import lr_scheduler
+
+    owners: list[tuple[Any, str]] = [(nn.Module, "__setattr__"), (torch.Tensor, "requires_grad_"),
+                                     (torch.optim.Optimizer, "__init__"), (lr_scheduler.LRScheduler, "step"),
+                                     (torch.autograd.grad_mode.set_grad_enabled, "__init__")]
+    for owner, name in owners:
+        try:
+            setattr(owner, name, owner.__dict__[name])
+        except (KeyError, TypeError, AttributeError):
+            pass
+
+
 def send_msg(sock: socket.socket, obj: dict, fds: list[int] | None = None) -> None:
     data = json.dumps(obj).encode()
     frame = struct.pack("!I", len(data)) + data
@@ -191,7 +211,7 @@ class Spare:
                 self.sock.close()
                 _forked_setup()
                 if self.root is not None:
-                    confine.spare(base, self.root, theirs)
+                    confine.spare(base, self.root, theirs, pretouch)
                 else:
                     _plain(base, theirs)
             finally:
