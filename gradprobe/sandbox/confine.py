@@ -304,10 +304,6 @@ def spare(base: Policy, newroot: str, zygote: socket.socket, prepare: Callable[[
         ro, mapped = prepare_view(base, newroot)
         if prepare is not None:
             prepare()
-        try:
-            send(zygote, {"ready": True})
-        except OSError:
-            pass
         req, fds = recv_job(zygote)
         _libc.prctl(15, b"gp-call", 0, 0, 0)
         zygote.close()

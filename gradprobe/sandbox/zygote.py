@@ -9,7 +9,10 @@ and the child already joined; the server tears it down after the reply) and, as
 SCM_RIGHTS, the child's own job socket: the server sends the job and the call's pipes
 to that child alone, so no later fork can inherit a request in its memory. It later
 reports the child's exit status. The next spare (a child forked and half-confined
-ahead of time) is made while the call runs. Rules that keep forking safe: this process
+ahead of time, that never held a job) is made while the call runs and passed to the
+server the same way at once: the server holds it and sends the next call's job straight
+to it (then asks here for the one after), so a call waits on no round trip through this
+process. Rules that keep forking safe: this process
 stays single-threaded, never runs a tensor op (a parent that ran one multi-threaded op
 deadlocks its children) and never initialises CUDA (children do, after the fork); it is
 non-dumpable, so its children cannot read its memory or environment through /proc.
@@ -192,7 +195,7 @@ def _plain(base: Policy, jobs: socket.socket) -> None:
 class Spare:
     """A child forked for the next call before its job exists: half-confined ahead of time on a root server
     (confine.spare), else plain (`_plain`); either way it waits for its job on its own socket, which the server
-    gets (`job_fd`) and writes the job to directly."""
+    gets (`job_fd`, passed as soon as the spare is made) and writes the job to directly."""
 
     def __init__(self, base: Policy, server: socket.socket):
         from gradprobe.sandbox import confine
@@ -217,9 +220,6 @@ class Spare:
             finally:
                 os._exit(70)
         theirs.close()
-
-    def fits(self, base: Policy) -> bool:
-        return all(getattr(base, k) == getattr(self.base, k) for k in BASE_KEYS)
 
     def drop(self) -> None:
         self.sock.close()  # the spare reads EOF and exits (or, handed over, the server holds the other copy)
@@ -267,7 +267,7 @@ def _new_spare(base: Policy, sock: socket.socket, roots: dict[int, str], groups:
 
 
 class _Worker:
-    """The fork server's state: children it forked, their mount points and cgroups, and the spare."""
+    """The fork server's state: children it forked (each passed to the server), their mount points and cgroups."""
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -275,7 +275,6 @@ class _Worker:
         self.roots: dict[int, str] = {}  # a spare's keeper pid -> its (empty) mount point on the host
         self.groups: dict[int, Any] = {}  # a spare's keeper pid -> its cgroup, removed here if it dies without a call
         self.stale: list[Any] = []  # such cgroups not yet empty
-        self.spare: Spare | None = None
 
     def reap(self) -> None:
         """Report finished children; remove what spares that died without a call leave."""
@@ -297,9 +296,6 @@ class _Worker:
                     pass
             if pid in self.groups:
                 self.stale.append(self.groups.pop(pid))
-            if self.spare is not None and pid == self.spare.pid:
-                self.spare.drop()
-                self.spare = None
         for group in list(self.stale):  # never blocks: one try each time round
             group.kill_now()
             group.remove(tries=1)
@@ -307,22 +303,25 @@ class _Worker:
                 self.stale.remove(group)
 
     def give(self, req: dict, more: bool) -> None:
-        """Answer one request: a child for these base settings, its job socket passed to the server."""
+        """Answer one request: a child for these base settings, its job socket passed to the server ("forked"),
+        unless the server took the spare it held ("next": it asks only for the one after that); then, unless
+        more requests wait, the next spare, passed to the server the same way ("spare"): the server holds it for
+        its next call with these settings, whose job then goes to it without a round trip through here."""
         from gradprobe.sandbox.protocol import Policy
 
         base = base_policy(Policy.model_validate_json(req["base"]))  # (base_policy: nothing else even if sent)
-        if self.spare is not None and not self.spare.fits(base):
-            self.spare.drop()
-            self.spare = None
-        spare = self.spare or _new_spare(base, self.sock, self.roots, self.groups)
-        self.spare = None
-        group = self.groups.pop(spare.pid, None)  # the call's now: the server tears it down
+        if not req.get("next"):
+            self._hand(_new_spare(base, self.sock, self.roots, self.groups), {"forked": req.get("id")})
+        if _spares_possible(base) and not more:  # the next call's, made ahead
+            self._hand(_new_spare(base, self.sock, self.roots, self.groups), {"spare": req["base"]})
+
+    def _hand(self, spare: Spare, head: dict[str, Any]) -> None:
+        """Pass a child that never held a job to the server (its job socket, as SCM_RIGHTS); its exit is reported."""
+        group = self.groups.pop(spare.pid, None)  # the server's now: it tears it down
         self.forked.add(spare.pid)
-        send_msg(self.sock, {"forked": req.get("id"), "pid": spare.pid, "cgroup": group.state() if group is not None else None},
+        send_msg(self.sock, {**head, "pid": spare.pid, "cgroup": group.state() if group is not None else None},
                  [spare.sock.fileno()])
         spare.drop()
-        if _spares_possible(base) and not more:  # the next call's, made while this one runs
-            self.spare = _new_spare(base, self.sock, self.roots, self.groups)
 
 
 def serve(sock: socket.socket) -> None:
@@ -335,22 +334,16 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     while True:
         worker.reap()
-        spare = worker.spare
-        watch: list[Any] = [sock, wake_r] + ([spare.sock] if spare is not None else [])
+        watch: list[Any] = [sock, wake_r]
         ready, _, _ = select.select(watch, [], [], 1.0)
         if wake_r in ready:
             os.read(wake_r, 4096)
-        if spare is not None and spare.sock in ready and not spare.sock.recv(4096):
-            spare.drop()  # it died before its job (it said why on stderr, which is /dev/null here)
-            worker.spare = None
         if sock not in ready:
             continue
         msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 8)
         for fd in fds:  # requests carry no descriptors
             os.close(fd)
         if not msg:
-            if worker.spare is not None:
-                worker.spare.drop()
             return  # the server went away
         buf += msg
         reqs, buf = split_frames(buf)
