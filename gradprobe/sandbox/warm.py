@@ -53,6 +53,9 @@ class WarmWorker:
         self._spare_groups: dict[str, dict] = {}  # cgroups the worker made for spares not yet handed a call
         self._held: _Held | None = None  # the spare the worker passed ahead of time, for the next call
         self._unused: dict[int, dict] = {}  # pid -> cgroup of a spare let go without a job: removed once it exits
+        self._base: str | None = None  # the base settings of the last call: what the next spare is made for
+        self._coming: asyncio.Future[None] | None = None  # the next spare, asked for and not here yet
+        self._spares = True  # False once the worker said it cannot make spares (a plain child cannot wait confined)
         self._ready: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._starting: asyncio.Lock | None = None
@@ -84,6 +87,7 @@ class WarmWorker:
         self._loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._ready = self._loop.create_future()
+        self._spares, self._base = True, None
         self.proc = subprocess.Popen(
             [sys.executable, "-I", ZYGOTE, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -122,9 +126,13 @@ class WarmWorker:
             self._ready.set_result(msg)
         elif isinstance(msg.get("spare_cgroup"), dict):
             self._spare_groups[str(msg["spare_cgroup"].get("name"))] = msg["spare_cgroup"]
-        elif "spare" in msg:
-            self._let_go(self._held)
-            self._held = _Held(str(msg["spare"]), msg["pid"], msg.get("cgroup"), msg.get("job_fd"))
+        elif "spare" in msg or "no_spare" in msg:
+            self._spares = "spare" in msg
+            if "spare" in msg:
+                self._let_go(self._held)
+                self._held = _Held(str(msg["spare"]), msg["pid"], msg.get("cgroup"), msg.get("job_fd"))
+            if self._coming is not None and not self._coming.done():
+                self._coming.set_result(None)
         elif "forked" in msg:
             self._spare_groups.pop(str((msg.get("cgroup") or {}).get("name")), None)  # the call's now: its caller's
             fut = self._forked.pop(msg["forked"], None)
@@ -174,6 +182,8 @@ class WarmWorker:
         self._held = None
         self._spare_groups.update({str(g.get("name")): g for g in self._unused.values()})
         self._unused.clear()
+        if self._coming is not None and not self._coming.done():
+            self._coming.set_result(None)
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(err)
         if proc is self.proc:
@@ -210,10 +220,11 @@ class WarmWorker:
         rid = next(self._ids)
         loop = self._loop
         assert loop is not None and self.sock is not None, "fork() on a worker that was never started"
-        base = base_policy(policy).model_dump_json()
+        base = self._base = base_policy(policy).model_dump_json()
+        if self._held is None and self._coming is not None and not self._coming.done():
+            await asyncio.wait_for(asyncio.shield(self._coming), 30)  # being made: sooner than another one
         held, self._held = self._held, None
-        ahead = held is not None and held.base == base and held.job_fd is not None
-        if held is not None and ahead:  # no round trip through the worker: the job goes to this spare now
+        if held is not None and held.base == base and held.job_fd is not None:  # the job goes to this spare now
             pid, cgroup, job_fd = held.pid, held.cgroup, held.job_fd
             self._spare_groups.pop(str((cgroup or {}).get("name")), None)  # the call's now: its caller's
         else:
@@ -241,9 +252,17 @@ class WarmWorker:
                 self._remove_group(cgroup)
             raise
         finally:
-            if ahead:  # the spare after this one (the worker made it itself after a "forked" answer)
-                self._send({"id": rid, "base": base, "next": True})
+            self._ask_next()
         return pid, exit_fut, cgroup
+
+    def _ask_next(self) -> None:
+        """Ask the worker for the next call's spare (made while this call runs: asked for only once this call's
+        job is sent, so it never delays it), unless one is held or coming."""
+        if (self._base is None or self._held is not None or (self._coming is not None and not self._coming.done())
+                or self._loop is None or not self.alive or not self._spares):
+            return
+        self._coming = self._loop.create_future()
+        self._send({"id": next(self._ids), "base": self._base, "next": True})
 
     def _send(self, obj: dict[str, Any]) -> None:
         data = json.dumps(obj).encode()

@@ -302,18 +302,19 @@ class _Worker:
             if not group.dirs:
                 self.stale.remove(group)
 
-    def give(self, req: dict, more: bool) -> None:
-        """Answer one request: a child for these base settings, its job socket passed to the server ("forked"),
-        unless the server took the spare it held ("next": it asks only for the one after that); then, unless
-        more requests wait, the next spare, passed to the server the same way ("spare"): the server holds it for
-        its next call with these settings, whose job then goes to it without a round trip through here."""
+    def give(self, req: dict) -> None:
+        """Answer one request: a child for these base settings, its job socket passed to the server ("forked"); or
+        ("next", sent once a call's job is on its way) the next call's spare, passed the same way ("spare"), which the server
+        holds for its next call with these settings: that job then goes to it without a round trip through here."""
         from gradprobe.sandbox.protocol import Policy
 
         base = base_policy(Policy.model_validate_json(req["base"]))  # (base_policy: nothing else even if sent)
         if not req.get("next"):
             self._hand(_new_spare(base, self.sock, self.roots, self.groups), {"forked": req.get("id")})
-        if _spares_possible(base) and not more:  # the next call's, made ahead
+        elif _spares_possible(base):
             self._hand(_new_spare(base, self.sock, self.roots, self.groups), {"spare": req["base"]})
+        else:
+            send_msg(self.sock, {"no_spare": req.get("id")})  # a plain child could not wait half-confined
 
     def _hand(self, spare: Spare, head: dict[str, Any]) -> None:
         """Pass a child that never held a job to the server (its job socket, as SCM_RIGHTS); its exit is reported."""
@@ -347,8 +348,8 @@ def serve(sock: socket.socket) -> None:
             return  # the server went away
         buf += msg
         reqs, buf = split_frames(buf)
-        for i, req in enumerate(reqs):
-            worker.give(req, more=i + 1 < len(reqs) or bool(buf))
+        for req in reqs:
+            worker.give(req)
 
 
 def main() -> None:
