@@ -108,6 +108,8 @@ class WarmWorker:
                 chunk, got, _flags, _addr = socket.recv_fds(sock, 65536, 4)
             except OSError:
                 chunk, got = b"", []
+            for fd in got:  # a spare's job socket may be held across calls: no program this server starts inherits it
+                os.set_inheritable(fd, False)
             fds += got
             if not chunk:
                 break
@@ -262,7 +264,10 @@ class WarmWorker:
                 or self._loop is None or not self.alive or not self._spares):
             return
         self._coming = self._loop.create_future()
-        self._send({"id": next(self._ids), "base": self._base, "next": True})
+        try:
+            self._send({"id": next(self._ids), "base": self._base, "next": True})
+        except OSError:  # the worker is gone: the next call starts it again
+            self._coming.set_result(None)
 
     def _send(self, obj: dict[str, Any]) -> None:
         data = json.dumps(obj).encode()

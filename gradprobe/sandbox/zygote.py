@@ -121,7 +121,7 @@ def pretouch() -> None:
     from torch import nn
     from torch.optim import lr_scheduler
 
-    owners: list[tuple[Any, str]] = [(nn.Module, "__setattr__"), (torch.Tensor, "requires_grad_"),
+    owners: list[tuple[Any, str]] = [(nn.Module, "__setattr__"), (torch.Tensor, "register_hook"),
                                      (torch.optim.Optimizer, "__init__"), (lr_scheduler.LRScheduler, "step"),
                                      (torch.autograd.grad_mode.set_grad_enabled, "__init__")]
     for owner, name in owners:
