@@ -77,9 +77,9 @@ async def main(args) -> None:
             layers = ", ".join(sorted(sandbox["isolation"].get("applied", {})))
             ratio = statistics.median(cold) / statistics.median(paced)
             print(f"(a) cold script: median {statistics.median(cold):.3f} s; warm tool call ({sandbox['child']}): median "
-                  f"{statistics.median(paced):.3f} s (min {min(paced):.3f} s; "
-                  f"back to back: median {statistics.median(burst):.3f} s); "
-                  f"ratio {ratio:.1f}x (targets <= 0.050 s, >= 40x); layers: {layers}; verified by the server: "
+                  f"{statistics.median(paced) * 1000:.0f} ms (min {min(paced) * 1000:.0f} ms; "
+                  f"back to back: median {statistics.median(burst) * 1000:.0f} ms); "
+                  f"ratio {ratio:.1f}x (targets <= 50 ms, >= 40x); layers: {layers}; verified by the server: "
                   f"{'all' if verified and not missing else 'MISSING ' + ', '.join(missing) if verified else 'none'}")
 
         if "c" in args.parts:

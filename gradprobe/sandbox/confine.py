@@ -289,10 +289,11 @@ def _confine_in_user_namespace(policy: Policy, report: dict[str, Layer], control
     return ro
 
 
-def spare(base: Policy, newroot: str, zygote: socket.socket) -> None:
+def spare(base: Policy, newroot: str, zygote: socket.socket, prepare: Callable[[], None] | None = None) -> None:
     """A warm call made ahead of time (forked from the warm worker before any job): the call's cgroup joined (the
-    worker made it), namespaces entered and the shared part of the view built; it waits for one job, then opens and
-    checks the project, finishes the view, drops identity, locks down and runs it. Never returns."""
+    worker made it), namespaces entered, the shared part of the view built and `prepare` run (what every call
+    would do first, nothing of a job); it waits for one job, then opens and checks the project, finishes the
+    view, drops identity, locks down and runs it. Never returns."""
     try:
         isolation.die_with_parent()
         _libc.prctl(15, b"gp-spare", 0, 0, 0)  # PR_SET_NAME: /proc/<pid>/comm tells an idle spare from a call
@@ -301,10 +302,8 @@ def spare(base: Policy, newroot: str, zygote: socket.socket) -> None:
             send(zygote, {"nspid": None, "error": os.strerror(ctypes.get_errno())})
             os._exit(74)
         ro, mapped = prepare_view(base, newroot)
-        try:
-            send(zygote, {"ready": True})
-        except OSError:
-            pass
+        if prepare is not None:
+            prepare()
         req, fds = recv_job(zygote)
         _libc.prctl(15, b"gp-call", 0, 0, 0)
         zygote.close()

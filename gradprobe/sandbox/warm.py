@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from gradprobe.sandbox.protocol import Job, Policy
@@ -23,6 +24,16 @@ from gradprobe.sandbox.zygote import base_policy, split_frames
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class _Held:
+    """A spare the worker passed ahead of time: its base settings (JSON), pid, cgroup state and job socket."""
+
+    base: str
+    pid: int
+    cgroup: dict[str, Any] | None
+    job_fd: int | None
 
 
 class WarmWorker:
@@ -40,6 +51,11 @@ class WarmWorker:
         self._exits: dict[int, asyncio.Future] = {}
         self._early_exits: dict[int, int] = {}
         self._spare_groups: dict[str, dict] = {}  # cgroups the worker made for spares not yet handed a call
+        self._held: _Held | None = None  # the spare the worker passed ahead of time, for the next call
+        self._unused: dict[int, dict] = {}  # pid -> cgroup of a spare let go without a job: removed once it exits
+        self._base: str | None = None  # the base settings of the last call: what the next spare is made for
+        self._coming: asyncio.Future[None] | None = None  # the next spare, asked for and not here yet
+        self._spares = True  # False once the worker said it cannot make spares (a plain child cannot wait confined)
         self._ready: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._starting: asyncio.Lock | None = None
@@ -71,6 +87,7 @@ class WarmWorker:
         self._loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._ready = self._loop.create_future()
+        self._spares, self._base = True, None
         self.proc = subprocess.Popen(
             [sys.executable, "-I", ZYGOTE, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -91,13 +108,15 @@ class WarmWorker:
                 chunk, got, _flags, _addr = socket.recv_fds(sock, 65536, 4)
             except OSError:
                 chunk, got = b"", []
+            for fd in got:  # a spare's job socket may be held across calls: no program this server starts inherits it
+                os.set_inheritable(fd, False)
             fds += got
             if not chunk:
                 break
             buf += chunk
             msgs, buf = split_frames(buf)
             for msg in msgs:
-                if "forked" in msg:
+                if "forked" in msg or "spare" in msg:
                     msg["job_fd"] = fds.pop(0) if fds else None
                 loop.call_soon_threadsafe(self._dispatch, msg)
         for fd in fds:
@@ -109,6 +128,13 @@ class WarmWorker:
             self._ready.set_result(msg)
         elif isinstance(msg.get("spare_cgroup"), dict):
             self._spare_groups[str(msg["spare_cgroup"].get("name"))] = msg["spare_cgroup"]
+        elif "spare" in msg or "no_spare" in msg:
+            self._spares = "spare" in msg
+            if "spare" in msg:
+                self._let_go(self._held)
+                self._held = _Held(str(msg["spare"]), msg["pid"], msg.get("cgroup"), msg.get("job_fd"))
+            if self._coming is not None and not self._coming.done():
+                self._coming.set_result(None)
         elif "forked" in msg:
             self._spare_groups.pop(str((msg.get("cgroup") or {}).get("name")), None)  # the call's now: its caller's
             fut = self._forked.pop(msg["forked"], None)
@@ -117,11 +143,34 @@ class WarmWorker:
             elif msg.get("job_fd") is not None:
                 os.close(msg["job_fd"])  # its call gave up waiting: the child reads EOF and exits
         elif "exit" in msg:
-            fut = self._exits.pop(msg["exit"], None)
+            pid = msg["exit"]
+            if self._held is not None and self._held.pid == pid:  # the held spare died before any job
+                self._let_go(self._held)
+                self._held = None
+            if pid in self._unused:
+                self._remove_group(self._unused.pop(pid))
+                return
+            fut = self._exits.pop(pid, None)
             if fut is not None and not fut.done():
                 fut.set_result(msg["code"])
             else:
-                self._early_exits[msg["exit"]] = msg["code"]
+                self._early_exits[pid] = msg["code"]
+
+    def _let_go(self, held: _Held | None) -> None:
+        """A held spare no call will use (other settings, a newer one, it died): close its job socket (it reads EOF
+        and exits); its cgroup goes once it has exited."""
+        if held is None:
+            return
+        if held.job_fd is not None:
+            os.close(held.job_fd)
+            held.job_fd = None
+        if held.cgroup:
+            self._spare_groups.pop(str(held.cgroup.get("name")), None)
+            self._unused[held.pid] = held.cgroup
+
+    def _remove_group(self, state: dict) -> None:
+        self._spare_groups[str(state.get("name"))] = state
+        self._remove_spare_groups(only=str(state.get("name")))
 
     def _died(self, proc: subprocess.Popen) -> None:
         err = RuntimeError("the warm worker exited")
@@ -131,15 +180,25 @@ class WarmWorker:
                 fut.exception()  # retrieved: a call that stopped waiting for it must not log a warning
         self._forked.clear()
         self._exits.clear()
+        self._let_go(self._held)
+        self._held = None
+        self._spare_groups.update({str(g.get("name")): g for g in self._unused.values()})
+        self._unused.clear()
+        if self._coming is not None and not self._coming.done():
+            self._coming.set_result(None)
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(err)
         if proc is self.proc:
             self.info = {}
         self._remove_spare_groups()
 
-    def _remove_spare_groups(self, wait: bool = False) -> None:
-        """The cgroups of spares that died with the worker (it removes those of spares that die while it lives)."""
-        groups, self._spare_groups = list(self._spare_groups.values()), {}
+    def _remove_spare_groups(self, wait: bool = False, only: str | None = None) -> None:
+        """The cgroups of spares that died with the worker (it removes those of spares that die while it lives), or
+        the one named `only`."""
+        if only is not None:
+            groups = [self._spare_groups.pop(only)] if only in self._spare_groups else []
+        else:
+            groups, self._spare_groups = list(self._spare_groups.values()), {}
         if groups:
             from gradprobe.sandbox.cgroups import CallCgroup
 
@@ -161,14 +220,21 @@ class WarmWorker:
         joined, for CallCgroup.adopt: the caller tears it down). The worker sees only the base settings (BASE_KEYS):
         the job, its environment and its pipes go from here to the child alone, on the child's own socket."""
         rid = next(self._ids)
-        loop, sock = self._loop, self.sock
-        assert loop is not None and sock is not None, "fork() on a worker that was never started"
-        fut = loop.create_future()
-        self._forked[rid] = fut
-        data = json.dumps({"id": rid, "base": base_policy(policy).model_dump_json()}).encode()
-        with self._lock:
-            sock.sendall(struct.pack("!I", len(data)) + data)
-        pid, cgroup, job_fd = await asyncio.wait_for(fut, 30)
+        loop = self._loop
+        assert loop is not None and self.sock is not None, "fork() on a worker that was never started"
+        base = self._base = base_policy(policy).model_dump_json()
+        if self._held is None and self._coming is not None and not self._coming.done():
+            await asyncio.wait_for(asyncio.shield(self._coming), 30)  # being made: sooner than another one
+        held, self._held = self._held, None
+        if held is not None and held.base == base and held.job_fd is not None:  # the job goes to this spare now
+            pid, cgroup, job_fd = held.pid, held.cgroup, held.job_fd
+            self._spare_groups.pop(str((cgroup or {}).get("name")), None)  # the call's now: its caller's
+        else:
+            self._let_go(held)
+            fut = loop.create_future()
+            self._forked[rid] = fut
+            self._send({"id": rid, "base": base})
+            pid, cgroup, job_fd = await asyncio.wait_for(fut, 30)
         exit_fut = loop.create_future()
         if pid in self._early_exits:
             exit_fut.set_result(self._early_exits.pop(pid))
@@ -185,12 +251,35 @@ class WarmWorker:
                 await loop.sock_sendall(jobs, frame[4:])
         except OSError:
             if cgroup:  # the child died before its job: its cgroup is nobody's call
-                self._spare_groups[str(cgroup.get("name"))] = cgroup
-                self._remove_spare_groups()
+                self._remove_group(cgroup)
             raise
+        finally:
+            self._ask_next()
         return pid, exit_fut, cgroup
 
+    def _ask_next(self) -> None:
+        """Ask the worker for the next call's spare (made while this call runs: asked for only once this call's
+        job is sent, so it never delays it), unless one is held or coming."""
+        if (self._base is None or self._held is not None or (self._coming is not None and not self._coming.done())
+                or self._loop is None or not self.alive or not self._spares):
+            return
+        self._coming = self._loop.create_future()
+        try:
+            self._send({"id": next(self._ids), "base": self._base, "next": True})
+        except OSError:  # the worker is gone: the next call starts it again
+            self._coming.set_result(None)
+
+    def _send(self, obj: dict[str, Any]) -> None:
+        data = json.dumps(obj).encode()
+        assert self.sock is not None
+        with self._lock:
+            self.sock.sendall(struct.pack("!I", len(data)) + data)
+
     def stop(self) -> None:
+        self._let_go(self._held)
+        self._held = None
+        self._spare_groups.update({str(g.get("name")): g for g in self._unused.values()})
+        self._unused.clear()
         if self.sock is not None:
             try:
                 self.sock.close()

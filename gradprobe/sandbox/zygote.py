@@ -9,7 +9,10 @@ and the child already joined; the server tears it down after the reply) and, as
 SCM_RIGHTS, the child's own job socket: the server sends the job and the call's pipes
 to that child alone, so no later fork can inherit a request in its memory. It later
 reports the child's exit status. The next spare (a child forked and half-confined
-ahead of time) is made while the call runs. Rules that keep forking safe: this process
+ahead of time, that never held a job) is made while the call runs and passed to the
+server the same way at once: the server holds it and sends the next call's job straight
+to it (then asks here for the one after), so a call waits on no round trip through this
+process. Rules that keep forking safe: this process
 stays single-threaded, never runs a tensor op (a parent that ran one multi-threaded op
 deadlocks its children) and never initialises CUDA (children do, after the fork); it is
 non-dumpable, so its children cannot read its memory or environment through /proc.
@@ -108,6 +111,26 @@ def _warm_linecache() -> None:
     torch.manual_seed(0)  # no tensor op, no CUDA init: it reads the seeding path's torch sources into linecache
 
 
+def pretouch() -> None:
+    """Run in a spare before its job: set again, to the very same value, an attribute of each torch class that a
+    call patches while it loads the model or observes a step (loading.py, checks/steps/observe.py). Setting an
+    attribute on a class rewrites every subclass's type object (slots, method-cache tags): hundreds of classes
+    once transformers is preloaded, each a copy-on-write page fault in a forked process. Done here, those pages
+    are the spare's own before the job arrives; nothing changes but where the copying happens."""
+    import torch
+    from torch import nn
+    from torch.optim import lr_scheduler
+
+    owners: list[tuple[Any, str]] = [(nn.Module, "__setattr__"), (torch.Tensor, "register_hook"),
+                                     (torch.optim.Optimizer, "__init__"), (lr_scheduler.LRScheduler, "step"),
+                                     (torch.autograd.grad_mode.set_grad_enabled, "__init__")]
+    for owner, name in owners:
+        try:
+            setattr(owner, name, owner.__dict__[name])
+        except (KeyError, TypeError, AttributeError):
+            pass
+
+
 def send_msg(sock: socket.socket, obj: dict, fds: list[int] | None = None) -> None:
     data = json.dumps(obj).encode()
     frame = struct.pack("!I", len(data)) + data
@@ -172,7 +195,7 @@ def _plain(base: Policy, jobs: socket.socket) -> None:
 class Spare:
     """A child forked for the next call before its job exists: half-confined ahead of time on a root server
     (confine.spare), else plain (`_plain`); either way it waits for its job on its own socket, which the server
-    gets (`job_fd`) and writes the job to directly."""
+    gets (`job_fd`, passed as soon as the spare is made) and writes the job to directly."""
 
     def __init__(self, base: Policy, server: socket.socket):
         from gradprobe.sandbox import confine
@@ -191,15 +214,12 @@ class Spare:
                 self.sock.close()
                 _forked_setup()
                 if self.root is not None:
-                    confine.spare(base, self.root, theirs)
+                    confine.spare(base, self.root, theirs, pretouch)
                 else:
                     _plain(base, theirs)
             finally:
                 os._exit(70)
         theirs.close()
-
-    def fits(self, base: Policy) -> bool:
-        return all(getattr(base, k) == getattr(self.base, k) for k in BASE_KEYS)
 
     def drop(self) -> None:
         self.sock.close()  # the spare reads EOF and exits (or, handed over, the server holds the other copy)
@@ -247,7 +267,7 @@ def _new_spare(base: Policy, sock: socket.socket, roots: dict[int, str], groups:
 
 
 class _Worker:
-    """The fork server's state: children it forked, their mount points and cgroups, and the spare."""
+    """The fork server's state: children it forked (each passed to the server), their mount points and cgroups."""
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -255,7 +275,6 @@ class _Worker:
         self.roots: dict[int, str] = {}  # a spare's keeper pid -> its (empty) mount point on the host
         self.groups: dict[int, Any] = {}  # a spare's keeper pid -> its cgroup, removed here if it dies without a call
         self.stale: list[Any] = []  # such cgroups not yet empty
-        self.spare: Spare | None = None
 
     def reap(self) -> None:
         """Report finished children; remove what spares that died without a call leave."""
@@ -277,32 +296,33 @@ class _Worker:
                     pass
             if pid in self.groups:
                 self.stale.append(self.groups.pop(pid))
-            if self.spare is not None and pid == self.spare.pid:
-                self.spare.drop()
-                self.spare = None
         for group in list(self.stale):  # never blocks: one try each time round
             group.kill_now()
             group.remove(tries=1)
             if not group.dirs:
                 self.stale.remove(group)
 
-    def give(self, req: dict, more: bool) -> None:
-        """Answer one request: a child for these base settings, its job socket passed to the server."""
+    def give(self, req: dict) -> None:
+        """Answer one request: a child for these base settings, its job socket passed to the server ("forked"); or
+        ("next", sent once a call's job is on its way) the next call's spare, passed the same way ("spare"), which the server
+        holds for its next call with these settings: that job then goes to it without a round trip through here."""
         from gradprobe.sandbox.protocol import Policy
 
         base = base_policy(Policy.model_validate_json(req["base"]))  # (base_policy: nothing else even if sent)
-        if self.spare is not None and not self.spare.fits(base):
-            self.spare.drop()
-            self.spare = None
-        spare = self.spare or _new_spare(base, self.sock, self.roots, self.groups)
-        self.spare = None
-        group = self.groups.pop(spare.pid, None)  # the call's now: the server tears it down
+        if not req.get("next"):
+            self._hand(_new_spare(base, self.sock, self.roots, self.groups), {"forked": req.get("id")})
+        elif _spares_possible(base):
+            self._hand(_new_spare(base, self.sock, self.roots, self.groups), {"spare": req["base"]})
+        else:
+            send_msg(self.sock, {"no_spare": req.get("id")})  # a plain child could not wait half-confined
+
+    def _hand(self, spare: Spare, head: dict[str, Any]) -> None:
+        """Pass a child that never held a job to the server (its job socket, as SCM_RIGHTS); its exit is reported."""
+        group = self.groups.pop(spare.pid, None)  # the server's now: it tears it down
         self.forked.add(spare.pid)
-        send_msg(self.sock, {"forked": req.get("id"), "pid": spare.pid, "cgroup": group.state() if group is not None else None},
+        send_msg(self.sock, {**head, "pid": spare.pid, "cgroup": group.state() if group is not None else None},
                  [spare.sock.fileno()])
         spare.drop()
-        if _spares_possible(base) and not more:  # the next call's, made while this one runs
-            self.spare = _new_spare(base, self.sock, self.roots, self.groups)
 
 
 def serve(sock: socket.socket) -> None:
@@ -315,27 +335,21 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     while True:
         worker.reap()
-        spare = worker.spare
-        watch: list[Any] = [sock, wake_r] + ([spare.sock] if spare is not None else [])
+        watch: list[Any] = [sock, wake_r]
         ready, _, _ = select.select(watch, [], [], 1.0)
         if wake_r in ready:
             os.read(wake_r, 4096)
-        if spare is not None and spare.sock in ready and not spare.sock.recv(4096):
-            spare.drop()  # it died before its job (it said why on stderr, which is /dev/null here)
-            worker.spare = None
         if sock not in ready:
             continue
         msg, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 8)
         for fd in fds:  # requests carry no descriptors
             os.close(fd)
         if not msg:
-            if worker.spare is not None:
-                worker.spare.drop()
             return  # the server went away
         buf += msg
         reqs, buf = split_frames(buf)
-        for i, req in enumerate(reqs):
-            worker.give(req, more=i + 1 < len(reqs) or bool(buf))
+        for req in reqs:
+            worker.give(req)
 
 
 def main() -> None:
