@@ -9,13 +9,14 @@ the prompt's path breaks; the optimizer; what is trainable), run the GP5xx rules
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import module_of
+from gradprobe.checks._step import call_model, module_of
 from gradprobe.checks.prompt_rules import (
     GP510,
     GP511,
@@ -29,14 +30,15 @@ from gradprobe.checks.prompt_rules import (
     TrainableBase,
     TrainableSite,
 )
+from gradprobe.checks.prompt_use import PromptUse
 from gradprobe.checks.soft_prompt import (
-    PROMPT_NAME,
     BaseObserver,
     FoundPrompt,
     PromptSource,
     encoder_decoder,
     find_base,
     find_prompt,
+    may_place_prompt,
     n_virtual,
     occupies_positions,
     peft_type,
@@ -51,8 +53,9 @@ if TYPE_CHECKING:
     from gradprobe.checks.recording import GradTracer
     from gradprobe.loading import Loaded
 
-__all__ = ["PROMPT_NAME", "BaseObserver", "FoundPrompt", "PromptSource", "checkpoint_findings", "find_base", "find_prompt",
-           "nonleaf_prompt_findings", "prompt_findings", "prompt_report", "run_prompt_checks", "verify_prompt_tuning"]
+__all__ = ["BaseObserver", "FoundPrompt", "PromptSource", "PromptUse", "checkpoint_findings", "find_base", "find_prompt",
+           "forward_watched", "may_place_prompt", "nonleaf_prompt_findings", "prompt_findings", "prompt_report", "run_prompt_checks",
+           "verify_prompt_tuning"]
 
 # TODO(integrator): the trace family's rule objects (GP303, GP305, GP310) once helper trace declares them
 _TRACE_ID_CUT = "GP305"
@@ -386,18 +389,35 @@ def prompt_findings(loaded: Loaded, trace: TraceRun, base_obs: BaseObserver | No
     return run_rules(PROMPT_RULES, facts), info
 
 
+def forward_watched(loaded: Loaded) -> PromptUse:
+    """The model's forward alone, without gradient, under the prompt watch: for when the step could not run (the
+    optimizer the user's step needs failed to build), so the prompt is still found by what the forward does."""
+    use = PromptUse(loaded.model, loaded.user)
+    if loaded.batch is None:
+        return use
+    try:
+        with torch.no_grad(), use:
+            call_model(loaded.model, loaded.batch)
+    except Exception:  # noqa: BLE001  # the user's forward failed: the step's own report says so; no prompt is found
+        pass
+    return use
+
+
 def run_prompt_checks(loaded: Loaded, prompt: str | None = None) -> tuple[list[Finding], dict[str, Any], TraceRun, FoundPrompt]:
     """Find the prompt, observe one traced step with the base watched; (findings, facts, trace, found)."""
     from gradprobe.checks.trace import trace_findings
 
-    found = find_prompt(loaded.model, prompt)
     base = find_base(loaded.model)
     obs = BaseObserver(base, loaded.user) if base is not None else None
-    if obs is not None:
-        with obs:
-            trace = trace_findings(loaded, provenance=True)
-    else:
+    use = PromptUse(loaded.model, loaded.user)  # the prompt, recognised by what the step does with it
+    with contextlib.ExitStack() as stack:
+        if obs is not None:
+            stack.enter_context(obs)
+        stack.enter_context(use)
         trace = trace_findings(loaded, provenance=True)
+    if trace.step.not_run:
+        use = forward_watched(loaded)
+    found = find_prompt(loaded.model, prompt, used=use)
     findings, facts = prompt_findings(loaded, trace, obs, found)
     return findings, facts, trace, found
 
