@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     from gradprobe.loading import Loaded
 
 __all__ = ["BaseObserver", "FoundPrompt", "PromptSource", "PromptUse", "checkpoint_findings", "find_base", "find_prompt",
-           "forward_watched", "may_place_prompt", "nonleaf_prompt_findings", "prompt_findings", "prompt_report", "run_prompt_checks",
-           "verify_prompt_tuning"]
+           "forward_watched", "may_place_prompt", "nonleaf_prompt_findings", "prompt_findings", "prompt_report",
+           "run_prompt_checks", "verify_prompt_tuning"]
 
 # TODO(integrator): the trace family's rule objects (GP303, GP305, GP310) once helper trace declares them
 _TRACE_ID_CUT = "GP305"
@@ -348,7 +348,9 @@ def _measure_trainable(step: _Step, facts: PromptFacts) -> None:
 
 
 def _measure_tied(step: _Step, base_obs: BaseObserver | None, facts: PromptFacts) -> None:
-    """An input embedding tied to the output head, trainable."""
+    """An input embedding tied to the output head, trainable, beside a prompt (a full fine-tune trains it by design)."""
+    if not step.found.any:
+        return
     model = step.loaded.model
     emb_weight = base_obs.input_embedding() if base_obs else None
     base = find_base(model)
@@ -398,7 +400,7 @@ def forward_watched(loaded: Loaded) -> PromptUse:
     try:
         with torch.no_grad(), use:
             call_model(loaded.model, loaded.batch)
-    except Exception:  # noqa: BLE001  # the user's forward failed: the step's own report says so; no prompt is found
+    except Exception:  # the user's forward failed: the step's own report says so; no prompt is found
         pass
     return use
 
