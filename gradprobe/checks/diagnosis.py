@@ -220,7 +220,7 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     watch = (found.any and found.how in ("caller", "peft", "embedding")) or prompt_tuning.may_place_prompt(model, loaded.user)
     seen = _observe(loaded, watch)
     found = prompt_tuning.find_prompt(model, used=seen.use)
-    prompt_on = found.any and found.how in ("caller", "peft", "used", "embedding")
+    prompt_on = prompt_tuning.tunes_a_prompt(model, found)
     tracer, step = seen.tracer, seen.step
     findings = _forward_caches(findings, model, nonleaf_before)
     tfindings, tfacts = trace.analyze(tracer, seen.grads, model, step, record=loaded.record, optimizer=loaded.optimizer)

@@ -44,6 +44,7 @@ from gradprobe.checks.soft_prompt import (
     peft_type,
     prompt_start,
     spans,
+    tunes_a_prompt,
 )
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BaseObserver", "FoundPrompt", "PromptSource", "PromptUse", "checkpoint_findings", "find_base", "find_prompt",
            "forward_watched", "may_place_prompt", "nonleaf_prompt_findings", "prompt_findings", "prompt_report",
-           "run_prompt_checks", "verify_prompt_tuning"]
+           "run_prompt_checks", "tunes_a_prompt", "verify_prompt_tuning"]
 
 # TODO(integrator): the trace family's rule objects (GP303, GP305, GP310) once helper trace declares them
 _TRACE_ID_CUT = "GP305"

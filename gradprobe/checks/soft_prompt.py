@@ -115,6 +115,20 @@ def find_prompt(model: nn.Module, prompt: str | None = None, used: PromptUse | N
     return _trainable_part(model, params)
 
 
+def tunes_a_prompt(model: nn.Module, found: FoundPrompt) -> bool:
+    """Whether what was found is prompt tuning, for diagnose: named by the caller, PEFT's, the input embedding of a
+    frozen model, or learned values placed into the sequence of a pretrained base or of a mostly frozen model. A
+    learned token of a model trained whole from scratch (a class token) is part of the model, not a prompt tuned
+    beside a frozen one: the prompt checks (a base left trainable, ...) do not apply to it."""
+    if not found.any or found.how in ("none", "mostly_frozen"):
+        return False
+    if found.how != "used" or find_base(model) is not None:
+        return True
+    placed = set(found.params)
+    rest = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and n not in placed)
+    return rest < 0.5 * sum(p.numel() for p in model.parameters())
+
+
 def may_place_prompt(model: nn.Module, user: UserCode) -> bool:
     """Whether the user's own code could place a prompt before a pretrained base: a base model is there, and parameters
     or tensors lie outside it (a wrapper around the base) or in a module of the user's own classes inside it (a replaced
