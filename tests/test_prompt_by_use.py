@@ -48,3 +48,12 @@ async def test_a_projector_norm_named_soft_emb_is_no_prompt(client):
         assert not gp5, (tool, gp5)
         assert not [f for f in report["findings"] if f["severity"] == "error"], tool
     assert "No soft prompt found" in str(report["summary"])
+
+
+@pytest.mark.anyio
+async def test_learned_keys_handed_to_the_base_as_its_cache_are_a_prefix(client):
+    """Prefix tuning by hand: learned keys/values passed as past_key_values are the prompt, and the cache is no GP509."""
+    report = await _call(client, "verify_prompt_tuning", "healthy_prefix_cache_gpt2.py")
+    assert [r["name"] for r in report["facts"]["prompt"]] == ["memory"]
+    assert report["facts"]["alignment"]["note"].startswith("prefix tuning")
+    assert not [f for f in report["findings"] if f["severity"] != "info"], report["findings"]

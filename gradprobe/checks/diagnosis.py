@@ -137,7 +137,7 @@ def _observe(loaded: Any, prompt_on: bool) -> _Observed:
     capture = gradcheck.ApplyWatch(loaded.user, {i: n[0] for i, n in param_names(model).items()}, capture=True)
     direct = gradcheck.DirectForwardWatch(loaded.user)
     base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
-    use = prompt_tuning.PromptUse(model, loaded.user)
+    use = prompt_tuning.PromptUse(model, loaded.user, base)
     with contextlib.ExitStack() as stack:
         # where the step itself sets module attributes: lazily created state, parameters replaced on the first call
         stack.enter_context(BuildRecorder(loaded.user, loaded.record))

@@ -188,7 +188,7 @@ def _alignment_note(found: FoundPrompt, prefix: bool) -> dict[str, Any]:
 
 def _placement(step: _Step, n_virt: int | None) -> tuple[_Placed | None, dict[str, Any]]:
     """The prompt's positions in the base's input (by value where it can), else the alignment note saying why none."""
-    prefix = peft_type(step.loaded.model) in ("PREFIX_TUNING",)
+    prefix = peft_type(step.loaded.model) in ("PREFIX_TUNING",) or step.found.as_cache
     in_sequence = step.found.how not in ("mostly_frozen", "embedding")
     align = _alignment_note(step.found, prefix)
     call = step.call
@@ -282,8 +282,8 @@ def _measure_alignment(step: _Step, base_obs: BaseObserver | None, facts: Prompt
     step.info["alignment"] = align
 
 
-def _measure_cache(train_calls: list[dict[str, Any]], model: nn.Module) -> dict[str, Any] | None:
-    if peft_type(model) in ("PREFIX_TUNING",):  # the prompt itself is the cache
+def _measure_cache(train_calls: list[dict[str, Any]], model: nn.Module, found: FoundPrompt) -> dict[str, Any] | None:
+    if peft_type(model) in ("PREFIX_TUNING",) or found.as_cache:  # the prompt itself is the cache
         return None
     for c in train_calls:
         if (c.get("use_cache") is True or "past_key_values" in c.get("tensors", {}) or
@@ -375,7 +375,7 @@ def _measure(loaded: Loaded, trace: TraceRun, base_obs: BaseObserver | None, fou
     _measure_gradients(step, trace, facts)
     _measure_base_calls(step, base_obs, facts)
     _measure_alignment(step, base_obs, facts)
-    facts.cache_call = _measure_cache(train_calls, loaded.model)
+    facts.cache_call = _measure_cache(train_calls, loaded.model, found)
     if tracer is not None and tracer.checkpoint_warnings:
         facts.checkpoint_warnings = list(tracer.checkpoint_warnings)
         facts.checkpoint_parameters = _checkpoint_parameters(trace.facts, facts.prompt_names)
@@ -412,7 +412,7 @@ def run_prompt_checks(loaded: Loaded, prompt: str | None = None) -> tuple[list[F
 
     base = find_base(loaded.model)
     obs = BaseObserver(base, loaded.user) if base is not None else None
-    use = PromptUse(loaded.model, loaded.user)  # the prompt, recognised by what the step does with it
+    use = PromptUse(loaded.model, loaded.user, base)  # the prompt, recognised by what the step does with it
     with contextlib.ExitStack() as stack:
         if obs is not None:
             stack.enter_context(obs)

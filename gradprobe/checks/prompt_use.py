@@ -37,6 +37,22 @@ _WRITE_OPS = frozenset({"__setitem__", "masked_scatter", "masked_scatter_", "ind
 # torch's Python wrappers between the user's line and the mode (F.* and Tensor methods defined in Python)
 _TORCH_WRAPPERS = ("torch/overrides.py", "torch/nn/functional.py", "torch/functional.py", "torch/_tensor.py")
 _MAX_PLACEMENTS = 64
+_MODULE_CALL = "torch/nn/modules/module.py"
+_CACHE_KWARGS = ("past_key_values", "cache")
+
+
+def _cache_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
+    """The tensors of a key/value cache: nested tuples of tensors, or a Cache object's layers' keys and values."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 3 or value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _cache_tensors(v, depth + 1)]
+    layers = getattr(value, "layers", None)
+    if isinstance(layers, (list, tuple)):
+        return [t for layer in layers for a in ("keys", "values") for t in _cache_tensors(getattr(layer, a, None), depth + 1)]
+    return []
 
 
 def _tensor_attributes(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -52,9 +68,11 @@ def _tensor_attributes(model: nn.Module) -> dict[str, torch.Tensor]:
 class PromptUse(TorchFunctionMode):
     """Which learned values the user's code placed into the token sequence during one step, with the line."""
 
-    def __init__(self, model: nn.Module, user: UserCode) -> None:
+    def __init__(self, model: nn.Module, user: UserCode, base: nn.Module | None = None) -> None:
         super().__init__()
         self.user = user
+        self.base = base  # the pretrained base: learned keys/values the user hands it as its cache are a prefix
+        self._hook: Any = None
         self._learned: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
         self._names: dict[int, frozenset[str]] = {}
         self._tokens: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
@@ -84,6 +102,37 @@ class PromptUse(TorchFunctionMode):
             return True
         return (not t.is_floating_point() and not t.is_complex() and t.dtype is not torch.bool and t.dim() >= 1
                 and self.learned(t) is None)
+
+    # ---- the base's cache: prefix tuning by hand -----------------------------------------------
+    def __enter__(self) -> PromptUse:
+        if self.base is not None:
+            self._hook = self.base.register_forward_pre_hook(self._base_call, with_kwargs=True)
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _base_call(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Learned keys/values the user's code passes the base as its cache (`past_key_values`): a prefix."""
+        f: FrameType | None = sys._getframe(1)
+        while f is not None and (f.f_code.co_filename.endswith(_MODULE_CALL) or is_gradprobe_file(f.f_code.co_filename)):
+            f = f.f_back
+        if f is None or not self.user.is_user_file(f.f_code.co_filename):
+            return
+        loc = self.user.location_of(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+        for key in _CACHE_KWARGS:
+            names = frozenset().union(*(self.learned(t) or frozenset() for t in _cache_tensors(kwargs.get(key))))
+            for n in sorted(names):
+                if len(self.placed) < _MAX_PLACEMENTS:
+                    self.placed.setdefault(n, {"op": key, "location": loc})
+
+    def as_cache(self, names: list[str]) -> bool:
+        """Whether these prompt parameters reached the base as its key/value cache (prefix tuning)."""
+        return bool(names) and all(self.placed.get(n, {}).get("op") in _CACHE_KWARGS for n in names)
 
     # ---- the mode -----------------------------------------------------------------------------
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: dict[str, Any] | None = None) -> Any:

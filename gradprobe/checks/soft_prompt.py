@@ -49,6 +49,7 @@ class FoundPrompt:
     attrs: list[dict[str, Any]]
     how: PromptSource
     rule: str  # shown to the user (facts.prompt_rule, the summary)
+    as_cache: bool = False  # found by use as the base's key/value cache (prefix tuning by hand): no sequence positions
 
     @property
     def any(self) -> bool:
@@ -57,7 +58,7 @@ class FoundPrompt:
 
 _BY_CALLER = "named by the caller"
 _USED = ("learned values (made from the model's own parameters or tensor attributes, not from the batch) that the "
-         "user's code placed into the token sequence during the step")
+         "user's code placed into the token sequence (or handed the base as its key/value cache) during the step")
 _NOTHING = ("nothing found: looked for a PEFT prompt encoder, learned values the user's code placed into the token "
             "sequence during the step (joined to the input ids or their embeddings), and a mostly frozen model")
 
@@ -111,7 +112,7 @@ def find_prompt(model: nn.Module, prompt: str | None = None, used: PromptUse | N
     if used is not None:
         placed, attrs = used.prompt_parameters(model), used.prompt_attributes()
         if placed or attrs:
-            return FoundPrompt(placed, attrs, "used", _USED)
+            return FoundPrompt(placed, attrs, "used", _USED, as_cache=used.as_cache(placed))
     return _trainable_part(model, params)
 
 
