@@ -144,8 +144,24 @@ class PromptUse(TorchFunctionMode):
         if ins and (name in _JOIN_OPS or name in _WRITE_OPS) and len(self.placed) < _MAX_PLACEMENTS:
             self._placement(name, ins, args, kwargs)
         out = func(*args, **kwargs)
-        self._follow(func, ins, args, out)
+        if name == "__setitem__" and len(args) > 2 and isinstance(args[0], torch.Tensor):
+            self._written(args[0], args[2])
+        else:
+            self._follow(func, ins, args, out)
         return out
+
+    def _written(self, target: torch.Tensor, value: Any) -> None:
+        """`target[...] = value`: the buffer now holds what was written (a sequence assembled slot by slot)."""
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            return
+        mine, theirs = self.learned(target), self.learned(value)
+        if mine is not None and theirs is not None:
+            self._mark_learned(target, mine | theirs)
+        elif self._token_like(value) and value.is_floating_point():
+            self._learned.pop(id(target), None)
+            self._tokens[id(target)] = target
+        elif mine is not None:
+            self._learned.pop(id(target), None)  # data written into it: no longer made from model state alone
 
     def _follow(self, func: Any, ins: list[torch.Tensor], args: Any, out: Any) -> None:
         """What the op's outputs are: learned (from model state alone), tokens, or neither."""
