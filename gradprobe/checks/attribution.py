@@ -132,8 +132,8 @@ def _partner_of(p: nn.Parameter, name: str, trainable: list[tuple[str, nn.Parame
                 partners: list[tuple[str, nn.Parameter]]) -> str | None:
     owner = name.rpartition(".")[0]
     parts = owner.split(".") if owner else []
-    for k in range(len(parts), 0, -1):
-        prefix = ".".join(parts[:k]) + "."
+    for k in range(len(parts), -1, -1):  # out to the model itself (a gate and a prompt held by the root module)
+        prefix = ".".join(parts[:k]) + "." if k else ""
         if not any(n.startswith(prefix) and q is not p for n, q in trainable):
             continue  # nothing else trainable here yet: look one module further out
         return next((n for n, q in partners if n.startswith(prefix) and q is not p

@@ -119,6 +119,7 @@ class _Observed:
     capture: Any  # gradcheck's ApplyWatch: custom Functions called, with their inputs
     direct: Any  # gradcheck's DirectForwardWatch: Function.forward called directly
     base_obs: Any  # prompt_tuning's BaseObserver of the HF base model, or None
+    use: Any  # prompt_tuning's PromptUse: learned values the user's code placed into the token sequence
     opt: torch.optim.Optimizer | None
     before: Any  # the optimizer's snapshot of the model before the step, or None
     step_obs: Any  # optimizer.StepObserver of step() and zero_grad() calls, or None
@@ -138,6 +139,7 @@ def _observe(loaded: Any, prompt_on: bool) -> _Observed:
     capture = gradcheck.ApplyWatch(loaded.user, {i: n[0] for i, n in param_names(model).items()}, capture=True)
     direct = gradcheck.DirectForwardWatch(loaded.user)
     base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
+    use = prompt_tuning.PromptUse(model, loaded.user, base)
     with contextlib.ExitStack() as stack:
         # where the step itself sets module attributes: lazily created state, parameters replaced on the first call
         stack.enter_context(BuildRecorder(loaded.user, loaded.record))
@@ -147,8 +149,9 @@ def _observe(loaded: Any, prompt_on: bool) -> _Observed:
         stack.enter_context(direct)
         if base_obs is not None:
             stack.enter_context(base_obs)
+        stack.enter_context(use)
         step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
-    return _Observed(tracer, grads, step, buffers, capture, direct, base_obs, opt, before, step_obs)
+    return _Observed(tracer, grads, step, buffers, capture, direct, base_obs, use, opt, before, step_obs)
 
 
 def _not_stepped(loaded: Any, findings: list[Finding], facts: dict[str, Any]) -> bool:
@@ -159,7 +162,7 @@ def _not_stepped(loaded: Any, findings: list[Finding], facts: dict[str, Any]) ->
     if loaded.optimizer_error is not None and loaded.train_step is not None and loaded.optimizer is None:
         # reported once above, as the root: train_step cannot run without the optimizer it takes
         facts["note"] = "make_optimizer failed, so train_step was not run: the step-based checks were skipped"
-        found = prompt_tuning.find_prompt(loaded.model)
+        found = prompt_tuning.find_prompt(loaded.model, used=prompt_tuning.forward_watched(loaded))
         if found.any:
             findings += prompt_tuning.nonleaf_prompt_findings(loaded, found.attrs)
         return True
@@ -214,9 +217,12 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
                       for f in findings if f["code"] == "GP109" and "attribute" in f["evidence"]}
     found = prompt_tuning.find_prompt(model)
     # a mostly frozen model alone is no prompt tuning, PEFT or not: adapters (LoRA, IA3, ...) feed no input positions;
-    # the input embedding trained alone in a frozen LM is (new token embeddings as the tuning mechanism)
-    prompt_on = found.any and found.how in ("caller", "peft", "named", "embedding")
-    seen = _observe(loaded, prompt_on)
+    # the input embedding trained alone in a frozen LM is (new token embeddings as the tuning mechanism). A prompt of
+    # the user's own is recognised by what the step does with it: the base is watched where the user's code may place one
+    watch = (found.any and found.how in ("caller", "peft", "embedding")) or prompt_tuning.may_place_prompt(model, loaded.user)
+    seen = _observe(loaded, watch)
+    found = prompt_tuning.find_prompt(model, used=seen.use)
+    prompt_on = prompt_tuning.tunes_a_prompt(model, found)
     tracer, step = seen.tracer, seen.step
     findings = _forward_caches(findings, model, nonleaf_before)
     tfindings, tfacts = trace.analyze(tracer, seen.grads, model, step, record=loaded.record, optimizer=loaded.optimizer)

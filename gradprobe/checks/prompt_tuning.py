@@ -9,13 +9,14 @@ the prompt's path breaks; the optimizer; what is trainable), run the GP5xx rules
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import module_of
+from gradprobe.checks._step import call_model, module_of
 from gradprobe.checks.prompt_rules import (
     GP510,
     GP511,
@@ -29,19 +30,21 @@ from gradprobe.checks.prompt_rules import (
     TrainableBase,
     TrainableSite,
 )
+from gradprobe.checks.prompt_use import PromptUse
 from gradprobe.checks.soft_prompt import (
-    PROMPT_NAME,
     BaseObserver,
     FoundPrompt,
     PromptSource,
     encoder_decoder,
     find_base,
     find_prompt,
+    may_place_prompt,
     n_virtual,
     occupies_positions,
     peft_type,
     prompt_start,
     spans,
+    tunes_a_prompt,
 )
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
@@ -51,8 +54,9 @@ if TYPE_CHECKING:
     from gradprobe.checks.recording import GradTracer
     from gradprobe.loading import Loaded
 
-__all__ = ["PROMPT_NAME", "BaseObserver", "FoundPrompt", "PromptSource", "checkpoint_findings", "find_base", "find_prompt",
-           "nonleaf_prompt_findings", "prompt_findings", "prompt_report", "run_prompt_checks", "verify_prompt_tuning"]
+__all__ = ["BaseObserver", "FoundPrompt", "PromptSource", "PromptUse", "checkpoint_findings", "find_base", "find_prompt",
+           "forward_watched", "may_place_prompt", "nonleaf_prompt_findings", "prompt_findings", "prompt_report",
+           "run_prompt_checks", "tunes_a_prompt", "verify_prompt_tuning"]
 
 # TODO(integrator): the trace family's rule objects (GP303, GP305, GP310) once helper trace declares them
 _TRACE_ID_CUT = "GP305"
@@ -184,7 +188,7 @@ def _alignment_note(found: FoundPrompt, prefix: bool) -> dict[str, Any]:
 
 def _placement(step: _Step, n_virt: int | None) -> tuple[_Placed | None, dict[str, Any]]:
     """The prompt's positions in the base's input (by value where it can), else the alignment note saying why none."""
-    prefix = peft_type(step.loaded.model) in ("PREFIX_TUNING",)
+    prefix = peft_type(step.loaded.model) in ("PREFIX_TUNING",) or step.found.as_cache
     in_sequence = step.found.how not in ("mostly_frozen", "embedding")
     align = _alignment_note(step.found, prefix)
     call = step.call
@@ -278,8 +282,8 @@ def _measure_alignment(step: _Step, base_obs: BaseObserver | None, facts: Prompt
     step.info["alignment"] = align
 
 
-def _measure_cache(train_calls: list[dict[str, Any]], model: nn.Module) -> dict[str, Any] | None:
-    if peft_type(model) in ("PREFIX_TUNING",):  # the prompt itself is the cache
+def _measure_cache(train_calls: list[dict[str, Any]], model: nn.Module, found: FoundPrompt) -> dict[str, Any] | None:
+    if peft_type(model) in ("PREFIX_TUNING",) or found.as_cache:  # the prompt itself is the cache
         return None
     for c in train_calls:
         if (c.get("use_cache") is True or "past_key_values" in c.get("tensors", {}) or
@@ -345,7 +349,9 @@ def _measure_trainable(step: _Step, facts: PromptFacts) -> None:
 
 
 def _measure_tied(step: _Step, base_obs: BaseObserver | None, facts: PromptFacts) -> None:
-    """An input embedding tied to the output head, trainable."""
+    """An input embedding tied to the output head, trainable, beside a prompt (a full fine-tune trains it by design)."""
+    if not step.found.any:
+        return
     model = step.loaded.model
     emb_weight = base_obs.input_embedding() if base_obs else None
     base = find_base(model)
@@ -369,7 +375,7 @@ def _measure(loaded: Loaded, trace: TraceRun, base_obs: BaseObserver | None, fou
     _measure_gradients(step, trace, facts)
     _measure_base_calls(step, base_obs, facts)
     _measure_alignment(step, base_obs, facts)
-    facts.cache_call = _measure_cache(train_calls, loaded.model)
+    facts.cache_call = _measure_cache(train_calls, loaded.model, found)
     if tracer is not None and tracer.checkpoint_warnings:
         facts.checkpoint_warnings = list(tracer.checkpoint_warnings)
         facts.checkpoint_parameters = _checkpoint_parameters(trace.facts, facts.prompt_names)
@@ -386,18 +392,35 @@ def prompt_findings(loaded: Loaded, trace: TraceRun, base_obs: BaseObserver | No
     return run_rules(PROMPT_RULES, facts), info
 
 
+def forward_watched(loaded: Loaded) -> PromptUse:
+    """The model's forward alone, without gradient, under the prompt watch: for when the step could not run (the
+    optimizer the user's step needs failed to build), so the prompt is still found by what the forward does."""
+    use = PromptUse(loaded.model, loaded.user)
+    if loaded.batch is None:
+        return use
+    try:
+        with torch.no_grad(), use:
+            call_model(loaded.model, loaded.batch)
+    except Exception:  # the user's forward failed: the step's own report says so; no prompt is found
+        pass
+    return use
+
+
 def run_prompt_checks(loaded: Loaded, prompt: str | None = None) -> tuple[list[Finding], dict[str, Any], TraceRun, FoundPrompt]:
     """Find the prompt, observe one traced step with the base watched; (findings, facts, trace, found)."""
     from gradprobe.checks.trace import trace_findings
 
-    found = find_prompt(loaded.model, prompt)
     base = find_base(loaded.model)
     obs = BaseObserver(base, loaded.user) if base is not None else None
-    if obs is not None:
-        with obs:
-            trace = trace_findings(loaded, provenance=True)
-    else:
+    use = PromptUse(loaded.model, loaded.user, base)  # the prompt, recognised by what the step does with it
+    with contextlib.ExitStack() as stack:
+        if obs is not None:
+            stack.enter_context(obs)
+        stack.enter_context(use)
         trace = trace_findings(loaded, provenance=True)
+    if trace.step.not_run:
+        use = forward_watched(loaded)
+    found = find_prompt(loaded.model, prompt, used=use)
     findings, facts = prompt_findings(loaded, trace, obs, found)
     return findings, facts, trace, found
 

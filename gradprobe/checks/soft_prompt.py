@@ -1,6 +1,7 @@
 """Finding the soft prompt, and watching what reaches the base model: the measuring side of the GP5xx checks.
 
-The prompt is found (named by the caller, a PEFT prompt encoder, named like a prompt, or the only
+The prompt is found (named by the caller, a PEFT prompt encoder, learned values the user's code placed
+into the token sequence during the step (checks/prompt_use.py: by behaviour, never by name), or the only
 trainable part of a mostly frozen model); `BaseObserver` watches the HF base model's forward and
 generate() during one real step, so the checks can say what reached the base model (ids or
 embeddings, mask, labels, cache) and where the prompt vectors sit in its input sequence.
@@ -8,7 +9,6 @@ embeddings, mask, labels, cache) and where the prompt vectors sit in its input s
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,10 +18,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from gradprobe.checks.prompt_use import PromptUse
 from gradprobe.checks.torchcompat import untraced
 from gradprobe.userframes import UserCode
-
-PROMPT_NAME = re.compile(r"(prompt|virtual|soft_?(tok|emb)|prefix|learned_emb)", re.I)
 
 
 def _hf_pretrained() -> type | None:
@@ -39,7 +38,7 @@ def find_base(model: nn.Module) -> nn.Module | None:
     return None
 
 
-PromptSource = Literal["caller", "peft", "named", "embedding", "mostly_frozen", "none"]
+PromptSource = Literal["caller", "peft", "used", "embedding", "mostly_frozen", "none"]
 
 
 @dataclass
@@ -50,6 +49,7 @@ class FoundPrompt:
     attrs: list[dict[str, Any]]
     how: PromptSource
     rule: str  # shown to the user (facts.prompt_rule, the summary)
+    as_cache: bool = False  # found by use as the base's key/value cache (prefix tuning by hand): no sequence positions
 
     @property
     def any(self) -> bool:
@@ -57,10 +57,10 @@ class FoundPrompt:
 
 
 _BY_CALLER = "named by the caller"
-_NAMED = ("parameters or tensor attributes named like a prompt (prompt, virtual, soft token/embedding, prefix, "
-          "learned embedding)")
-_NOTHING = ("nothing found: looked for a PEFT prompt encoder, parameters/attributes named prompt/virtual/soft "
-            "token/prefix/learned embedding, and a mostly frozen model")
+_USED = ("learned values (made from the model's own parameters or tensor attributes, not from the batch) that the "
+         "user's code placed into the token sequence (or handed the base as its key/value cache) during the step")
+_NOTHING = ("nothing found: looked for a PEFT prompt encoder, learned values the user's code placed into the token "
+            "sequence during the step (joined to the input ids or their embeddings), and a mostly frozen model")
 
 
 def _named_by_caller(model: nn.Module, params: dict[str, nn.Parameter], prompt: str) -> FoundPrompt:
@@ -80,17 +80,6 @@ def _named_by_caller(model: nn.Module, params: dict[str, nn.Parameter], prompt: 
     return FoundPrompt([], [], "none", f"{prompt!r} is a {type(value).__name__}, not a tensor")
 
 
-def _prompt_attributes(model: nn.Module) -> list[dict[str, Any]]:
-    """Float tensor attributes (not parameters) named like a prompt."""
-    attrs = []
-    for mod_name, module in model.named_modules():
-        for attr, value in vars(module).items():
-            if (isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and PROMPT_NAME.search(attr)
-                    and value.is_floating_point()):
-                attrs.append({"name": f"{mod_name}.{attr}" if mod_name else attr, "tensor": value})
-    return attrs
-
-
 def _trainable_part(model: nn.Module, params: dict[str, nn.Parameter]) -> FoundPrompt:
     """No prompt by name: the input embedding trained alone, or the only trainable part of a mostly frozen model."""
     total = sum(p.numel() for p in params.values())
@@ -108,8 +97,11 @@ def _trainable_part(model: nn.Module, params: dict[str, nn.Parameter]) -> FoundP
     return FoundPrompt([], [], "none", _NOTHING)
 
 
-def find_prompt(model: nn.Module, prompt: str | None = None) -> FoundPrompt:
-    """The prompt's parameter names and tensor attributes, how they were found, and that rule in words."""
+def find_prompt(model: nn.Module, prompt: str | None = None, used: PromptUse | None = None) -> FoundPrompt:
+    """The prompt's parameter names and tensor attributes, how they were found, and that rule in words.
+
+    Without `used` (no step observed yet) only what needs no step is found: the caller's name, a PEFT prompt
+    encoder, the trainable part of a frozen model. With it, the values the step placed into the token sequence."""
     params = dict(model.named_parameters())
     if prompt:
         return _named_by_caller(model, params, prompt)
@@ -117,11 +109,43 @@ def find_prompt(model: nn.Module, prompt: str | None = None) -> FoundPrompt:
         names = [n for n in params if n.startswith("prompt_encoder.")]
         if names:
             return FoundPrompt(names, [], "peft", "PEFT prompt encoder (prompt tuning / prefix tuning / p-tuning)")
-    named = [n for n, p in params.items() if PROMPT_NAME.search(n.rpartition(".")[0] or n) or PROMPT_NAME.search(n)]
-    attrs = _prompt_attributes(model)
-    if named or attrs:
-        return FoundPrompt(named, attrs, "named", _NAMED)
+    if used is not None:
+        placed, attrs = used.prompt_parameters(model), used.prompt_attributes()
+        if placed or attrs:
+            return FoundPrompt(placed, attrs, "used", _USED, as_cache=used.as_cache(placed))
     return _trainable_part(model, params)
+
+
+def tunes_a_prompt(model: nn.Module, found: FoundPrompt) -> bool:
+    """Whether what was found is prompt tuning, for diagnose: named by the caller, PEFT's, the input embedding of a
+    frozen model, or learned values placed into the sequence of a pretrained base or of a mostly frozen model. A
+    learned token of a model trained whole from scratch (a class token) is part of the model, not a prompt tuned
+    beside a frozen one: the prompt checks (a base left trainable, ...) do not apply to it."""
+    if not found.any or found.how in ("none", "mostly_frozen"):
+        return False
+    if found.how != "used" or find_base(model) is not None:
+        return True
+    placed = set(found.params)
+    rest = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad and n not in placed)
+    return rest < 0.5 * sum(p.numel() for p in model.parameters())
+
+
+def may_place_prompt(model: nn.Module, user: UserCode) -> bool:
+    """Whether the user's own code could place a prompt before a pretrained base: a base model is there, and parameters
+    or tensors lie outside it (a wrapper around the base) or in a module of the user's own classes inside it (a replaced
+    embedding). A model made only of library classes (Gemma-3's projector and all) places no prompt of the user's."""
+    base = find_base(model)
+    if base is None:
+        return False
+    in_base = {id(p) for p in base.parameters()}
+    if any(id(p) not in in_base for p in model.parameters()):
+        return True
+    for m in model.modules():
+        own = any(True for _ in m.parameters(recurse=False)) or any(isinstance(v, torch.Tensor) for v in vars(m).values())
+        path = getattr(sys.modules.get(type(m).__module__), "__file__", None)
+        if own and isinstance(path, str) and user.is_user_file(path):
+            return True
+    return False
 
 
 def _input_embedding(base: nn.Module | None) -> nn.Module | None:
