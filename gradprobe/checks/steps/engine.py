@@ -2,7 +2,7 @@
 
 The three stages of every engine: `measure` (the observed calls and what is measured between them:
 parameters changed outside the optimizer, EMA copies and how much of their gap to the student they
-kept) -> `run_rules(RULES, facts)` -> rank (by each rule's rank) and summarise.
+kept, and what wrote them: copies.py) -> `run_rules(RULES, facts)` -> rank (by each rule's rank) and summarise.
 """
 
 from __future__ import annotations
