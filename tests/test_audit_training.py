@@ -81,6 +81,49 @@ async def test_broken_ema_copies(client):
     trained = await audit(client, "gp609_ema_teacher_in_optimizer.py", steps=3)
     f = next(f for f in trained["findings"] if f["code"] == "GP609")
     assert "both by optimizer.step()" in f["message"] and f["location"]["function"] == "make_optimizer"
+    assert "kept 0.9 of their gap to student" in f["message"], f["message"]  # DECAY = 0.9, measured after the step
+
+
+_TWINS = (
+    "import copy\nimport torch\nimport torch.nn as nn\n\n"
+    "class Two(nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.a = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))\n"
+    "        self.b = copy.deepcopy(self.a)\n\n"
+    "def build_model():\n    return Two()\n\n"
+    "def make_inputs():\n    return torch.randn(8, 4)\n\n"
+    "def make_optimizer(model):\n    return torch.optim.SGD(model.parameters(), lr=0.1)\n\n"
+    "def train_step(model, x, opt):\n"
+    "    opt.zero_grad()\n"
+    "    loss = (model.a(x) - model.b(x + 1)).square().mean() + model.a(x).square().mean()\n"
+    "    loss.backward()\n    opt.step()\n"
+    "    with torch.no_grad():\n"
+    "        for t, s in zip(model.b.parameters(), model.a.parameters()):\n"
+    "            {update}\n"
+    "    return loss\n")
+
+
+@pytest.mark.anyio
+async def test_ema_copies_are_recognised_by_what_the_steps_do_not_by_name(client, tmp_path):
+    """A teacher named `b`, in the optimizer and moved toward `a` by an EMA: GP609; the same pair where `b` is only
+    clipped in place (WGAN-style, not toward a twin): no GP609; a reference named ema_model never written: info only."""
+    (tmp_path / "trained.py").write_text(_TWINS.replace("{update}", "t.lerp_(s, 0.2)"))
+    (tmp_path / "clipped.py").write_text(_TWINS.replace("{update}", "t.clamp_(-0.05, 0.05)"))
+    trained = await audit(client, "trained.py", steps=3, project_dir=str(tmp_path))
+    f = next(f for f in trained["findings"] if f["code"] == "GP609")
+    assert f["severity"] == "error" and "b.0.weight" in f["parameters"] and f["evidence"]["twin"] == "a", f
+    assert "kept 0.8 of their gap to a" in f["message"], f["message"]
+    clipped = await audit(client, "clipped.py", steps=3, project_dir=str(tmp_path))
+    assert not [f for f in clipped["findings"] if f["code"] == "GP609"], clipped["findings"]
+    frozen = await audit(client, "healthy_steps_frozen_reference_named_ema.py", steps=3)
+    (f,) = [f for f in frozen["findings"] if f["code"] == "GP609"]
+    assert f["severity"] == "info" and "never written" in f["message"], f
+    assert f["evidence"]["writes_per_step"] == [0, 0, 0] and f["evidence"]["updates_computed_per_step"] == [0, 0, 0]
+    decay_one = await audit(client, "gp609_ema_neutral_name_decay_one.py", steps=3)
+    f = next(f for f in decay_one["findings"] if f["code"] == "GP609")
+    assert f["severity"] == "error" and "in-place write(s) into its tensors" in f["message"], f
+    assert f["evidence"]["writes_per_step"] == [8, 8, 8]  # mul_ and add_ on 4 tensors per step
 
 
 @pytest.mark.anyio

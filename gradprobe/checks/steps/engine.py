@@ -2,14 +2,13 @@
 
 The three stages of every engine: `measure` (the observed calls and what is measured between them:
 parameters changed outside the optimizer, EMA copies and how much of their gap to the student they
-kept) -> `run_rules(RULES, facts)` -> rank (by each rule's rank) and summarise.
+kept, and what wrote them: copies.py) -> `run_rules(RULES, facts)` -> rank (by each rule's rank) and summarise.
 """
 
 from __future__ import annotations
 
 import gc
 import math
-import re
 from typing import Any
 
 import torch
@@ -18,6 +17,7 @@ import torch.nn as nn
 from gradprobe.checks._step import param_names, run_step
 from gradprobe.checks.steps.accumulation import LossFactors, accumulation_lines
 from gradprobe.checks.steps.amp import AMP_RULES, ScalerWatch
+from gradprobe.checks.steps.copies import AfterStep, UpdateWatch, twins, versions
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, derive
 from gradprobe.checks.steps.gradients import GRADIENT_RULES
 from gradprobe.checks.steps.modes import MODE_RULES
@@ -34,7 +34,6 @@ from gradprobe.report import make_report
 
 RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES + MODE_RULES
 _RANK = {r.code: r.rank for r in RULES + AMP_RULES + OVERFIT_RULES}
-_EMA_HINT = re.compile(r"ema|momentum|teacher|target|shadow|averag|avg|mean_t|polyak", re.IGNORECASE)
 MAX_STEPS = 32
 
 
@@ -77,7 +76,7 @@ def _pair_ema(model: nn.Module, in_opt: set[int], names: dict[int, str], record:
                 if teacher == student:
                     break
                 copy = groups.setdefault((teacher, student), EmaCopy(prefix=teacher, student=student, params=[],
-                                                                     students=[], hint=bool(_EMA_HINT.search(teacher))))
+                                                                     students=[]))
                 copy.params.append(pid)
                 copy.students.append(id(opt[hits[0]]))
                 break
@@ -102,6 +101,10 @@ class _Run:
         self.requires_grad: dict[int, bool] = {}
         self.outside: dict[int, list[bool]] = {}
         self.ema: list[EmaCopy] = []
+        self.writes: list[dict[int, int]] = []  # per call: in-place writes per parameter (version counters)
+        self.combined: list[set[tuple[int, int]]] = []  # per call: pairs of parameters an op combined
+        self.trained: list[EmaCopy] = []
+        self.after_step = AfterStep(self.model, {})
         self.error: str | None = None
         self.error_call = -1
         self.ran = 0
@@ -146,7 +149,15 @@ class _Run:
         copies = self._ema_copies(moved_last)
         n_steps = len(self.observer.opt_steps)
         self.observer.call = self.owners.call = k
-        result = run_step(self.loaded, optimizer_step=True)
+        v0, watch = versions(params.values()), UpdateWatch(params.values())
+        with self.after_step, watch:
+            result = run_step(self.loaded, optimizer_step=True)
+        v1 = versions(params.values())
+        self.writes.append({pid: v1[pid] - v for pid, v in v0.items()})
+        self.combined.append(watch.combined)
+        kept = self.after_step.kept()
+        for copy in self.trained:
+            copy.kept += [kept[pid] for pid in copy.params if pid in kept]
         self.observer.close_window()
         if not result.failed:
             for sched in self.schedulers:
@@ -182,10 +193,35 @@ class _Run:
                     self.ema = _pair_ema(self.model, in_opt, self.names, self.loaded.record)
                     for copy in self.ema:
                         copy.moved.append(any(pid in moved for pid in copy.params))
+                    self._pair_trained(in_opt, moved)
                 if self.error:
                     break
 
+    def _pair_trained(self, in_opt: set[int], moved: set[int]) -> None:
+        """Parameters in the optimizer also changed outside it, each with the one twin (relative path and shape) in the
+        optimizer: the next calls measure whether the outside write moves them toward it by a constant share."""
+        pairs = twins(self.model, self.names, moved & in_opt, in_opt - moved)
+        self.after_step = AfterStep(self.model, pairs)
+        groups: dict[tuple[str, str], EmaCopy] = {}
+        for pid, sid in pairs.items():
+            name, twin = self.names[pid].split("."), self.names[sid].split(".")
+            n = 0
+            while n < min(len(name), len(twin)) - 1 and name[-1 - n] == twin[-1 - n]:
+                n += 1
+            prefix, student = ".".join(name[: len(name) - n]), ".".join(twin[: len(twin) - n])
+            copy = groups.setdefault((prefix, student), EmaCopy(prefix=prefix, student=student, params=[], students=[]))
+            copy.params.append(pid)
+            copy.students.append(sid)
+        self.trained = list(groups.values())
+
+    def _measured_updates(self) -> None:
+        for copy in self.ema:
+            copy.writes = [sum(w.get(pid, 0) for pid in copy.params) for w in self.writes]
+            copy.computed = [sum((pid, sid) in c for pid, sid in zip(copy.params, copy.students, strict=True))
+                             for c in self.combined]
+
     def facts(self) -> AuditFacts:
+        self._measured_updates()
         obs, opt = self.observer, self.loaded.optimizer
         for call in obs.grad_calls:
             call.used_in_backward = any(getattr(t, "grad", None) is not None for t in call.probes)
@@ -199,7 +235,7 @@ class _Run:
                            grad_calls=obs.grad_calls, built=obs.built, attached=obs.attached,
                            initial_optimizer=id(opt) if opt is not None else None, optimizer_site=site[1] if site else None,
                            scheduled=scheduled, schedule_sites={k: v for k, v in sites.items() if v},
-                           outside_moves=self.outside, ema=self.ema, step_error=self.error,
+                           outside_moves=self.outside, ema=self.ema, trained_copies=self.trained, step_error=self.error,
                            scaler_steps=obs.scaler_steps, mode_calls=obs.mode_calls)
         derive(facts)
         return facts

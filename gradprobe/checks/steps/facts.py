@@ -133,16 +133,25 @@ class AttachSite:
 
 @dataclass
 class EmaCopy:
-    """Model parameters outside the optimizer that mirror trainable ones by name and shape (an EMA/momentum copy)."""
+    """Model parameters that mirror trainable ones by relative module path and shape (an EMA/momentum copy, a frozen
+    reference model), and what the steps measured doing to them (copies.py)."""
 
     prefix: str  # teacher's module path, e.g. "target"
     student: str  # the trainable twin's path, e.g. "online"
     params: list[int]
     students: list[int]
-    hint: bool  # the name says EMA / momentum / teacher / target / shadow / average
     moved: list[bool] = field(default_factory=list)  # per call
     kept: list[float] = field(default_factory=list)  # per call: |t1 - s| / |t0 - s| (an EMA keeps its decay of the gap)
     site: dict | None = None
+    writes: list[int] | None = None  # per call: in-place writes into its tensors (version counters); None: not measured
+    computed: list[int] | None = None  # per call: ops combining its tensors with the student's (an update computed)
+
+    def written(self) -> int:
+        return sum(self.writes or ())
+
+    def updated(self) -> int:
+        """Calls in which an update of this copy was computed out of place (t = d * t + (1 - d) * s)."""
+        return sum(1 for n in self.computed or () if n)
 
 
 @dataclass
@@ -179,6 +188,7 @@ class AuditFacts:
     schedule_sites: dict[int, dict]  # id(optimizer) -> the user's line defining its schedule (a LambdaLR lambda)
     outside_moves: dict[int, list[bool]]  # id -> per call: changed outside the optimizer
     ema: list[EmaCopy]
+    trained_copies: list[EmaCopy] = field(default_factory=list)  # in the optimizer and moved toward a twin outside it
     step_error: str | None = None
     scaler_steps: list[ScalerStep] = field(default_factory=list)
     mode_calls: list[ModeCall] = field(default_factory=list)

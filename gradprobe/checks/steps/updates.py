@@ -3,10 +3,10 @@ that never move, optimizers rebuilt, EMA copies."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
-from gradprobe.checks.steps.facts import AuditFacts, at, listed
+from gradprobe.checks.steps.copies import constant_share
+from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, at, listed
 from gradprobe.findings import Finding, Rule, Situation
 
 GP603: Rule[AuditFacts] = Rule(
@@ -97,30 +97,39 @@ GP609: Rule[AuditFacts] = Rule(
         "it (a rebound local name, a decay of 1, an update of a copy) leaves it at its initial weights.",
     example="opt = Adam(model.parameters())   # includes model.teacher, whose output also feeds the loss",
     message="{count} parameter(s) of {prefix} ({names}) were changed both by optimizer.step() (with a gradient) and "
-            "outside it (an EMA update) in the observed steps: the EMA copy is also trained by the optimizer.",
+            "outside it (an EMA update: each write after the step kept {share} of their gap to {student}, the same share "
+            "at every step) in the observed steps: the EMA copy is also trained by the optimizer.",
     fix="Keep the EMA copy out of the optimizer (build it over the student's parameters only) and compute its output "
         "under torch.no_grad() or from detached tensors.",
     situations={
         "never_moves": Situation(
-            when="an EMA copy outside the optimizer never changed while its student moved",
+            when="an EMA copy outside the optimizer never changed while its student moved, though the steps wrote it or "
+                 "computed its update",
             message="{prefix} mirrors {student} ({count} tensors, same names and shapes) and is outside the optimizer, but "
-                    "it did not change in any of the {steps} steps while {student} moved: its EMA update changes nothing.",
+                    "it did not change in any of the {steps} steps while {student} moved ({measured}): its EMA update "
+                    "changes nothing.",
             fix="Update the copy in place, e.g. `for t, s in zip(ema.parameters(), model.parameters()): "
                 "t.lerp_(s.detach(), 1 - decay)` under torch.no_grad() after optimizer.step(); assigning to a loop "
                 "variable or updating a copy of the state dict changes nothing, and a decay of 1 keeps it fixed."),
         "fixed_teacher": Situation(
-            when="the copy is named teacher/target (it may be a fixed teacher on purpose)",
+            when="a copy outside the optimizer never changed while its student moved, and what updates it was not measured",
             severity="warning",
             message="{prefix} mirrors {student} ({count} tensors, same names and shapes) and is outside the optimizer, but "
                     "it did not change in any of the {steps} steps while {student} moved.",
             fix="If {prefix} is meant to follow {student} (mean teacher, BYOL/DINO target), update it in place after each "
                 "optimizer step (`t.lerp_(s.detach(), 1 - decay)`); if it is a fixed teacher, freeze it "
                 "(requires_grad_(False)) to say so."),
+        "frozen_copy": Situation(
+            when="a copy outside the optimizer that nothing wrote and no update was computed for: a frozen reference "
+                 "(DPO/RLHF reference model, a fixed target), healthy by design",
+            severity="info",
+            message="{prefix} mirrors {student} ({count} tensors, same names and shapes), is outside the optimizer and was "
+                    "never written in the {steps} steps (no in-place write, no update computed from it and {student}): "
+                    "a frozen copy, such as a reference model or a fixed target.",
+            fix="Nothing to do if {prefix} is meant to stay fixed; if it should follow {student} as an EMA, update it in "
+                "place after each optimizer step (`t.lerp_(s.detach(), 1 - decay)`)."),
     },
 )
-
-_EMA_NAME = re.compile(r"ema|momentum|teacher|target|shadow|averag|avg|mean_t|polyak", re.IGNORECASE)
-_STRONG_EMA = re.compile(r"ema|momentum|shadow|averag|avg|mean_t|polyak", re.IGNORECASE)
 
 
 @GP603.detector
@@ -168,7 +177,7 @@ _REASONS = {
 
 @GP606.detector
 def detect_never_moves(facts: AuditFacts) -> Iterator[Finding]:
-    teachers = {p for c in facts.ema if c.hint for p in c.params}
+    teachers = {p for c in facts.ema if any(c.moved) or c.written() or c.updated() for p in c.params}
     by_reason: dict[str, list[int]] = {}
     for pid, v in facts.verdicts.items():
         if v.reason in _REASONS and pid not in teachers and facts.opt_steps:
@@ -208,24 +217,40 @@ def detect_state_lost(facts: AuditFacts) -> Iterator[Finding]:
             last[s.optimizer] = s.state_step
 
 
+def _ema_measured(copy: EmaCopy) -> tuple[str, str]:
+    """The situation of a copy that never moved, from what the steps measured doing to it."""
+    if copy.written():
+        return "never_moves", (f"{copy.written()} in-place write(s) into its tensors over the steps, its values "
+                               "unchanged")
+    if copy.updated():
+        return "never_moves", (f"an update combining it with {copy.student or 'the model'} was computed at "
+                               f"{copy.updated()} step(s) but never written into its tensors")
+    return ("fixed_teacher", "") if copy.writes is None else ("frozen_copy", "never written")
+
+
 @GP609.detector
 def detect_ema(facts: AuditFacts) -> Iterator[Finding]:
-    trained = [pid for pid, v in facts.verdicts.items() if v.in_optimizer and v.moved_by_step and v.moved_outside
-               and v.grad_at_step and _EMA_NAME.search(v.name)]
-    if trained:
+    for copy in facts.trained_copies:
+        trained = [pid for pid in copy.params if facts.verdicts[pid].moved_by_step and facts.verdicts[pid].grad_at_step
+                   and facts.verdicts[pid].moved_outside]
+        if not trained or not constant_share(copy.kept):
+            continue
         names = sorted(facts.name(p) for p in trained)
-        prefix = names[0].split(".")[0]
-        yield GP609.finding(parameters=names, location=facts.optimizer_site, evidence={"tensors": len(names)},
-                            count=len(names), prefix=prefix, names=listed(names))
+        yield GP609.finding(parameters=names, location=facts.optimizer_site,
+                            evidence={"tensors": len(names), "kept_gap_after_step": copy.kept[:16], "twin": copy.student},
+                            count=len(names), prefix=copy.prefix, names=listed(names), student=copy.student,
+                            share=f"{sum(copy.kept) / len(copy.kept):.4g}")
     student_moved = {pid for pid, v in facts.verdicts.items() if v.moved_by_step}
     for copy in facts.ema:
-        if not copy.hint or any(copy.moved) or not student_moved & set(copy.students):
+        if any(copy.moved) or not student_moved & set(copy.students):
             continue
         names = sorted(facts.name(p) for p in copy.params)
-        situation = "never_moves" if _STRONG_EMA.search(copy.prefix) else "fixed_teacher"
+        situation, measured = _ema_measured(copy)
         yield GP609.finding(situation, parameters=names, location=copy.site,
-                            evidence={"moved_per_step": copy.moved, "tensors": len(names)},
-                            prefix=copy.prefix, student=copy.student or "the model", count=len(names), steps=facts.calls)
+                            evidence={"moved_per_step": copy.moved, "tensors": len(names), "writes_per_step": copy.writes,
+                                      "updates_computed_per_step": copy.computed},
+                            prefix=copy.prefix, student=copy.student or "the model", count=len(names), steps=facts.calls,
+                            measured=measured)
 
 
 UPDATE_RULES: tuple[Rule[AuditFacts], ...] = (GP603, GP604, GP606, GP607, GP609)
