@@ -164,6 +164,7 @@ class GradTracer(TorchFunctionMode):
             return self._backward(func, args, kwargs)
         req, tags, plain_hits = self._inputs(name, args, kwargs)
         out = self._call(name, func, args, kwargs) if req else func(*args, **kwargs)
+        self.zero_ops.follow_random(name, args, kwargs, out)
         if tags is not None:  # values behind cuts met this op (rare in a healthy step): which parameters they met
             self._params_met(args, kwargs, tags)
             if name not in SHAPE_ONLY_OPS:

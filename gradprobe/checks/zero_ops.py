@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import weakref
+
 import torch
 
 from gradprobe.userframes import UserCode
@@ -29,6 +31,12 @@ P = TypeVar("P", bound=torch.Tensor)
 MUL_OPS = frozenset({"mul", "__mul__", "__rmul__", "multiply"})
 WHERE_OPS = frozenset({"where"})
 ZERO_WATCHED = MUL_OPS | WHERE_OPS
+# ops whose output is drawn at random: a mask computed from one (dropout, stochastic depth) that came out all zero at
+# this step is chance, by design: GP318 says so as information
+RANDOM_OPS = frozenset({"rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "bernoulli",
+                        "bernoulli_", "uniform_", "normal_", "normal", "exponential_", "random_", "multinomial",
+                        "dropout", "dropout_", "native_dropout", "feature_dropout", "alpha_dropout"})
+MAX_RANDOM = 4096  # values derived from a random draw followed at once
 MAX_RECORDS = 32  # zeroing ops kept per step
 MAX_NODES = 200_000  # graph nodes walked to find the parameters behind one op
 
@@ -37,7 +45,8 @@ MAX_NODES = 200_000  # graph nodes walked to find the parameters behind one op
 class ZeroOp:
     """One op that multiplied a differentiable value by zero (or selected none of it)."""
 
-    kind: str  # "scale" (a scalar 0), "mask" (an all-zero tensor) or "where" (a condition that selects nothing)
+    kind: str  # "scale" (a scalar 0), "mask" (an all-zero tensor), "where" (a condition that selects nothing) or
+    # "random" (an all-zero mask computed from a random draw: chance at this step, by design)
     op: str
     location: Loc | None
     zero: Any  # the zero operand (kept alive: compared by identity when the expression is read back)
@@ -98,6 +107,24 @@ class ZeroOpWatch:
         self.user, self.params, self.read = user, params, read
         self.ops: list[ZeroOp] = []
         self._handles: list[Any] = []
+        self.random: dict[int, weakref.ref[torch.Tensor]] = {}  # values drawn at random, or computed from one
+
+    def _is_random(self, t: Any) -> bool:
+        ref = self.random.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return ref is not None and ref() is t
+
+    def follow_random(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        """Every op of the step: note the values drawn at random and those computed from them (by identity)."""
+        if not isinstance(out, torch.Tensor):
+            return
+        if name not in RANDOM_OPS:
+            if not self.random or not any(self._is_random(a) for a in (*args, *kwargs.values())):
+                return
+        if len(self.random) >= MAX_RANDOM:
+            self.random = {k: r for k, r in self.random.items() if r() is not None}
+            if len(self.random) >= MAX_RANDOM:
+                return
+        self.random[id(out)] = weakref.ref(out)
 
     def note(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         """An op on values that require grad ran: kept if it multiplied them by zero (or selected none of them)."""
@@ -107,6 +134,8 @@ class ZeroOpWatch:
         if found is None:
             return
         kind, zero = found
+        if self._is_random(zero):  # a mask drawn at random (dropout, stochastic depth) that dropped everything this time
+            kind = "random"
         frame = _user_frame(self.user)
         loc = (self.user.location_of(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
                if frame is not None else None)

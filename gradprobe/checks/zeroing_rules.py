@@ -70,6 +70,14 @@ GP318: Rule[TraceFacts] = Rule(
             fix="Set `{expr}` (line {line} of {file}) to a positive value if this term should train these parameters; "
                 "if it is off on purpose, freeze or remove what only it trains (a callback that raises it later makes "
                 "it a ramp: nothing to fix)."),
+        "random_draw": Situation(
+            when="the all-zero mask was computed from a random draw (dropout, stochastic depth / drop path)",
+            severity="info",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient at this step: line {line} of {file} "
+                    "multiplies their path by a mask computed from a random draw that dropped every position of this "
+                    "batch (shape {shape}): dropout or stochastic depth by design; other draws keep them.",
+            fix="Nothing to fix if the drop is intended (dropout, drop path); if these parameters never get a "
+                "gradient over several steps (`audit_training`), check the drop rate."),
     },
 )
 
@@ -87,6 +95,8 @@ def zeroed_ids(facts: TraceFacts) -> set[int]:
 
 
 def _situation(rec: ZeroOp, src: ZeroSource) -> str | None:
+    if rec.kind == "random":
+        return "random_draw"
     if src.expr is None:
         return None
     if rec.kind != "scale":
@@ -119,6 +129,6 @@ def zeroed_by_op(facts: TraceFacts) -> Iterator[Finding]:
                     "raised": src.rises[1] if src.rises else None, "computed_from": src.inputs}
         situation = _situation(rec, src)
         # the cause is where the zero operand was made (the mask, the weight); a ramp from 0 is shown where it weighs
-        at = made if made is not None and situation not in (None, "scale_ramp") else rec.location
+        at = made if made is not None and situation not in (None, "scale_ramp", "random_draw") else rec.location
         evidence["op_location"] = rec.location
         yield GP318.finding(situation, parameters=names, location=at, evidence=evidence, **fields)
