@@ -15,6 +15,7 @@ zero was zeroed there. Nothing else in the graph is hooked.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -29,6 +30,10 @@ P = TypeVar("P", bound=torch.Tensor)
 MUL_OPS = frozenset({"mul", "__mul__", "__rmul__", "multiply"})
 WHERE_OPS = frozenset({"where"})
 ZERO_WATCHED = MUL_OPS | WHERE_OPS
+# ops that draw random numbers: a mask made from a draw (stochastic depth's floor(keep + rand), a dropout mask) that
+# came out all zero dropped every sample at this step by chance, by design, not a mask that selects nothing
+RANDOM_OPS = frozenset({"rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "bernoulli", "bernoulli_",
+                        "uniform_", "normal_", "exponential_", "geometric_", "random_", "multinomial", "randperm"})
 MAX_RECORDS = 32  # zeroing ops kept per step
 MAX_NODES = 200_000  # graph nodes walked to find the parameters behind one op
 
@@ -98,13 +103,25 @@ class ZeroOpWatch:
         self.user, self.params, self.read = user, params, read
         self.ops: list[ZeroOp] = []
         self._handles: list[Any] = []
+        self._drawn: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
+
+    def _is_drawn(self, t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and self._drawn.get(id(t)) is t
+
+    def drawn(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        """An op on values that do not require grad ran: its outputs are random if it draws or reads a random value."""
+        if name not in RANDOM_OPS and not (self._drawn and any(self._is_drawn(a) for a in (*args, *kwargs.values()))):
+            return
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, torch.Tensor):
+                self._drawn[id(o)] = o
 
     def note(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         """An op on values that require grad ran: kept if it multiplied them by zero (or selected none of them)."""
         if name not in ZERO_WATCHED or len(self.ops) >= MAX_RECORDS or not isinstance(out, torch.Tensor) or out.grad_fn is None:
             return
         found = self._zero_operand(name, args, kwargs)
-        if found is None:
+        if found is None or self._is_drawn(found[1]):  # a random draw that dropped everything this step: by design
             return
         kind, zero = found
         frame = _user_frame(self.user)
