@@ -10,10 +10,13 @@ On a model that trains, every error-severity finding is a false error, and a GP0
 child) is an
 internal crash (the model loads and trains without gradprobe). A GP113 (the check stopped at the
 sandbox's memory limit) is its own bucket, "resource limit": neither clean nor a crash nor a false error.
+With --steps N, diagnose also runs N observed training steps (its `steps` option); a warning from one of this
+round's new codes (NEW_CODES, and every GP6xx) on a model that trains is counted apart, "new-code warnings".
 
     nice -n 10 python benchmarks/sweep.py                        # everything
     python benchmarks/sweep.py --only peft --limit 20 --jobs 2
     python benchmarks/sweep.py --sample --json                   # the fixed fast sample (the test)
+    nice -n 10 python benchmarks/sweep.py --steps 2 --jobs 2     # diagnose with 2 observed training steps
 
 Families: transformers, midtrain (causal LMs diagnosed after one training step already ran), peft,
 diffusers, examples, timm, torchvision (skipped with the reason when they do not import).
@@ -45,6 +48,13 @@ FAMILIES = ("transformers", "midtrain", "peft", "diffusers", "examples", "timm",
 COLUMNS = ("built", "clean", "crash", "false_error", "resource_limit", "skipped")
 GT_TIMEOUT_S = 90.0
 DIAGNOSE_TIMEOUT_S = 120.0
+# This round's new codes (besides every GP6xx): a warning from one of them on a model that trains is counted apart.
+NEW_CODES = frozenset({"GP118", "GP119", "GP120", "GP212", "GP213", "GP315", "GP316", "GP317", "GP318", "GP319",
+                       "GP703", "GP704", "GP705", "GP706", "GP707"})
+
+
+def is_new_code(code: str) -> bool:
+    return code in NEW_CODES or code.startswith("GP6")
 
 # The fixed fast sample (the test): at least one model of every family that can run here.
 SAMPLE = [
@@ -371,7 +381,7 @@ def internal_frame(tb: str) -> str:
 def classify(report: dict) -> dict:
     """crash / errors / resource limits / warnings / infos of one diagnose report (the model trains: errors are false;
     GP113 says a memory limit stopped the check, which is no verdict on the model either way)."""
-    crashes, errors, limits = [], [], []
+    crashes, errors, limits, new_warnings = [], [], [], []
     warnings: Counter = Counter()
     infos: Counter = Counter()
     for f in report.get("findings", []):
@@ -390,6 +400,8 @@ def classify(report: dict) -> dict:
             errors.append(entry)
         elif f["severity"] == "warning":
             warnings[f["code"]] += 1
+            if is_new_code(f["code"]):
+                new_warnings.append(entry)
         else:
             infos[f["code"]] += 1
         for rel in (f.get("evidence") or {}).get("related", []) or []:
@@ -397,7 +409,8 @@ def classify(report: dict) -> dict:
                 errors.append({"code": rel.get("code"), "message": str(rel.get("message"))[:400], "folded": True})
     seen: set = set()
     errors = [e for e in errors if (e["code"], e["message"]) not in seen and not seen.add((e["code"], e["message"]))]
-    return {"crashes": crashes, "errors": errors, "resource_limits": limits, "warnings": dict(warnings), "infos": dict(infos)}
+    return {"crashes": crashes, "errors": errors, "resource_limits": limits, "warnings": dict(warnings), "infos": dict(infos),
+            "new_code_warnings": new_warnings}
 
 
 def status_of(res: dict) -> str:
@@ -409,7 +422,7 @@ def status_of(res: dict) -> str:
     return "resource_limit" if res["resource_limits"] else "clean"
 
 
-async def run_one(spec: dict, gt: GroundTruth, executor) -> dict:
+async def run_one(spec: dict, gt: GroundTruth, executor, steps: int = 0) -> dict:
     from gradprobe.sandbox.call import execute
 
     res: dict = {"family": spec["family"], "name": spec["name"], "spec": spec}
@@ -427,7 +440,7 @@ async def run_one(spec: dict, gt: GroundTruth, executor) -> dict:
         spec = {**spec, "variant": truth["variant"]}
     t0 = time.perf_counter()
     try:
-        report = await execute("diagnose", target_for(spec), executor=executor)
+        report = await execute("diagnose", target_for(spec), {"steps": steps} if steps else None, executor=executor)
     except Exception as exc:
         report = {"findings": [{"code": "GP000", "severity": "error", "message": f"execute raised {type(exc).__name__}: {exc}",
                                 "evidence": {"internal_traceback": traceback.format_exc()}}]}
@@ -436,10 +449,14 @@ async def run_one(spec: dict, gt: GroundTruth, executor) -> dict:
     res["ratio_build_step"] = res["seconds"] / max(truth["step_s"] + truth["build_s"], 1e-6)
     res.update(classify(report))
     res["status"] = status_of(res)
+    if steps:  # did the several-steps audit run (its headline), or why not (its note)
+        audited = (report.get("facts") or {}).get("steps") or {}
+        res["steps_audited"] = "headline" in audited
+        res["steps_note"] = str(audited.get("headline") or audited.get("note") or audited.get("step_error") or "")[:300]
     return res
 
 
-async def sweep(specs: list[dict], jobs: int, log) -> list[dict]:
+async def sweep(specs: list[dict], jobs: int, log, steps: int = 0) -> list[dict]:
     from gradprobe.sandbox.executor import LocalExecutor
 
     executor = LocalExecutor(warm=True)  # what the server uses: children forked from a warm worker, confined
@@ -454,9 +471,10 @@ async def sweep(specs: list[dict], jobs: int, log) -> list[dict]:
         try:
             while not queue.empty():
                 spec = queue.get_nowait()
-                res = await run_one(spec, gt, executor)
+                res = await run_one(spec, gt, executor, steps)
                 results.append(res)
-                found = res.get("crashes", []) + res.get("errors", []) + res.get("resource_limits", [])
+                found = res.get("crashes", []) + res.get("errors", []) + res.get("resource_limits", []) + \
+                    res.get("new_code_warnings", [])
                 extra = res.get("skip", "") if res["status"] == "skipped" else " ".join(f"{e['code']}" for e in found)
                 secs = f"{res['seconds']:.1f}s" if "seconds" in res else ""
                 log(f"[{len(results)}/{total}] {res['family']:<12} {res['name']:<45} {res['status']:<11} {secs} {extra[:160]}")
@@ -476,6 +494,7 @@ def summarize(results: list[dict], skipped: list[dict]) -> dict:
     fams: dict = {}
     for r in results + [{"family": s["family"], "name": s["name"], "status": "skipped", "skip": s["skip"]} for s in skipped]:
         f = fams.setdefault(r["family"], {"built": 0, "clean": 0, "crash": 0, "false_error": 0, "resource_limit": 0, "skipped": 0,
+                                           "new_code_warning": 0, "steps_not_audited": 0,
                                            "warnings": Counter(), "infos": Counter(), "seconds": [], "ratios": [],
                                            "skip_reasons": Counter()})
         if r["status"] == "skipped":
@@ -484,13 +503,15 @@ def summarize(results: list[dict], skipped: list[dict]) -> dict:
             continue
         f["built"] += 1
         f[r["status"]] += 1
+        f["new_code_warning"] += bool(r.get("new_code_warnings"))
+        f["steps_not_audited"] += r.get("steps_audited") is False
         f["warnings"].update(r.get("warnings", {}))
         f["infos"].update(r.get("infos", {}))
         f["seconds"].append(r["seconds"])
         f["ratios"].append(r["ratio"])
     out = {}
     for name, f in fams.items():
-        out[name] = {k: f[k] for k in COLUMNS}
+        out[name] = {k: f[k] for k in COLUMNS + ("new_code_warning", "steps_not_audited")}
         out[name]["warnings"] = dict(sorted(f["warnings"].items()))
         out[name]["infos"] = dict(sorted(f["infos"].items()))
         out[name]["median_s"] = round(statistics.median(f["seconds"]), 2) if f["seconds"] else None
@@ -510,7 +531,7 @@ def print_table(summary: dict, results: list[dict], wall_s: float) -> None:
         w = " ".join(f"{k}:{v}" for k, v in s["warnings"].items()) or "-"
         print(f"{name:<13}{s['built']:>6}{s['clean']:>6}{s['crash']:>6}{s['false_error']:>10}{s['resource_limit']:>10}{s['skipped']:>8}"
               f"{s['median_s'] if s['median_s'] is not None else '-':>9}{s['median_ratio_to_plain_step'] or '-':>13}  {w}")
-        tot.update({k: s[k] for k in COLUMNS})
+        tot.update({k: s[k] for k in COLUMNS + ("new_code_warning", "steps_not_audited")})
         warn_tot.update(s["warnings"])
     print(f"{'total':<13}{tot['built']:>6}{tot['clean']:>6}{tot['crash']:>6}{tot['false_error']:>10}{tot['resource_limit']:>10}{tot['skipped']:>8}"
           f"{'':>22}  {' '.join(f'{k}:{v}' for k, v in sorted(warn_tot.items())) or '-'}")
@@ -523,6 +544,13 @@ def print_table(summary: dict, results: list[dict], wall_s: float) -> None:
             where = f"{loc.get('file')}:{loc.get('line')}" if loc else "-"
             print(f"  {r['family']}/{r['name']}: {e['code']} {e['message'][:220]!r}\n"
                   f"      at {where}; raised by {e.get('frame', '?')}")
+    warned = [r for r in results if r.get("new_code_warnings")]
+    if warned:
+        print("\nwarnings from this round's new codes:")
+    for r in warned:
+        for e in r["new_code_warnings"]:
+            loc = e.get("location") or {}
+            print(f"  {r['family']}/{r['name']}: {e['code']} {e['message'][:220]!r} at {loc.get('file')}:{loc.get('line')}")
     limited = [r for r in results if r["status"] == "resource_limit"]
     if limited:
         print("\nstopped at a resource limit (GP113: not a verdict on the model):")
@@ -533,19 +561,23 @@ def print_table(summary: dict, results: list[dict], wall_s: float) -> None:
         if s["skip_reasons"]:
             print(f"\nskipped in {name}: " + "; ".join(f"{v}x {k}" for k, v in s["skip_reasons"].items()))
     print(f"\nsweep: {tot['built']} built, {tot['clean']} clean, {tot['crash']} internal crashes, "
-          f"{tot['false_error']} with false errors, "
+          f"{tot['false_error']} with false errors, {tot['new_code_warning']} with new-code warnings, "
           f"{tot['resource_limit']} stopped at a resource limit, "
           f"{tot['skipped']} skipped, in {wall_s / 60:.1f} min")
+    if any(r.get("steps_audited") is not None for r in results):
+        print(f"steps: the several-steps audit did not run on {tot['steps_not_audited']} of the {tot['built']} built models")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=FAMILIES, help="run only this family (repeatable)")
-    ap.add_argument("--limit", type=int, default=None, help="at most N models per family")
+    ap.add_argument("--limit", type=int, default=None, help="at most N models per family (in --sample too)")
+    ap.add_argument("--stride", type=int, default=1, help="every Nth model of each family (a spread sample; before --limit)")
     ap.add_argument("--match", default=None, help="only models whose name contains this")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
     ap.add_argument("--out", default=None, help="also write the JSON results to this file")
     ap.add_argument("--jobs", type=int, default=1, help="models checked at once (default 1)")
+    ap.add_argument("--steps", type=int, default=0, help="diagnose with this many observed training steps (default 0)")
     ap.add_argument("--sample", action="store_true", help="the fixed fast sample (the test in tests/test_sweep_sample.py)")
     ap.add_argument("--gt-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -560,23 +592,27 @@ def main(argv: list[str] | None = None) -> int:
         for fam in FAMILIES:
             if fam in ("timm", "torchvision"):
                 skipped += enumerate_specs(fam)[1]
-        for s in SAMPLE:
-            specs.append({**s, "name": spec_name(s)})
+        per_family: Counter = Counter()
+        for s in SAMPLE:  # --limit (per family) and --match narrow the sample too
+            per_family[s["family"]] += 1
+            if (not args.limit or per_family[s["family"]] <= args.limit) and (not args.match or args.match in spec_name(s)):
+                specs.append({**s, "name": spec_name(s)})
     else:
         for fam in args.only or FAMILIES:
             got, skip = enumerate_specs(fam)
             if args.match:
                 got = [s for s in got if args.match in s["name"]]
+            got = got[args.stride - 1::args.stride] if args.stride > 1 else got
             specs += got[: args.limit] if args.limit else got
             skipped += skip
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    results = asyncio.run(sweep(specs, args.jobs, log))
+    results = asyncio.run(sweep(specs, args.jobs, log, args.steps))
     wall = time.perf_counter() - t0
     summary = summarize(results, skipped)
-    payload = {"summary": summary, "results": results, "skipped": skipped, "wall_s": wall}
+    payload = {"summary": summary, "results": results, "skipped": skipped, "wall_s": wall, "steps": args.steps}
     if args.out:
         Path(args.out).write_text(json.dumps(payload, indent=1, default=str))
     if args.json:

@@ -240,3 +240,44 @@ async def test_an_overbroad_optimizer_filter_is_named_with_its_line(client, tmp_
     assert "left 10 trainable tensors out of the optimizer: 6 have it as a whole name component" in f["message"]
     assert 'not n.startswith("encoder.layer.")' in f["fix"]
     assert _one(findings, "GP201")["severity"] == "error"  # the missing parameters themselves stay GP201's
+
+
+STOCHASTIC_DEPTH = """
+    import torch
+    import torch.nn as nn
+
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(4, 4)
+            self.branch = nn.Linear(4, 4)
+
+        def forward(self, x):
+            keep = 0.5  # stochastic depth (SegFormer's DropPath): floor(keep + rand) per sample; the seed drops both
+            mask = (keep + torch.rand(x.shape[0], 1, generator=torch.Generator().manual_seed(3))).floor_()
+            return self.body(x) + self.branch(x).div(keep) * mask
+
+
+    def build_model():
+        return Block()
+
+
+    def make_inputs():
+        return torch.randn(2, 4)
+
+
+    def loss_fn(out, batch):
+        return out.pow(2).mean()
+"""
+
+
+@pytest.mark.anyio
+async def test_a_random_drop_mask_that_dropped_every_sample_is_gp318_info(client, tmp_path):
+    """Found by the ecosystem sweep (segmentation/segformer): stochastic depth dropped one block for both samples of the
+    batch at that step, so its parameters got an exactly-zero gradient. A mask drawn at random is by design: at most
+    info (and no GP306 warning either)."""
+    findings = await _run(client, tmp_path, "trace_grad_path", source=STOCHASTIC_DEPTH)
+    assert not [f for f in findings if f["severity"] != "info"], findings
+    gp318 = [f for f in findings if f["code"] == "GP318"]
+    assert gp318 and "random draw" in gp318[0]["message"], findings

@@ -164,7 +164,6 @@ class GradTracer(TorchFunctionMode):
             return self._backward(func, args, kwargs)
         req, tags, plain_hits = self._inputs(name, args, kwargs)
         out = self._call(name, func, args, kwargs) if req else func(*args, **kwargs)
-        self.zero_ops.follow_random(name, args, kwargs, out)
         if tags is not None:  # values behind cuts met this op (rare in a healthy step): which parameters they met
             self._params_met(args, kwargs, tags)
             if name not in SHAPE_ONLY_OPS:
@@ -186,8 +185,8 @@ class GradTracer(TorchFunctionMode):
             self._left_detached(name, args[0])
         if tags is not None:
             self._tag(out, tags)
-        if self.provenance is not None and not req:
-            self._note_provenance(out)
+        if not req:
+            self._plain_op(name, args, kwargs, out)
         return out
 
     def _call(self, name: str, func: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> Any:
@@ -260,12 +259,18 @@ class GradTracer(TorchFunctionMode):
                 cand.left_at = self.user.innermost(skip=3)
             self.left_events.append((cand.index, cand.left_at))
 
-    def _note_provenance(self, out: Any) -> None:
+    def _plain_op(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        """An op on values that do not require grad: its provenance (when kept) and whether it is a random draw."""
+        if self.provenance is not None:
+            self._note_provenance(out, skip=3)
+        self.zero_ops.drawn(name, args, kwargs, out)  # random masks (GP318: a chance all-zero draw is info)
+
+    def _note_provenance(self, out: Any, skip: int = 2) -> None:
         assert self.provenance is not None
-        caller = sys._getframe(2)
+        caller = sys._getframe(skip)
         by_user = caller is not None and self.user.is_user_file(caller.f_code.co_filename)
         for o in outputs(out):
-            self.provenance[id(o)] = (o, self.user.innermost(skip=3), by_user)
+            self.provenance[id(o)] = (o, self.user.innermost(skip=skip + 1), by_user)
 
     def _tag(self, out: Any, tags: Tags) -> None:
         """Values `out` carries the cuts `tags` forward (kept alive so their ids stay theirs)."""

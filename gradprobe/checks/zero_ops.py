@@ -15,11 +15,11 @@ zero was zeroed there. Nothing else in the graph is hooked.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import weakref
 
 import torch
 
@@ -31,12 +31,10 @@ P = TypeVar("P", bound=torch.Tensor)
 MUL_OPS = frozenset({"mul", "__mul__", "__rmul__", "multiply"})
 WHERE_OPS = frozenset({"where"})
 ZERO_WATCHED = MUL_OPS | WHERE_OPS
-# ops whose output is drawn at random: a mask computed from one (dropout, stochastic depth) that came out all zero at
-# this step is chance, by design: GP318 says so as information
-RANDOM_OPS = frozenset({"rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "bernoulli",
-                        "bernoulli_", "uniform_", "normal_", "normal", "exponential_", "random_", "multinomial",
-                        "dropout", "dropout_", "native_dropout", "feature_dropout", "alpha_dropout"})
-MAX_RANDOM = 4096  # values derived from a random draw followed at once
+# ops that draw random numbers: a mask made from a draw (stochastic depth's floor(keep + rand), a dropout mask) that
+# came out all zero dropped every sample at this step by chance, by design: GP318 says so as information
+RANDOM_OPS = frozenset({"rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "bernoulli", "bernoulli_",
+                        "uniform_", "normal_", "normal", "exponential_", "geometric_", "random_", "multinomial", "randperm"})
 MAX_RECORDS = 32  # zeroing ops kept per step
 MAX_NODES = 200_000  # graph nodes walked to find the parameters behind one op
 
@@ -107,24 +105,18 @@ class ZeroOpWatch:
         self.user, self.params, self.read = user, params, read
         self.ops: list[ZeroOp] = []
         self._handles: list[Any] = []
-        self.random: dict[int, weakref.ref[torch.Tensor]] = {}  # values drawn at random, or computed from one
+        self._drawn: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
-    def _is_random(self, t: Any) -> bool:
-        ref = self.random.get(id(t)) if isinstance(t, torch.Tensor) else None
-        return ref is not None and ref() is t
+    def _is_drawn(self, t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and self._drawn.get(id(t)) is t
 
-    def follow_random(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> None:
-        """Every op of the step: note the values drawn at random and those computed from them (by identity)."""
-        if not isinstance(out, torch.Tensor):
+    def drawn(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        """An op on values that do not require grad ran: its outputs are random if it draws or reads a random value."""
+        if name not in RANDOM_OPS and not (self._drawn and any(self._is_drawn(a) for a in (*args, *kwargs.values()))):
             return
-        if name not in RANDOM_OPS:
-            if not self.random or not any(self._is_random(a) for a in (*args, *kwargs.values())):
-                return
-        if len(self.random) >= MAX_RANDOM:
-            self.random = {k: r for k, r in self.random.items() if r() is not None}
-            if len(self.random) >= MAX_RANDOM:
-                return
-        self.random[id(out)] = weakref.ref(out)
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, torch.Tensor):
+                self._drawn[id(o)] = o
 
     def note(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         """An op on values that require grad ran: kept if it multiplied them by zero (or selected none of them)."""
@@ -134,7 +126,7 @@ class ZeroOpWatch:
         if found is None:
             return
         kind, zero = found
-        if self._is_random(zero):  # a mask drawn at random (dropout, stochastic depth) that dropped everything this time
+        if self._is_drawn(zero):  # a mask drawn at random (dropout, stochastic depth) that dropped everything this time
             kind = "random"
         frame = _user_frame(self.user)
         loc = (self.user.location_of(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
