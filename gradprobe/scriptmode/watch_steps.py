@@ -16,7 +16,6 @@ measured once.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from gradprobe.checks._step import param_names
+from gradprobe.checks.steps.copies import kept_share
 from gradprobe.checks.steps.facts import EmaCopy
 from gradprobe.checks.steps.observe import StepObserver, norms
 from gradprobe.scriptmode.observe import StepWatch
@@ -197,14 +197,9 @@ class ScriptSteps(StepObserver):
         saved, self._ema_saved = self._ema_saved, []
         by_id = self.model_params()
         for copy, before in saved:
-            t1 = [by_id[i].detach() for i in copy.params if i in by_id]
-            s1 = [by_id[i].detach() for i in copy.students if i in by_id]
-            if len(t1) != len(before) or len(s1) != len(t1):
-                continue
-            gap1 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(t1, s1))))
-            gap0 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(before, s1))))
-            if gap0 > 0:
-                copy.kept.append(gap1 / gap0)
+            kept = kept_share(copy, before, by_id)
+            if kept is not None:
+                copy.kept.append(kept)
 
     def _before_backward(self, loss: Any) -> None:
         self._guarded(super()._before_backward, loss)

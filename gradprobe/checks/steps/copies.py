@@ -15,6 +15,7 @@ Three measurements, each from what the code does between the steps:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+import math
 from typing import Any
 
 import torch
@@ -148,3 +149,17 @@ class AfterStep:
 def constant_share(kept: list[float]) -> bool:
     """Moved toward the twin by the same share at every measured step: an EMA update."""
     return bool(kept) and all(0 < k < 1 for k in kept) and max(kept) - min(kept) <= 1e-2 * max(kept)
+
+
+def kept_share(copy: Any, before: list[torch.Tensor], by_id: dict[int, torch.Tensor]) -> float | None:
+    """|teacher - student| after the copy's update over the same before it (an EMA of decay d keeps d of its gap);
+    None when the copy's tensors are gone or the gap was 0."""
+    from gradprobe.checks.steps.observe import norms
+
+    t1 = [by_id[i].detach() for i in copy.params if i in by_id]
+    s1 = [by_id[i].detach() for i in copy.students if i in by_id]
+    if len(t1) != len(before) or len(s1) != len(t1):
+        return None
+    gap1 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(t1, s1))))
+    gap0 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(before, s1))))
+    return gap1 / gap0 if gap0 > 0 else None

@@ -8,7 +8,6 @@ kept, and what wrote them: copies.py) -> `run_rules(RULES, facts)` -> rank (by e
 from __future__ import annotations
 
 import gc
-import math
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ import torch.nn as nn
 from gradprobe.checks._step import param_names, run_step
 from gradprobe.checks.steps.accumulation import LossFactors, accumulation_lines
 from gradprobe.checks.steps.amp import AMP_RULES, ScalerWatch
-from gradprobe.checks.steps.copies import AfterStep, UpdateWatch, twins, versions
+from gradprobe.checks.steps.copies import AfterStep, UpdateWatch, kept_share, twins, versions
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, derive
 from gradprobe.checks.steps.gradients import GRADIENT_RULES
 from gradprobe.checks.steps.modes import MODE_RULES
@@ -132,15 +131,9 @@ class _Run:
         return out
 
     def _kept(self, copy: EmaCopy, before: list[torch.Tensor]) -> None:
-        by_id = {id(p): p for p in self.model.parameters()}
-        t1 = [by_id[i].detach() for i in copy.params if i in by_id]
-        s1 = [by_id[i].detach() for i in copy.students if i in by_id]
-        if len(t1) != len(before) or len(s1) != len(t1):
-            return
-        gap1 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(t1, s1))))
-        gap0 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(before, s1))))
-        if gap0 > 0:
-            copy.kept.append(gap1 / gap0)
+        kept = kept_share(copy, before, {id(p): p for p in self.model.parameters()})
+        if kept is not None:
+            copy.kept.append(kept)
 
     def _call(self, k: int, moved_last: set[int]) -> set[int]:
         params = self._params()
