@@ -154,3 +154,18 @@ async def test_diagnose_with_steps_keeps_gp201_for_a_teacher_its_ema_never_moves
     codes = {f["code"] for f in report["findings"]}
     assert "GP201" in codes and "GP609" in codes, report["findings"]
     assert "GP201 not raised" not in report["summary"]
+
+
+def test_a_skipped_step_leaves_no_torch_function_mode_behind():
+    """A GradScaler that skips the step leaves the observer's grad-write window open until the audit closes it: the
+    audit must close it inside its own update watch, or the watch pops the wrong mode and stays on torch's stack (in
+    the library form, every later compiled model then ran in eager: GP701 went silent)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    from gradprobe.sandbox.run_check import run_job
+
+    report = run_job({"tool": "audit_training", "target": {"project_dir": str(EXAMPLES),
+                                                           "model": "gp617_scaler_skips_every_step.py"},
+                      "options": {"steps": 3}}, lambda phase: None)
+    assert [f["code"] for f in report["findings"]] == ["GP617"], report["findings"]
+    assert _get_current_function_mode_stack() == []

@@ -145,6 +145,7 @@ class _Run:
         v0, watch = versions(params.values()), UpdateWatch(params.values())
         with self.after_step, watch:
             result = run_step(self.loaded, optimizer_step=True)
+            self.observer.close_window()  # the grad-write window a step leaves open (a skipped step): inside the watch
         v1 = versions(params.values())
         self.writes.append({pid: v1[pid] - v for pid, v in v0.items()})
         self.combined.append(watch.combined)
