@@ -32,6 +32,16 @@ PHASES = ("imports and setup (no module built yet)", "a module built", "an optim
 STOPS_BEFORE_ESCAPE = 3  # stops swallowed (a bare `except:`) before the job finishes from inside the script
 
 
+
+def undo(items: list) -> None:
+    """Take back what a watch installed, newest first: (owner, name, original) patches and hook handles."""
+    for item in reversed(items):
+        if isinstance(item, tuple):
+            setattr(*item)
+        else:
+            item.remove()
+    items.clear()
+
 class StopScript(BaseException):
     """Raised into the script to stop it; not an Exception, so `except Exception` lets it pass."""
 
@@ -230,12 +240,7 @@ class StepWatch:
         self._undo.append((DataLoader, "__iter__", orig_iter))
 
     def uninstall(self) -> None:
-        for item in reversed(self._undo):
-            if isinstance(item, tuple):
-                setattr(*item)
-            else:
-                item.remove()
-        self._undo.clear()
+        undo(self._undo)
 
     def _note_method(self, rec: ModuleCall, frame: FrameType | None) -> None:
         """The user's method (of a module) that made this call, with its arguments, for a replay."""

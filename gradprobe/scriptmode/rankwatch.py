@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.userframes import UserCode
+from gradprobe.scriptmode.observe import undo
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "reduce", "all_to_all", "gather", "scatter", "all_gather_object",
@@ -127,12 +128,7 @@ class RankWatch:
         self._patch_collectives()
 
     def uninstall(self) -> None:
-        for item in reversed(self._undo):
-            if isinstance(item, tuple):
-                setattr(*item)
-            else:
-                item.remove()
-        self._undo.clear()
+        undo(self._undo)
 
     def _module_called(self, module: nn.Module, args: Any) -> None:
         if not self.taken and torch.is_grad_enabled() and type(module) in self._ddp_types:
