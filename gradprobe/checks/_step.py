@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 
+from gradprobe.checks.loss_parts import LossParts, split_returned
 from gradprobe.checks.torchcompat import allocation_failure
 from gradprobe.flowchart import module_of
 
@@ -89,9 +90,17 @@ def default_loss(out: Any) -> torch.Tensor | None:
 
 
 def compute_loss(loss_fn: Any, out: Any, batch: Any) -> torch.Tensor | None:
-    if loss_fn is not None:
-        return loss_fn(out, batch)
-    return default_loss(out)
+    return loss_and_parts(loss_fn, out, batch)[0]
+
+
+def loss_and_parts(loss_fn: Any, out: Any, batch: Any) -> tuple[Any, LossParts | None]:
+    """The loss of one forward, and when loss_fn returned a dict, a tuple or a list, its parts: the total is taken as
+    the user's trainer would (checks/loss_parts.py)."""
+    if loss_fn is None:
+        return default_loss(out), None
+    returned = loss_fn(out, batch)
+    parts = split_returned(returned, loss_fn)
+    return (returned, None) if parts is None else (parts.total, parts)
 
 
 @dataclass
@@ -101,6 +110,7 @@ class StepResult:
     kind: Literal["train_step", "default"]
     returned: Any = None  # what the user's train_step returned
     loss: torch.Tensor | None = None  # the default step's loss
+    loss_parts: dict[str, Any] | None = None  # loss_fn returned several values: how they were summed (loss_parts.py)
     error: Exception | None = None
     error_location: dict | None = None
     error_traceback: str | None = None
@@ -131,7 +141,14 @@ def attempt_step(loaded: Any, result: StepResult, optimizer_step: bool) -> None:
         result.returned = loaded.train_step(model, batch, loaded.optimizer)
         return
     out = call_model(model, batch)
-    loss = compute_loss(loaded.loss_fn, out, batch)
+    loss, parts = loss_and_parts(loaded.loss_fn, out, batch)
+    if parts is not None:
+        result.loss_parts = parts.summary()
+        if not isinstance(loss, torch.Tensor):
+            result.loss_problem = (f"loss_fn returned a {parts.form} with no scalar floating-point tensor to take as "
+                                   "the loss (see facts.loss_returned).")
+            result.loss_evidence = {"loss_returned": result.loss_parts}
+            return
     result.loss = loss
     if loss is None:
         result.loss_problem = "The model returned no floating-point output to build a loss from."

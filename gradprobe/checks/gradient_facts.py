@@ -99,6 +99,8 @@ class TraceFacts:
                  for i, b in enumerate(tracer.backward_calls) if isinstance(b.get("terms"), TermSplit)]
         if terms:
             out["loss_terms"] = terms
+        if self.step.loss_parts is not None:  # loss_fn returned a dict, tuple or list: the rule that took its total
+            out["loss_returned"] = self.step.loss_parts
         return out
 
     def init_names(self) -> dict[str, str]:

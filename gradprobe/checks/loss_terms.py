@@ -134,6 +134,13 @@ def _loc(loc: Location | None) -> str:
     return at_line(loc)
 
 
+def _term_at(term: Term) -> str:
+    """` at line N of file`, after the term's key or index when it is an entry a loss_fn returned."""
+    if term.name is None:
+        return _loc(term.location)
+    return (f" for entry `{term.name}`" if isinstance(term.name, str) else f" for entry {term.name}") + _loc(term.location)
+
+
 @GP315.detector
 def term_reaches_nothing(facts: TraceFacts) -> Iterator[Finding]:
     reach = Reach({i for i, p in facts.tracer.params.items() if p.requires_grad})
@@ -148,11 +155,12 @@ def term_reaches_nothing(facts: TraceFacts) -> Iterator[Finding]:
             yield GP315.finding(
                 "untrained" if untrained else None, parameters=[n for n in names if facts.wanted(n)],
                 location=cand.where(),
-                evidence={"term": term.index, "term_location": term.location, "added_at": term.cut.added_at,
+                evidence={"term": term.index, "term_name": term.name, "term_location": term.location,
+                          "added_at": term.cut.added_at,
                           "cut": {"op": cand.op, "kind": cand.kind, "location": cand.where()},
                           "parameters_behind_cut": names[:20],
                           "loss_terms": term_table(split, facts.names, facts.tracer.candidates)},
-                loss_at=_loc(split.location), term_at=_loc(term.location), op=cand.op,
+                loss_at=_loc(split.location), term_at=_term_at(term), op=cand.op,
                 cut_at=_same_or_at(cand.where(), term.location),
                 added_at=_loc(term.cut.added_at), behind=_modules(names) if names else "the parameters behind it")
 
@@ -202,8 +210,11 @@ def _through(facts: TraceFacts, term: Term, cand: Candidate) -> str:
 
 def _others(split: TermSplit, term: Term, missing: frozenset[int] | None = None) -> str:
     """The other terms (those that reach the missing parameters when given) by their user lines."""
-    lines = [_loc(o.location).removeprefix(" at ") or f"term {o.index}" for o in split.terms
-             if o is not term and o.cut is None and (missing is None or o.reached & missing)]
+    others = [o for o in split.terms if o is not term and o.cut is None and (missing is None or o.reached & missing)]
+    if split.named:
+        return "the other entr" + ("y " if len(others) == 1 else "ies ") + listed(
+            [_term_at(o).removeprefix(" for entry ") for o in others], 3) if others else "the other terms"
+    lines = [_loc(o.location).removeprefix(" at ") or f"term {o.index}" for o in others]
     return "the term(s) computed at " + listed(lines, 3) if lines else "the other terms"
 
 
@@ -211,10 +222,10 @@ def _severed_finding(facts: TraceFacts, s: Severed, rule: Rule[TraceFacts], situ
     cand = s.cut
     return rule.finding(
         situation, parameters=s.names, location=cand.where(),
-        evidence={"term": s.term.index, "term_location": s.term.location,
+        evidence={"term": s.term.index, "term_name": s.term.name, "term_location": s.term.location,
                   "cut": {"op": cand.op, "kind": cand.kind, "location": cand.where()},
                   "loss_terms": term_table(s.split, facts.names, facts.tracer.candidates)},
-        term_at=_loc(s.term.location), modules=_modules(s.names), others=_others(s.split, s.term, s.missing),
+        term_at=_term_at(s.term), modules=_modules(s.names), others=_others(s.split, s.term, s.missing),
         op=cand.op, cut_at=_same_or_at(cand.where(), s.term.location), through=_through(facts, s.term, cand))
 
 

@@ -40,6 +40,7 @@ from gradprobe.checks.candidates import (
     storage_ptr,
     tensors_in,
 )
+from gradprobe.checks.loss_parts import LossParts, declared
 from gradprobe.checks.term_split import CutTerm, TermProbe
 from gradprobe.checks.torch_errors import leaf_inplace_target
 from gradprobe.checks.torchcompat import (
@@ -456,8 +457,11 @@ class GradTracer(TorchFunctionMode):
                        grad_fn=type(root.grad_fn).__name__ if root.grad_fn is not None else None)
             if root.grad_fn is not None:
                 rec["made_at"] = self.grad_fn_loc.get(id(root.grad_fn))  # the user line that computed the loss
+        parts = declared(root)  # a total gradprobe summed from what loss_fn returned: made at loss_fn's return line
+        if parts is not None and parts.source is not None and self.user.is_user_file(parts.source[0]):
+            rec["made_at"] = self.user.location_of(*parts.source)
         self.backward_calls.append(rec)
-        probe = self._term_probe(root, args, kwargs, rec)
+        probe = self._term_probe(root, args, kwargs, rec, parts)
         self.zero_ops.arm()
         if len(self.backward_roots) < MAX_ROOTS_KEPT:
             self.backward_roots.append(root.grad_fn if root is not None else None)
@@ -472,19 +476,31 @@ class GradTracer(TorchFunctionMode):
             if probe is not None:
                 rec["terms"] = probe.finish()
 
-    def _term_probe(self, root: torch.Tensor | None, args: Any, kwargs: dict[str, Any],
-                    rec: dict[str, Any]) -> TermProbe | None:
-        """The terms of a loss made at a user line that is a sum (checks/term_split.py), before backward() runs."""
-        if root is None or root.grad_fn is None or rec.get("made_at") is None or len(self.backward_calls) > 4 \
-                or kwargs.get("inputs") is not None or kwargs.get("create_graph"):
+    def _term_probe(self, root: torch.Tensor | None, args: Any, kwargs: dict[str, Any], rec: dict[str, Any],
+                    parts: LossParts | None) -> TermProbe | None:
+        """The terms of a loss made at a user line that is a sum, or of the entries loss_fn returned
+        (checks/term_split.py), before backward() runs."""
+        if root is None or root.grad_fn is None or (rec.get("made_at") is None and parts is None) \
+                or len(self.backward_calls) > 4 or kwargs.get("inputs") is not None or kwargs.get("create_graph"):
             return None
         gradient = args[1] if len(args) > 1 else kwargs.get("gradient")
+        node_info = lambda i: (self.node_tags.get(i, frozenset()), self.grad_fn_loc.get(i))  # noqa: E731
         try:
-            return TermProbe.start(root, gradient, rec["made_at"], self.params,
-                                   lambda i: (self.node_tags.get(i, frozenset()), self.grad_fn_loc.get(i)),
+            if parts is not None:
+                return TermProbe.start_named(root, gradient, parts, rec.get("made_at"), self.params, node_info,
+                                             self._cut_of, lambda c: self.candidates[c].inputs)
+            return TermProbe.start(root, gradient, rec["made_at"], self.params, node_info,
                                    lambda i: self.cut_terms.get(i, []), lambda c: self.candidates[c].inputs)
         except Exception:  # a graph autograd.grad cannot take apart (a custom backward, freed buffers): no split, and
             return None  # the user's own backward() still runs as it would
+
+    def _cut_of(self, value: object) -> tuple[Tags, Location | None] | None:
+        """The cuts behind a value with no graph (a detached tensor, a number .item() returned), and the line of the
+        last one; None when no cut made it (a constant)."""
+        hit = self.left_values.get(id(value)) if isinstance(value, float) else None
+        tags = self.tags.get(id(value)) if isinstance(value, torch.Tensor) else (
+            frozenset({hit[1]}) if hit is not None and hit[0] is value else None)
+        return (tags, self.candidates[max(tags)].location) if tags else None
 
     # ---- process boundaries -----------------------------------------------------------------
     def _pickled(self, tensor: Any) -> None:

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.autograd.graph import GradientEdge
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from gradprobe.checks.candidates import Location
+from gradprobe.checks.loss_parts import LossParts
 from gradprobe.checks.torchcompat import tensor_hooks, untraced
 from gradprobe.flowchart import module_of
 
@@ -59,6 +60,7 @@ class Term:
     norms: dict[int, float] = field(default_factory=dict)  # parameter id -> norm of this term's gradient on it
     shared_cuts: frozenset[int] = frozenset()  # cuts whose input value another term trains through
     cut: CutTerm | None = None  # set for a term that carries no gradient
+    name: str | int | None = None  # the dict key or tuple index of a term a loss_fn returned (checks/loss_parts.py)
 
 
 @dataclass
@@ -68,6 +70,7 @@ class TermSplit:
     terms: list[Term]
     location: Location | None  # the user line that made the loss
     measured_shares: bool = False
+    named: str | None = None  # "dict", "tuple" or "list": the terms are the entries a loss_fn returned
 
 
 def _children(node: Any) -> list[Any]:
@@ -219,8 +222,40 @@ class TermProbe:
             terms.append(Term(len(terms), c.location, frozenset(), c.cuts, cut=c))
         if len(terms) < 2:
             return None
+        return cls._measured(root, gradient, TermSplit(terms, location), edges, params, candidate_inputs)
+
+    @classmethod
+    def start_named(cls, root: torch.Tensor, gradient: Any, parts: LossParts, location: Location | None,
+                    params: Mapping[int, torch.Tensor], node_info: Callable[[int], tuple[frozenset[int], Location | None]],
+                    cut_of: Callable[[object], tuple[frozenset[int], Location | None] | None],
+                    candidate_inputs: Callable[[int], list[torch.Tensor]]) -> TermProbe | None:
+        """The probe of a total that gradprobe summed from the entries a loss_fn returned: each entry is a term, named
+        by its key or index; an entry with no graph behind it is a term that reaches nothing when a cut made it (a
+        detached tensor, a number .item() returned), else it is left out (a constant)."""
+        reach = Reach({i for i, p in params.items() if p.requires_grad})
+        terms: list[Term] = []
+        edges: list[Edge] = []
+        for key, value in parts.entries:
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                edge = get_gradient_edge(value)
+                cuts, loc = node_info(id(edge.node))
+                terms.append(Term(len(terms), loc, reach.node(edge.node), cuts, name=key))
+                edges.append((edge.node, edge.output_nr))
+            elif (cut := cut_of(value)) is not None:
+                tags, at = cut
+                terms.append(Term(len(terms), at, frozenset(), tags, cut=CutTerm(tags, at, location), name=key))
+                edges.append((None, 0))
+        if len(terms) < 2:
+            return None
+        return cls._measured(root, gradient, TermSplit(terms, location, named=parts.form), edges, params,
+                             candidate_inputs)
+
+    @classmethod
+    def _measured(cls, root: torch.Tensor, gradient: Any, split: TermSplit, edges: list[Edge],
+                  params: Mapping[int, torch.Tensor], candidate_inputs: Callable[[int], list[torch.Tensor]]) -> TermProbe:
+        terms = split.terms
         _shared_cuts(terms, edges, candidate_inputs)
-        probe = cls(TermSplit(terms, location), edges, params)
+        probe = cls(split, edges, params)
         live = [t for t in terms if t.cut is None and t.reached]
         if 2 <= len(live) <= MAX_SHARE_TERMS and root.numel() == 1 and not any(
                 tensor_hooks(params[i]) for t in live for i in t.reached):
@@ -309,6 +344,8 @@ def term_table(split: TermSplit, names: dict[int, list[str]], candidates: list[A
     for t, share in shares(split, module):
         row: dict[str, Any] = {"term": t.index, "location": t.location,
                                "reaches": sorted({module(i) for i in t.reached})[:40]}
+        if t.name is not None:
+            row["name"] = t.name
         if split.measured_shares and t.norms:
             row["share_of_grad_norm"] = dict(list(share.items())[:40])
         cuts = [candidates[c] for c in sorted(t.cuts)[-3:]]
