@@ -91,14 +91,13 @@ def split_returned(returned: Any, loss_fn: Callable[..., Any] | None = None) -> 
         else:
             parts.entries.append((k, v))
     tensors = [v for _, v in parts.entries if isinstance(v, torch.Tensor)]
-    if len(tensors) == 1:
-        parts.total = tensors[0]
-    elif tensors:
-        total = _scalar(tensors[0])
+    if tensors:
+        total = tensors[0]
         for t in tensors[1:]:
-            total = total + _scalar(t)
+            total = _scalar(total) + _scalar(t)
         parts.total = total
-        _declare(parts)
+        if len(parts.entries) > 1:  # several terms (a number among them may be one that .item() cut)
+            _declare(parts)
     return parts
 
 

@@ -457,11 +457,13 @@ class GradTracer(TorchFunctionMode):
                        grad_fn=type(root.grad_fn).__name__ if root.grad_fn is not None else None)
             if root.grad_fn is not None:
                 rec["made_at"] = self.grad_fn_loc.get(id(root.grad_fn))  # the user line that computed the loss
-        parts = declared(root)  # a total gradprobe summed from what loss_fn returned: made at loss_fn's return line
-        if parts is not None and parts.source is not None and self.user.is_user_file(parts.source[0]):
-            rec["made_at"] = self.user.location_of(*parts.source)
+        parts = declared(root)  # the entries loss_fn returned, which gradprobe summed: made at loss_fn's return line
+        returned_at = self.user.location_of(*parts.source) if parts is not None and parts.source is not None \
+            and self.user.is_user_file(parts.source[0]) else None
+        if rec.get("made_at") is None and returned_at is not None:
+            rec["made_at"] = returned_at
         self.backward_calls.append(rec)
-        probe = self._term_probe(root, args, kwargs, rec, parts)
+        probe = self._term_probe(root, args, kwargs, rec, parts, returned_at)
         self.zero_ops.arm()
         if len(self.backward_roots) < MAX_ROOTS_KEPT:
             self.backward_roots.append(root.grad_fn if root is not None else None)
@@ -477,8 +479,8 @@ class GradTracer(TorchFunctionMode):
                 rec["terms"] = probe.finish()
 
     def _term_probe(self, root: torch.Tensor | None, args: Any, kwargs: dict[str, Any], rec: dict[str, Any],
-                    parts: LossParts | None) -> TermProbe | None:
-        """The terms of a loss made at a user line that is a sum, or of the entries loss_fn returned
+                    parts: LossParts | None, returned_at: Location | None) -> TermProbe | None:
+        """The terms of the entries loss_fn returned, or of a loss made at a user line that is a sum
         (checks/term_split.py), before backward() runs."""
         if root is None or root.grad_fn is None or (rec.get("made_at") is None and parts is None) \
                 or len(self.backward_calls) > 4 or kwargs.get("inputs") is not None or kwargs.get("create_graph"):
@@ -486,9 +488,11 @@ class GradTracer(TorchFunctionMode):
         gradient = args[1] if len(args) > 1 else kwargs.get("gradient")
         node_info = lambda i: (self.node_tags.get(i, frozenset()), self.grad_fn_loc.get(i))  # noqa: E731
         try:
-            if parts is not None:
-                return TermProbe.start_named(root, gradient, parts, rec.get("made_at"), self.params, node_info,
-                                             self._cut_of, lambda c: self.candidates[c].inputs)
+            named = None if parts is None else TermProbe.start_named(
+                root, gradient, parts, returned_at or rec.get("made_at"), self.params, node_info, self._cut_of,
+                lambda c: self.candidates[c].inputs)
+            if named is not None or rec.get("made_at") is None:
+                return named
             return TermProbe.start(root, gradient, rec["made_at"], self.params, node_info,
                                    lambda i: self.cut_terms.get(i, []), lambda c: self.candidates[c].inputs)
         except Exception:  # a graph autograd.grad cannot take apart (a custom backward, freed buffers): no split, and
