@@ -111,9 +111,9 @@ def _return_line(fn: Callable[..., Any] | None) -> tuple[str, int, str] | None:
     if code is None:
         return None
     try:
-        lines = {i.positions.lineno for i in dis.get_instructions(code)
-                 if i.opname.startswith("RETURN") and i.positions is not None and i.positions.lineno is not None}
-    except (TypeError, ValueError):
+        returns = [i.offset for i in dis.get_instructions(code) if i.opname.startswith("RETURN")]
+        lines = {line for off in returns for start, end, line in code.co_lines() if start <= off < end and line}
+    except (TypeError, ValueError, AttributeError):
         lines = set()
     line = lines.pop() if len(lines) == 1 else code.co_firstlineno
     return code.co_filename, int(line), code.co_name
