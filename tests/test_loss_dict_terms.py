@@ -38,7 +38,7 @@ async def test_dict_entry_cut_from_the_encoder_is_named_by_its_key(client, tool)
     recon, kl = _named(report)
     assert (recon["name"], kl["name"]) == ("recon", "kl")
     assert set(recon["reaches"]) == {"decoder.0", "decoder.2"} and "encoder.0" in kl["reaches"]
-    assert report["facts"]["loss_returned"]["terms"] == ["recon", "kl"]
+    assert report["facts"]["loss_returned"]["summed"] == ["recon", "kl"]
 
 
 @pytest.mark.anyio
@@ -100,7 +100,7 @@ async def test_dict_entry_cut_by_item_is_gp315_with_its_key_and_odd_entries_are_
     assert "decoder.weight" in f["parameters"]
     assert [t.get("name") for t in _named(report)] == ["ce", "recon"]
     returned = report["facts"]["loss_returned"]
-    assert returned["terms"] == ["ce"]
+    assert returned["summed"] == ["ce"]
     why = {e["entry"]: e["why"] for e in returned["left_out"]}
     assert set(why) == {"recon", "per_sample", "note"} and "shape [8]" in why["per_sample"], why
     assert not [g for g in report["findings"] if g["code"] == "GP100"], report["findings"]  # never the user's error
@@ -110,6 +110,7 @@ async def test_dict_entry_cut_by_item_is_gp315_with_its_key_and_odd_entries_are_
 @pytest.mark.parametrize("returned, rule", [
     ('{"loss": ce, "recon": recon, "ce": ce.detach()}', "the `loss` entry is the total"),  # Lightning: the rest is logged
     ('{"loss_ce": ce, "acc": ce.detach(), "recon_err": recon}', "whose key contains `loss`"),  # mmengine's parse_losses
+    ("ce, (logits.argmax(1) == 0).float().mean(), ce.item()", "sum of the scalar tensor entries"),  # a metric, a copy
 ])
 async def test_logged_entries_beside_the_total_are_no_terms(client, tmp_path, returned, rule):
     report = await _run(client, "trace_grad_path", _write(tmp_path, returned), "case.py")

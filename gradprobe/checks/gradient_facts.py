@@ -95,7 +95,8 @@ class TraceFacts:
                "crossings": tracer.crossings[:20]}
         # a loss that is a sum: which term reaches which module, and its share of their gradient (checks/term_split.py)
         terms = [{"backward": i, "loss_location": b["terms"].location,
-                  "terms": term_table(b["terms"], self.names, tracer.candidates)}
+                  "terms": term_table(b["terms"], self.names, tracer.candidates),
+                  **({"logged": b["terms"].logged} if b["terms"].logged else {})}
                  for i, b in enumerate(tracer.backward_calls) if isinstance(b.get("terms"), TermSplit)]
         if terms:
             out["loss_terms"] = terms

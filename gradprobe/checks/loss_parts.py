@@ -41,7 +41,7 @@ class LossParts:
     def summary(self) -> dict[str, Any]:
         """The note the report's facts carry (`loss_returned`)."""
         out: dict[str, Any] = {"form": self.form, "rule": _RULES[self.rule],
-                               "terms": [k for k, v in self.entries if isinstance(v, torch.Tensor)]}
+                               "summed": [k for k, v in self.entries if isinstance(v, torch.Tensor)]}
         left_out = [{"entry": k, "why": _NUMBER} for k, v in self.entries if not isinstance(v, torch.Tensor)]
         if left_out or self.left_out:
             out["left_out"] = left_out + self.left_out

@@ -33,6 +33,7 @@ from gradprobe.checks.candidates import (
     Candidate,
     Location,
     bias_operand,
+    family_of,
     is_cut,
     is_inplace,
     kind_of,
@@ -460,10 +461,11 @@ class GradTracer(TorchFunctionMode):
         parts = declared(root)  # the entries loss_fn returned, which gradprobe summed: made at loss_fn's return line
         returned_at = self.user.location_of(*parts.source) if parts is not None and parts.source is not None \
             and self.user.is_user_file(parts.source[0]) else None
-        if rec.get("made_at") is None and returned_at is not None:
+        summed = parts is not None and not any(v is root for _, v in parts.entries)  # gradprobe's own sum
+        if summed:
             rec["made_at"] = returned_at
         self.backward_calls.append(rec)
-        probe = self._term_probe(root, args, kwargs, rec, parts, returned_at)
+        probe = self._term_probe(root, args, kwargs, rec, parts, returned_at, summed)
         self.zero_ops.arm()
         if len(self.backward_roots) < MAX_ROOTS_KEPT:
             self.backward_roots.append(root.grad_fn if root is not None else None)
@@ -479,7 +481,7 @@ class GradTracer(TorchFunctionMode):
                 rec["terms"] = probe.finish()
 
     def _term_probe(self, root: torch.Tensor | None, args: Any, kwargs: dict[str, Any], rec: dict[str, Any],
-                    parts: LossParts | None, returned_at: Location | None) -> TermProbe | None:
+                    parts: LossParts | None, returned_at: Location | None, summed: bool) -> TermProbe | None:
         """The terms of the entries loss_fn returned, or of a loss made at a user line that is a sum
         (checks/term_split.py), before backward() runs."""
         if root is None or root.grad_fn is None or (rec.get("made_at") is None and parts is None) \
@@ -491,20 +493,21 @@ class GradTracer(TorchFunctionMode):
             named = None if parts is None else TermProbe.start_named(
                 root, gradient, parts, returned_at or rec.get("made_at"), self.params, node_info, self._cut_of,
                 lambda c: self.candidates[c].inputs)
-            if named is not None or rec.get("made_at") is None:
+            if named is not None or summed or rec.get("made_at") is None:  # gradprobe's own sum is never split
                 return named
             return TermProbe.start(root, gradient, rec["made_at"], self.params, node_info,
                                    lambda i: self.cut_terms.get(i, []), lambda c: self.candidates[c].inputs)
         except Exception:  # a graph autograd.grad cannot take apart (a custom backward, freed buffers): no split, and
             return None  # the user's own backward() still runs as it would
 
-    def _cut_of(self, value: object) -> tuple[Tags, Location | None] | None:
-        """The cuts behind a value with no graph (a detached tensor, a number .item() returned), and the line of the
-        last one; None when no cut made it (a constant)."""
+    def _cut_of(self, value: object) -> tuple[Tags, Location | None, str] | None:
+        """The cuts behind a value with no graph (a detached tensor, a number .item() returned), the line and family of
+        the last one; None when no cut made it (a constant)."""
         hit = self.left_values.get(id(value)) if isinstance(value, float) else None
         tags = self.tags.get(id(value)) if isinstance(value, torch.Tensor) else (
             frozenset({hit[1]}) if hit is not None and hit[0] is value else None)
-        return (tags, self.candidates[max(tags)].location) if tags else None
+        last = self.candidates[max(tags)] if tags else None
+        return (tags, last.location, family_of(last.kind)) if tags and last is not None else None
 
     # ---- process boundaries -----------------------------------------------------------------
     def _pickled(self, tensor: Any) -> None:

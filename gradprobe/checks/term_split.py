@@ -71,6 +71,7 @@ class TermSplit:
     location: Location | None  # the user line that made the loss
     measured_shares: bool = False
     named: str | None = None  # "dict", "tuple" or "list": the terms are the entries a loss_fn returned
+    logged: list[dict[str, Any]] = field(default_factory=list)  # entries cut from the graph that are logged values
 
 
 def _children(node: Any) -> list[Any]:
@@ -227,14 +228,18 @@ class TermProbe:
     @classmethod
     def start_named(cls, root: torch.Tensor, gradient: Any, parts: LossParts, location: Location | None,
                     params: Mapping[int, torch.Tensor], node_info: Callable[[int], tuple[frozenset[int], Location | None]],
-                    cut_of: Callable[[object], tuple[frozenset[int], Location | None] | None],
+                    cut_of: Callable[[object], tuple[frozenset[int], Location | None, str] | None],
                     candidate_inputs: Callable[[int], list[torch.Tensor]]) -> TermProbe | None:
         """The probe of a total that gradprobe summed from the entries a loss_fn returned: each entry is a term, named
-        by its key or index; an entry with no graph behind it is a term that reaches nothing when a cut made it (a
-        detached tensor, a number .item() returned), else it is left out (a constant)."""
+        by its key or index. An entry with no graph behind it is a term that reaches nothing when a detach, an .item()
+        or NumPy cut it from a value that is no other entry; it is a logged value when it is such a copy of another
+        entry, or when it was computed under no_grad or through an op with no derivative (an accuracy); a constant is
+        left out."""
         reach = Reach({i for i, p in params.items() if p.requires_grad})
         terms: list[Term] = []
         edges: list[Edge] = []
+        logged: list[dict[str, Any]] = []
+        live = [v for _, v in parts.entries if isinstance(v, torch.Tensor) and v.requires_grad]
         for key, value in parts.entries:
             if isinstance(value, torch.Tensor) and value.requires_grad:
                 edge = get_gradient_edge(value)
@@ -242,13 +247,17 @@ class TermProbe:
                 terms.append(Term(len(terms), loc, reach.node(edge.node), cuts, name=key))
                 edges.append((edge.node, edge.output_nr))
             elif (cut := cut_of(value)) is not None:
-                tags, at = cut
+                tags, at, family = cut
+                why = _logged_why(family, candidate_inputs(max(tags)), live)
+                if why:
+                    logged.append({"entry": key, "why": why, "location": at})
+                    continue
                 terms.append(Term(len(terms), at, frozenset(), tags, cut=CutTerm(tags, at, location), name=key))
                 edges.append((None, 0))
         if len(terms) < 2:
             return None
-        return cls._measured(root, gradient, TermSplit(terms, location, named=parts.form), edges, params,
-                             candidate_inputs)
+        split = TermSplit(terms, location, named=parts.form, logged=logged)
+        return cls._measured(root, gradient, split, edges, params, candidate_inputs)
 
     @classmethod
     def _measured(cls, root: torch.Tensor, gradient: Any, split: TermSplit, edges: list[Edge],
@@ -300,6 +309,19 @@ class TermProbe:
         self._total = {}
         self._parts = {}
         return self.split
+
+
+_TERM_CUTS = ("detach", "left", "process")  # cuts that make a loss term a constant; no_grad or argmax make metrics
+
+
+def _logged_why(family: str, inputs: list[torch.Tensor], live: list[torch.Tensor]) -> str | None:
+    """Why an entry cut from the graph is a logged value rather than a term (None: it is a term that reaches nothing)."""
+    if family not in _TERM_CUTS:
+        return f"a value computed {'under no_grad' if family == 'no_grad' else 'through an op with no derivative'}: a metric"
+    nodes = {id(v.grad_fn) for v in live if v.grad_fn is not None}
+    if any(any(x is v for v in live) or (x.grad_fn is not None and id(x.grad_fn) in nodes) for x in inputs):
+        return "a detached copy of another entry: a logged value"
+    return None
 
 
 def _shared_cuts(terms: list[Term], edges: list[Edge], candidate_inputs: Callable[[int], list[torch.Tensor]]) -> None:
