@@ -88,3 +88,31 @@ async def test_healthy_autocast_models_stay_clean(client, spec, dtype, scaled):
     assert facts["dtype"] == dtype and facts["grad_scaler"] is scaled, facts
     if not scaled:  # bf16 has fp32's exponent range: measured, and nothing near the threshold
         assert facts["measured"] and max(r["underflow"] for r in facts["worst"]) < facts["underflow_threshold"], facts
+
+
+_SCRIPT_WITH_SCALER = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(1024, 64), nn.Tanh(), nn.Linear(64, 1024))
+nn.init.normal_(model[2].weight, std=1e-3)
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+scaler = torch.amp.GradScaler("cpu")
+for step in range(3):
+    clean = torch.randn(32, 1024) * 1e-2
+    opt.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = F.mse_loss(model(clean + 1e-3 * torch.randn(32, 1024)).float(), clean)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+'''
+
+
+@pytest.mark.anyio
+async def test_script_whose_step_runs_inside_its_autocast_is_not_judged(client, tmp_path):
+    """A script target's step is replayed inside the script's own autocast block, where its GradScaler ran before the
+    replay: the scaling is not seen, so GP708 judges nothing (this script scales its loss: a finding would be false)."""
+    (tmp_path / "train.py").write_text(_SCRIPT_WITH_SCALER)
+    report = await _diagnose(client, {"project_dir": str(tmp_path), "script": "train.py"})
+    assert not [f for f in report["findings"] if f["code"] == "GP708"], report["findings"]
+    assert "outside the observed step" in report["facts"]["autocast"]["skipped"], report["facts"]["autocast"]

@@ -246,6 +246,10 @@ def measure(loaded: Any, watch: AutocastWatch, step_failed: bool) -> UnderflowFa
                            scaled=bool(watch.scaler.facts.scaled))
     if facts.scaled:
         facts.skipped = "a GradScaler scaled the loss: its gradients are not measured against fp32"
+    elif not any(e.enabled for e in watch.entered):
+        # entered before the step (a script's own `with torch.autocast` around its replayed step, a caller's): whether
+        # a GradScaler scales that loss was not seen, so nothing is judged
+        facts.skipped = "autocast was entered outside the observed step: its loss scaling was not seen"
     elif step_failed or loaded.batch is None:
         facts.skipped = "the step did not finish, or there is no batch to rerun"
     elif sum(p.numel() for p in loaded.model.parameters()) > _MAX_COPY:
