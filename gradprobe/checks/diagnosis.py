@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks import compiled, gradcheck, optimizer, precision, prompt_tuning, registration, trace
+from gradprobe.checks import autocast_underflow, compiled, gradcheck, optimizer, precision, prompt_tuning, registration, trace
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks.carried_state import carried_graph_findings
 from gradprobe.checks._step import StepResult, param_names
@@ -51,6 +51,7 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "GP502": _CUTS | {"GP305"}, "GP505": _CUTS | {"GP303", "GP305", "GP308"}, "GP510": _CUTS | {"GP504", "GP109"},
     "GP511": _CUTS | {"GP303", "GP308"}, "GP508": frozenset({"GP503"}),
     "GP702": frozenset({"GP207", "GP306"}),  # fp16 weights: underflowed gradients are zero, tiny updates are lost
+    "GP708": frozenset({"GP207", "GP306"}),  # fp16 autocast, no GradScaler: underflowed gradients are zero
 }
 
 
@@ -123,6 +124,7 @@ class _Observed:
     opt: torch.optim.Optimizer | None
     before: Any  # the optimizer's snapshot of the model before the step, or None
     step_obs: Any  # optimizer.StepObserver of step() and zero_grad() calls, or None
+    amp: autocast_underflow.AutocastWatch  # the autocasts the step entered, and whether a GradScaler scaled the loss
 
 
 def _observe(loaded: Any, prompt_on: bool) -> _Observed:
@@ -140,6 +142,7 @@ def _observe(loaded: Any, prompt_on: bool) -> _Observed:
     direct = gradcheck.DirectForwardWatch(loaded.user)
     base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
     use = prompt_tuning.PromptUse(model, loaded.user, base)
+    amp = autocast_underflow.AutocastWatch(model, loaded.user)
     with contextlib.ExitStack() as stack:
         # where the step itself sets module attributes: lazily created state, parameters replaced on the first call
         stack.enter_context(BuildRecorder(loaded.user, loaded.record))
@@ -150,8 +153,9 @@ def _observe(loaded: Any, prompt_on: bool) -> _Observed:
         if base_obs is not None:
             stack.enter_context(base_obs)
         stack.enter_context(use)
+        stack.enter_context(amp)
         step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
-    return _Observed(tracer, grads, step, buffers, capture, direct, base_obs, use, opt, before, step_obs)
+    return _Observed(tracer, grads, step, buffers, capture, direct, base_obs, use, opt, before, step_obs, amp)
 
 
 def _not_stepped(loaded: Any, findings: list[Finding], facts: dict[str, Any]) -> bool:
@@ -250,6 +254,10 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
         if sfacts is not None:
             findings, facts[name] = findings + sfindings, sfacts
             facts["checks"].append(name)
+    afindings, afacts = autocast_underflow.underflow_findings(loaded, seen.amp, step.failed)  # GP708: fp16 underflow
+    if afacts is not None:
+        findings, facts["autocast"] = findings + afindings, afacts
+        facts["checks"].append("autocast")
     return findings, facts
 
 
