@@ -25,6 +25,7 @@ from gradprobe.checks.steps.modes import MODE_RULES
 from gradprobe.checks.steps.observe import StepObserver, norms
 from gradprobe.checks.steps.overfit import OVERFIT_RULES, overfit_one_batch, overfit_summary
 from gradprobe.checks.steps.ratio import RATIO_RULES
+from gradprobe.checks.steps.schedule import GP612
 from gradprobe.checks.steps.gradients import GP602
 from gradprobe.checks.steps.optimizer_owners import GP212, GP213, OwnersWatch
 from gradprobe.checks.steps.summary import facts_table, summary_lines
@@ -33,7 +34,7 @@ from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
 
-RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES + MODE_RULES + (GP611,)
+RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES + MODE_RULES + (GP611, GP612)
 _RANK = {r.code: r.rank for r in RULES + AMP_RULES + OVERFIT_RULES}
 MAX_STEPS = 32
 

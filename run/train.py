@@ -1,0 +1,1 @@
+/work/wt/accum28/examples/scripts/steps_scheduler_broken/train.py
