@@ -192,12 +192,13 @@ class _Run:
         step, moving, copies = self.observer.pre_step
         self.observer.pre_step = None
         scales = [s.scale for s in self.observer.scaler_steps if s.call == step.call and s.scale]
+        grad_calls = len(self.observer.grad_calls)
         try:
-            self.full_batch, self.full_batch_left_out = measure_full_batch(self.loaded, self.observer.opt_steps, step, moving, copies,
-                                                                           scales[-1] if scales else 1.0)
+            self.full_batch, self.full_batch_left_out = measure_full_batch(
+                self.loaded, self.observer.opt_steps, step, moving, copies, scales[-1] if scales else 1.0)
         except Exception as exc:  # ours, never the user's
             self.full_batch_left_out = f"the full-batch gradient could not be computed ({type(exc).__name__}: {exc})"[:300]
-        del copies
+        del self.observer.grad_calls[grad_calls:], copies  # our autograd.grad call is not the user's
 
     def run(self) -> None:
         moved: set[int] = set()

@@ -20,11 +20,10 @@ scaling under gradient accumulation).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.autograd import grad as _autograd_grad  # the original: the observer's wrapper is not entered here
 
 from gradprobe.checks._step import call_model
 from gradprobe.checks.steps.facts import AuditFacts, FullBatch, OptStep, at
@@ -126,7 +125,7 @@ def measure(loaded: Any, observed: list[OptStep], step: OptStep, moving: list[to
                 return None, "the loss on the whole batch is not a scalar that requires grad"
             groups = [[p for p in _group_params(step, moving, i) if p.requires_grad] for i in range(len(step.groups))]
             flat = [p for g in groups for p in g]
-            grads = _autograd_grad(loss, flat, allow_unused=True)
+            grads = torch.autograd.grad(loss, flat, allow_unused=True)
     finally:
         for p, d in zip(moving, trained, strict=True):
             p.data = d
@@ -146,8 +145,8 @@ def _norm(ts: list[torch.Tensor]) -> float:
     return float(sum(float((t.detach().double() ** 2).sum()) for t in ts) ** 0.5) if ts else 0.0
 
 
-def _compare(step: OptStep, index: int, groups: list[list[torch.Tensor]], grads: dict[int, torch.Tensor | None], source: str,
-             scale: float) -> FullBatch:
+def _compare(step: OptStep, index: int, groups: list[list[torch.Tensor]], grads: Mapping[int, torch.Tensor | None],
+             source: str, scale: float) -> FullBatch:
     rows: list[tuple[int, float | None, float | None]] = []
     acc_total = full_total = 0.0
     for g, params in zip(step.groups, groups, strict=True):
