@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-EXPECT = {"tool": "audit_training", "codes": ["GP611"], "culprits": [], "line": 36, "options": {"steps": 2}}
+EXPECT = {"tool": "audit_training", "codes": ["GP611"], "culprits": [], "line": 45, "options": {"steps": 2}}
 ACCUM = 4
 
 
