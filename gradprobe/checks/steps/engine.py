@@ -18,14 +18,14 @@ from gradprobe.checks.steps.accumulation import LossFactors, accumulation_lines,
 from gradprobe.checks.steps.amp import AMP_RULES, ScalerWatch
 from gradprobe.checks.steps.copies import AfterStep, UpdateWatch, kept_share, twins, versions
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, FullBatch, derive
-from gradprobe.checks.steps.fullbatch import GP611, full_batch_facts, full_batch_line
+from gradprobe.checks.steps.fullbatch import FULL_BATCH_RULES, full_batch_facts, full_batch_line
 from gradprobe.checks.steps.fullbatch import measure as measure_full_batch
 from gradprobe.checks.steps.gradients import GRADIENT_RULES
 from gradprobe.checks.steps.modes import MODE_RULES
 from gradprobe.checks.steps.observe import StepObserver, norms
 from gradprobe.checks.steps.overfit import OVERFIT_RULES, overfit_one_batch, overfit_summary
 from gradprobe.checks.steps.ratio import RATIO_RULES
-from gradprobe.checks.steps.schedule import GP612
+from gradprobe.checks.steps.schedule import SCHEDULE_RULES
 from gradprobe.checks.steps.gradients import GP602
 from gradprobe.checks.steps.optimizer_owners import GP212, GP213, OwnersWatch
 from gradprobe.checks.steps.summary import facts_table, summary_lines
@@ -34,7 +34,7 @@ from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
 
-RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES + MODE_RULES + (GP611, GP612)
+RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES + MODE_RULES + FULL_BATCH_RULES + SCHEDULE_RULES
 _RANK = {r.code: r.rank for r in RULES + AMP_RULES + OVERFIT_RULES}
 MAX_STEPS = 32
 

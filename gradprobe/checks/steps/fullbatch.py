@@ -46,6 +46,8 @@ GP611: Rule[AuditFacts] = Rule(
         "where the loss is computed) and remove the other, so that the accumulated gradient equals the full-batch one.",
 )
 
+FULL_BATCH_RULES: tuple[Rule[AuditFacts], ...] = (GP611,)
+
 # a ratio within this band of 1/k is 1/k (dropout and BatchNorm make the two gradients differ a little)
 LOW, HIGH = 0.75, 1.33
 

@@ -48,6 +48,8 @@ GP612: Rule[AuditFacts] = Rule(
     },
 )
 
+SCHEDULE_RULES: tuple[Rule[AuditFacts], ...] = (GP612,)
+
 # a period attribute of torch's LR schedulers, in scheduler.step() calls (LinearLR/ConstantLR's total_iters is a warm-up:
 # shorter than an epoch is normal there, and CyclicLR cycles within an epoch by design)
 _PERIODS = ("T_max", "step_size", "T_0", "total_steps")
