@@ -1,1 +1,0 @@
-/work/wt/accum28/examples/scripts/steps_scheduler_broken/train.py
