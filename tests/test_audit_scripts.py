@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, assert_expected
 
 SCRIPTS = ROOT / "examples" / "scripts"
-GP6 = [f"GP60{i}" for i in range(1, 10)] + ["GP610"]
+GP6 = [f"GP60{i}" for i in range(1, 10)] + ["GP610", "GP611", "GP612"]
 
 # (project, args, needs, expect): expect as in examples/broken's EXPECT
 CASES = [
@@ -39,6 +39,8 @@ CASES = [
     ("steps_gradient_penalty_broken", ["--steps=8"], None, {"codes": ["GP608"], "culprits": [], "line": 27}),
     ("steps_eval_mode", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP610"]}),
     ("steps_eval_mode_broken", ["--steps=8"], None, {"codes": ["GP610"], "culprits": [], "line": 27, "severity": "warning"}),
+    ("steps_onecycle", [], None, {"codes": [], "healthy": True, "absent": ["GP612"]}),
+    ("steps_onecycle_broken", [], None, {"codes": ["GP612"], "culprits": [], "line": 26, "severity": "warning"}),
 ]
 
 

@@ -134,7 +134,8 @@ def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptR
 
 def script_facts(observer: ScriptSteps, record: BuildRecord) -> AuditFacts:
     """The watched steps as audit_training's facts (the same dataclass the build_model()/train_step form fills)."""
-    from gradprobe.checks.steps.engine import _pair_ema, _schedule_site
+    from gradprobe.checks.steps.engine import _pair_ema, _schedule_site, _schedulers_of
+    from gradprobe.checks.steps.schedule import pace
     from gradprobe.checks.steps.facts import AuditFacts, derive
 
     observer.measure_outside()  # the interval after the last step, when the script ended there
@@ -158,5 +159,10 @@ def script_facts(observer: ScriptSteps, record: BuildRecord) -> AuditFacts:
                        optimizer_site=site[1] if site else None, scheduled=scheduled,
                        schedule_sites={k: v for k, v in sites.items() if v}, outside_moves=observer.outside, ema=ema,
                        scaler_steps=observer.scaler_steps, mode_calls=observer.mode_calls)
+    scheds = _schedulers_of(opt) if opt is not None else []
+    if len(scheds) == 1:  # one scheduler on the main optimizer (a SequentialLR and its parts are left alone)
+        found = pace(scheds[0], observer.events, id(opt), observer.done, observer.loader,
+                     observer.scheduler_sites.get(id(scheds[0])))
+        facts.schedules = [found] if found is not None else []
     derive(facts)
     return facts

@@ -54,6 +54,10 @@ class ScriptSteps(StepObserver):
         self.first_step_at: float | None = None  # perf_counter at the main optimizer's first step, and at its last
         self.last_step_at: float | None = None
         self.hook_seconds = 0.0  # time spent in the measurements since the first step
+        self._batches = 0  # DataLoader batches fetched since the main optimizer's last step
+        self._loader_len: int | None = None  # len() of the DataLoader that gave the last batch (None: no len)
+        self.loader: list[tuple[int | None, int]] = []  # per main step: (that len, batches fetched since the last step)
+        self.scheduler_sites: dict[int, dict | None] = {}  # id(scheduler) -> the user's line that built it
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run a measurement; if it fails, say so and measure nothing more (the script's own step must not fail)."""
@@ -160,6 +164,9 @@ class ScriptSteps(StepObserver):
         return (args[0], observed_closure, *args[2:]), kwargs
 
     def _measure(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if opt is self.main_opt:
+            self.loader.append((self._loader_len, self._batches))
+            self._batches = 0
         if opt is self.main_opt and self.model is None and opt is not None:
             self._choose_model(opt)
             self._ref = self._weights()
@@ -206,6 +213,32 @@ class ScriptSteps(StepObserver):
 
     def _after_backward(self) -> None:
         self._guarded(super()._after_backward)
+
+    def __enter__(self) -> ScriptSteps:
+        super().__enter__()
+        from torch.optim.lr_scheduler import LRScheduler
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        observer = self
+        orig_next, orig_init = _BaseDataLoaderIter.__next__, LRScheduler.__init__
+
+        def next_(it: Any) -> Any:
+            batch = orig_next(it)
+            if threading.get_ident() == observer.watch.main:
+                observer._batches += 1
+                try:
+                    observer._loader_len = len(it)
+                except TypeError:  # an IterableDataset without __len__
+                    observer._loader_len = None
+            return batch
+
+        def sched_init(sched: Any, *args: Any, **kwargs: Any) -> None:
+            observer.scheduler_sites.setdefault(id(sched), observer.user.innermost())
+            orig_init(sched, *args, **kwargs)
+
+        self._patch(_BaseDataLoaderIter, "__next__", next_)
+        self._patch(LRScheduler, "__init__", sched_init)
+        return self
 
     def _wrap_opt_init(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         base = super()._wrap_opt_init(orig)

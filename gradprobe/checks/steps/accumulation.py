@@ -103,6 +103,16 @@ def accumulation_lines(factors: list[float | None], facts: AuditFacts) -> list[s
     return []
 
 
+def factors_of_step(factors: list[float | None], facts: AuditFacts, index: int) -> list[float | None]:
+    """The constant factors of the backward() calls that fed optimizer step `index` (empty when not all were seen)."""
+    seen = sum(1 for e in facts.events if e.kind == "backward")
+    if len(factors) != seen:
+        return []
+    it = iter(factors)
+    groups = [[next(it) for _ in range(k)] for k in _per_step(facts)]
+    return groups[index] if index < len(groups) else []
+
+
 def _per_step(facts: AuditFacts) -> list[int]:
     """backward() calls in event order, grouped by the optimizer step they fed (the tail after the last step too)."""
     out, n = [], 0

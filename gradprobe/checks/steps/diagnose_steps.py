@@ -66,8 +66,8 @@ def add_steps(loaded: Any, steps: int, findings: list[Finding], facts: dict[str,
     report = audit_report(loaded, steps)
     audit_facts: dict[str, Any] = report.get("facts") or {}
     facts["steps"] = {k: audit_facts[k] for k in ("steps", "mode", "headline", "verdicts", "param_groups",
-                                                  "optimizer_steps", "order", "ema_copies", "grad_scaler", "verified",
-                                                  "step_error") if k in audit_facts}
+                                                  "optimizer_steps", "order", "ema_copies", "grad_scaler", "full_batch",
+                                                  "verified", "step_error") if k in audit_facts}
     facts["checks"].append("steps")
     if "headline" not in audit_facts:  # the audit did not run (script mode, no optimizer): say why
         facts["steps"]["note"] = report.get("summary", "")

@@ -14,15 +14,18 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import param_names, run_step
-from gradprobe.checks.steps.accumulation import LossFactors, accumulation_lines
+from gradprobe.checks.steps.accumulation import LossFactors, accumulation_lines, factors_of_step
 from gradprobe.checks.steps.amp import AMP_RULES, ScalerWatch
 from gradprobe.checks.steps.copies import AfterStep, UpdateWatch, kept_share, twins, versions
-from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, derive
+from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, FullBatch, derive
+from gradprobe.checks.steps.fullbatch import FULL_BATCH_RULES, full_batch_facts, full_batch_line
+from gradprobe.checks.steps.fullbatch import measure as measure_full_batch
 from gradprobe.checks.steps.gradients import GRADIENT_RULES
 from gradprobe.checks.steps.modes import MODE_RULES
 from gradprobe.checks.steps.observe import StepObserver, norms
 from gradprobe.checks.steps.overfit import OVERFIT_RULES, overfit_one_batch, overfit_summary
 from gradprobe.checks.steps.ratio import RATIO_RULES
+from gradprobe.checks.steps.schedule import SCHEDULE_RULES
 from gradprobe.checks.steps.gradients import GP602
 from gradprobe.checks.steps.optimizer_owners import GP212, GP213, OwnersWatch
 from gradprobe.checks.steps.summary import facts_table, summary_lines
@@ -31,7 +34,7 @@ from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
 
-RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES + MODE_RULES
+RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES + MODE_RULES + FULL_BATCH_RULES + SCHEDULE_RULES
 _RANK = {r.code: r.rank for r in RULES + AMP_RULES + OVERFIT_RULES}
 MAX_STEPS = 32
 
@@ -110,6 +113,9 @@ class _Run:
         self.error_location: dict | None = None
         self.limit: dict[str, Any] | None = None
         self.schedulers = _schedulers_of(loaded.optimizer) if loaded.train_step is None and loaded.optimizer else []
+        self.full_batch: FullBatch | None = None
+        self.full_batch_left_out: str | None = None
+        self.observer.keep_accumulating = loaded.train_step is not None
 
     def _params(self) -> dict[int, torch.Tensor]:
         out: dict[int, torch.Tensor] = {}
@@ -153,6 +159,8 @@ class _Run:
         for copy in self.trained:
             copy.kept += [kept[pid] for pid in copy.params if pid in kept]
         self.observer.close_window()
+        if self.observer.pre_step is not None:
+            self._full_batch()
         if not result.failed:
             for sched in self.schedulers:
                 sched.step()
@@ -176,6 +184,21 @@ class _Run:
             self.error_call, self.limit = k, result.resource_limit
             self.error_location = result.error_location
         return moved
+
+    def _full_batch(self) -> None:
+        """After the call: the same batch as one batch, from the weights before the first accumulated step (fullbatch.py);
+        gradprobe's own measurement, so a failure is a left-out note, never the user's error."""
+        assert self.observer.pre_step is not None
+        step, moving, copies = self.observer.pre_step
+        self.observer.pre_step = None
+        scales = [s.scale for s in self.observer.scaler_steps if s.call == step.call and s.scale]
+        grad_calls = len(self.observer.grad_calls)
+        try:
+            self.full_batch, self.full_batch_left_out = measure_full_batch(
+                self.loaded, self.observer.opt_steps, step, moving, copies, scales[-1] if scales else 1.0)
+        except Exception as exc:  # ours, never the user's
+            self.full_batch_left_out = f"the full-batch gradient could not be computed ({type(exc).__name__}: {exc})"[:300]
+        del self.observer.grad_calls[grad_calls:], copies  # our autograd.grad call is not the user's
 
     def run(self) -> None:
         moved: set[int] = set()
@@ -230,7 +253,8 @@ class _Run:
                            initial_optimizer=id(opt) if opt is not None else None, optimizer_site=site[1] if site else None,
                            scheduled=scheduled, schedule_sites={k: v for k, v in sites.items() if v},
                            outside_moves=self.outside, ema=self.ema, trained_copies=self.trained, step_error=self.error,
-                           scaler_steps=obs.scaler_steps, mode_calls=obs.mode_calls)
+                           scaler_steps=obs.scaler_steps, mode_calls=obs.mode_calls, full_batch=self.full_batch,
+                           full_batch_left_out=self.full_batch_left_out)
         derive(facts)
         return facts
 
@@ -268,6 +292,8 @@ def audit_report(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> dict:
     with ScalerWatch(loaded.user, run.observer) as amp, LossFactors() as factors:
         run.run()
     facts = run.facts()
+    if facts.full_batch is not None:
+        facts.full_batch.factors = factors_of_step(factors.factors, facts, facts.full_batch.step_index)
     findings: list[Finding] = run_rules(RULES, facts) + run_rules(AMP_RULES, amp.amp_facts(facts.scaler_steps))
     extra: dict[str, Any] = {}
     if overfit_steps > 0 and not run.error:
@@ -279,9 +305,11 @@ def audit_report(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> dict:
     if run.limit is not None:  # a memory limit stopped the step: a resource limit, not the code
         findings.append(resource_limit_finding(f"running step {run.error_call + 1}", run.limit,
                                                location=run.error_location))
-    measured = accumulation_lines(factors.factors, facts)
+    measured = accumulation_lines(factors.factors, facts) + full_batch_line(facts.full_batch)
     lines = summary_lines(facts, findings, measured) + ([line] if extra else [])
-    report = make_report("audit_training", findings, lines, **facts_table(facts, findings, measured), **extra)
+    fb = full_batch_facts(facts.full_batch, facts.full_batch_left_out)
+    report = make_report("audit_training", findings, lines, **facts_table(facts, findings, measured), **extra,
+                         **({"full_batch": fb} if fb else {}))
     if run.error and run.limit is None:
         first, _, rest = report["summary"].partition("\n")
         last = run.error.strip().splitlines()[-1]

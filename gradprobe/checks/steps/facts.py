@@ -155,6 +155,43 @@ class EmaCopy:
 
 
 @dataclass
+class FullBatch:
+    """After an optimizer step fed by k > 1 backward() calls: the gradient of the same batch as one batch (the target's
+    loss on it, from the pre-step weights), beside the accumulated one (fullbatch.py). Ratios are of the norms."""
+
+    call: int
+    k: int  # backward() calls that fed the step
+    location: dict | None  # the micro-batch backward() line
+    step_location: dict | None
+    loss: str  # what the full-batch loss was: "loss_fn" | "the model's .loss"
+    accumulated: float  # norm of the gradient after the last micro-batch backward() (before clipping)
+    full: float  # norm of the full-batch gradient
+    groups: list[tuple[int, float | None, float | None]] = field(default_factory=list)  # (group, accumulated, full)
+    zeroed_inside: bool = False  # zero_grad() ran between the micro-batches
+    step_index: int = 0  # its index among the observed optimizer steps
+    factors: list[float | None] = field(default_factory=list)  # each micro-batch loss's constant factor (accumulation.py)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.accumulated / self.full if self.full else None
+
+
+@dataclass
+class SchedulePace:
+    """An LR scheduler of the main optimizer against the data it is stepped over (script mode: schedule.py)."""
+
+    scheduler: str  # class name
+    period_name: str  # T_max, step_size, milestones, T_0, total_steps
+    period: int  # in scheduler.step() calls
+    scheduler_steps: int  # scheduler.step() calls over the watched optimizer steps
+    optimizer_steps: int  # optimizer steps watched
+    steps_per_epoch: int  # optimizer steps one pass over the DataLoader takes (its len / batches per step)
+    batches_per_epoch: int  # len() of the DataLoader the steps consumed
+    batches_per_step: float
+    location: dict | None  # where scheduler.step() is called (or where the scheduler was built, when never stepped)
+
+
+@dataclass
 class Verdict:
     name: str
     in_optimizer: bool
@@ -193,6 +230,9 @@ class AuditFacts:
     scaler_steps: list[ScalerStep] = field(default_factory=list)
     mode_calls: list[ModeCall] = field(default_factory=list)
     verdicts: dict[int, Verdict] = field(default_factory=dict)
+    full_batch: FullBatch | None = None
+    full_batch_left_out: str | None = None  # why the full-batch comparison was not made, when accumulation was seen
+    schedules: list[SchedulePace] = field(default_factory=list)
 
     def name(self, pid: int) -> str:
         return self.names.get(pid, f"<tensor {pid:#x}>")

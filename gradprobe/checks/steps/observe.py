@@ -110,6 +110,10 @@ class StepObserver:
         self.window: _GradWrites | None = None
         self.last_step_location: dict | None = None
         self._snap: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        # True: the first step fed by several backward() calls keeps its pre-step copy (the one the update norm took)
+        # here for the full-batch comparison (fullbatch.py), which frees it
+        self.keep_accumulating = False
+        self.pre_step: tuple[OptStep, list[torch.Tensor], list[torch.Tensor]] | None = None
         self._depth = 0
         self._stack = ExitStack()
         self.optimizers_seen: dict[int, Any] = {} if optimizer is None else {id(optimizer): optimizer}
@@ -367,6 +371,8 @@ class StepObserver:
         moving, copies = self._snap
         self._snap = None
         updates = norms(torch._foreach_sub([p.detach() for p in moving], copies)) if moving else []
+        if self.keep_accumulating and len(step.backwards) > 1 and self.pre_step is None:
+            self.pre_step, self.keep_accumulating = (step, moving, copies), False
         del copies
         upd = {id(p): u for p, u in zip(moving, updates, strict=True)}
         weights = dict(zip((id(p) for p in moving), norms(list(moving)), strict=True)) if moving else {}

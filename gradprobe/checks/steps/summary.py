@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, GroupStep, at, listed
+from gradprobe.checks.steps.schedule import schedule_lines
 from gradprobe.findings import Finding
 
 MAX_ROWS = 300
@@ -87,6 +88,7 @@ def verified(facts: AuditFacts, measured: list[str] | None = None) -> list[str]:
         skipped = sum(s.skipped for s in facts.scaler_steps)
         out.append(f"GradScaler: scale {_span([s.scale for s in facts.scaler_steps if s.scale is not None])}, "
                    f"{skipped} of {len(facts.scaler_steps)} optimizer steps skipped for inf/nan gradients")
+    out += schedule_lines(facts)
     counts = [s.state_step for s in facts.opt_steps if s.state_step is not None]
     if counts:
         out.append(f"optimizer state step count {_span(counts)} over the steps (never reset)")

@@ -28,7 +28,10 @@ non-zero gradient at step time, moved. Findings: accumulation not averaged or ze
 state lost (GP607), a gradient penalty without create_graph (GP608), a broken EMA copy (GP609),
 clipping before scaler.unscale_ (GP615), a GradScaler that skips every step (GP617), a group
 whose update is half its weights or more at every step (GP618), every dropout module in eval
-mode while training (GP610).
+mode while training (GP610), accumulation divided twice: the accumulated gradient 1/k of the
+full-batch one (GP611; facts.full_batch: that ratio per group, measured after the step when
+accumulation is seen and the target has a loss), an LR schedule in epochs stepped per batch or the
+reverse (GP612; script mode, from the DataLoader's length).
 When nothing is wrong, facts.verified lists what was measured. `overfit_steps` (opt-in, e.g. 20) then
 runs that many more steps on the same batch and checks that the loss goes down, per loss term
 (facts.overfit_one_batch; GP616 when it does not, with the parameters that did not move). The result

@@ -1,0 +1,34 @@
+"""A one-cycle schedule sized in batches (epochs x len(loader)) but stepped once per epoch: over the whole run the
+learning rate only climbs the first tenth of its warm-up.
+
+Written from https://github.com/sthalles/SimCLR/issues/8 (T_max=len(train_loader) with scheduler.step() called once
+per epoch: the learning rate does not follow the intended schedule) and https://github.com/skorch-dev/skorch/issues/610.
+
+    python train.py --epochs 10
+"""
+
+import argparse
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=10)
+args = parser.parse_args()
+torch.manual_seed(0)
+
+data = TensorDataset(torch.randn(400, 8), torch.randint(0, 3, (400,)))
+loader = DataLoader(data, batch_size=16, shuffle=True)
+model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2, epochs=args.epochs,
+                                                steps_per_epoch=len(loader))
+
+for _epoch in range(args.epochs):
+    for x, y in loader:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    scheduler.step()

@@ -1,0 +1,26 @@
+"""The healthy twin of steps_scheduler_broken: the cosine schedule over epochs is stepped once per epoch."""
+
+import argparse
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=10)
+args = parser.parse_args()
+torch.manual_seed(0)
+
+data = TensorDataset(torch.randn(400, 8), torch.randint(0, 3, (400,)))
+loader = DataLoader(data, batch_size=16, shuffle=True)
+model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
+
+for _epoch in range(args.epochs):
+    for x, y in loader:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    scheduler.step()

@@ -1,0 +1,163 @@
+"""The accumulated gradient against the full-batch one, and GP611 (accumulation divided twice).
+
+When an optimizer step of the build_model()/train_step form is fed by k > 1 backward() calls, the observer keeps the
+pre-step copy of the weights its update norm already took (observe.py `keep_accumulating`; one copy, once per audit).
+After the user's call has returned, `measure` puts those weights back for a moment and takes the gradient of the
+same batch as ONE batch: the target's `loss_fn(model(batch), batch)` (or the model's own `.loss`), with
+torch.autograd.grad, so no `.grad` is touched; the random state and the buffers (BatchNorm statistics) are restored
+and the trained weights put back. A target with neither a loss_fn nor a `.loss` is not measured (its default loss is
+a random projection, not the step's loss). Nothing here is blamed on the user: a failure is a left-out line.
+
+With micro-batches of one batch, the accumulated gradient should equal the full-batch one (ratio 1.00). A ratio of
+1/k means the loss was divided by k twice (`loss / accum` inside the step and again by the trainer); a ratio of k, not
+divided at all (GP601). A token-mean loss normalised by the whole batch's token count has a constant factor far from
+1/k but a ratio of 1.00: the ratio, not the factor, tells them apart.
+
+Public reports: https://github.com/llm-random/llm-random/pull/529 ("losses are already divided by grad accumulation
+steps", fixing a second division), https://github.com/huggingface/transformers/pull/35207 (the Trainer's loss
+scaling under gradient accumulation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from gradprobe.checks._step import call_model
+from gradprobe.checks.steps.facts import AuditFacts, FullBatch, OptStep, at
+from gradprobe.findings import Finding, Rule
+
+GP611: Rule[AuditFacts] = Rule(
+    code="GP611", name="accumulation-divided-twice", severity="error", rank=40,
+    summary="Gradient accumulation divides the loss by the number of micro-batches twice: the accumulated gradient is "
+            "1/k of the full-batch gradient.",
+    why="Dividing each of k micro-batch losses by k makes the accumulated gradient equal to the full batch's. Dividing "
+        "again (the step divides by `accum_steps` and so does the trainer, or a loss already averaged over the whole "
+        "batch is divided by k) leaves a gradient k times too small: the learning rate is effectively divided by k and "
+        "gradient clipping thresholds mean something else. Nothing raises; training is just slower.",
+    example="loss = loss_fn(model(mb)) / accum_steps   # and later\n(loss / accum_steps).backward()",
+    message="{k} backward() calls from {line} feed one optimizer step ({step_line}); measured after it, from the same "
+            "pre-step weights, the gradient of the same batch as one batch ({loss}) has norm {full:.4g} and the "
+            "accumulated one {accumulated:.4g}: ratio {ratio:.3f}, 1/{k}. Each micro-batch loss was multiplied by "
+            "{factor} before backward(): the division by {k} is applied twice.",
+    fix="Divide each micro-batch loss by the number of accumulation steps once: keep one `/ accum_steps` (at {line} or "
+        "where the loss is computed) and remove the other, so that the accumulated gradient equals the full-batch one.",
+)
+
+FULL_BATCH_RULES: tuple[Rule[AuditFacts], ...] = (GP611,)
+
+# a ratio within this band of 1/k is 1/k (dropout and BatchNorm make the two gradients differ a little)
+LOW, HIGH = 0.75, 1.33
+
+
+@GP611.detector
+def detect_divided_twice(facts: AuditFacts) -> Iterator[Finding]:
+    fb = facts.full_batch
+    if fb is None or fb.k < 2 or fb.zeroed_inside or fb.ratio is None:
+        return
+    if LOW <= fb.ratio * fb.k <= HIGH:
+        factor = _factor_text(fb)
+        yield GP611.finding(location=fb.location, evidence=_evidence(fb), k=fb.k, line=at(fb.location),
+                            step_line=at(fb.step_location), loss=fb.loss, full=fb.full, accumulated=fb.accumulated,
+                            ratio=fb.ratio, factor=factor)
+
+
+def _factor_text(fb: FullBatch) -> str:
+    known = {round(f, 12) for f in fb.factors if f is not None}
+    if len(known) == 1 and len(fb.factors) == fb.k:
+        f = known.pop()
+        return f"{f:.4g} (1/{1 / f:.4g})" if f else "0"
+    return "a constant factor"
+
+
+def _evidence(fb: FullBatch) -> dict[str, Any]:
+    return {"micro_batches": fb.k, "accumulated_norm": fb.accumulated, "full_batch_norm": fb.full,
+            "ratio": round(fb.ratio, 6) if fb.ratio is not None else None, "full_batch_loss": fb.loss,
+            "loss_factors": fb.factors,
+            "per_group": [{"group": g, "accumulated": a, "full_batch": f,
+                           "ratio": round(a / f, 6) if a is not None and f else None} for g, a, f in fb.groups]}
+
+
+def full_batch_facts(fb: FullBatch | None, left_out: str | None) -> dict[str, Any]:
+    """facts.full_batch: the measured ratio per group, or why it was not measured."""
+    if fb is None:
+        return {"left_out": left_out} if left_out else {}
+    return {"step": fb.call + 1, "at": at(fb.step_location), **_evidence(fb)}
+
+
+def full_batch_line(fb: FullBatch | None) -> list[str]:
+    """The all-clear line: the accumulated gradient as a multiple of the full-batch gradient, per group."""
+    if fb is None or fb.ratio is None:
+        return []
+    groups = "; ".join(f"group {g} {a / f:.3f}x" for g, a, f in fb.groups if a is not None and f)
+    return [f"accumulated gradient of {fb.k} micro-batches (step {fb.call + 1}, {at(fb.step_location)}) against the "
+            f"gradient of the same batch as one batch ({fb.loss}, same pre-step weights, measured after the step): "
+            f"{fb.ratio:.3f}x (norms {fb.accumulated:.4g} and {fb.full:.4g})" + (f"; {groups}" if groups else "")]
+
+
+def _loss(loaded: Any, out: Any) -> tuple[torch.Tensor | None, str]:
+    if loaded.loss_fn is not None:
+        return loaded.loss_fn(out, loaded.batch), "loss_fn on the whole batch"
+    hf = getattr(out, "loss", None) if not isinstance(out, torch.Tensor) else None
+    return (hf, "the model's .loss on the whole batch") if isinstance(hf, torch.Tensor) else (None, "")
+
+
+def measure(loaded: Any, observed: list[OptStep], step: OptStep, moving: list[torch.Tensor], copies: list[torch.Tensor],
+            scale: float = 1.0) -> tuple[FullBatch | None, str | None]:
+    """The full-batch gradient from the pre-step weights `copies` (of `moving`), beside the step's accumulated one."""
+    if loaded.train_step is None:
+        return None, "the default step runs one backward() per step"
+    model = loaded.model
+    index = next(i for i, s in enumerate(observed) if s is step)
+    trained = [p.data for p in moving]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    try:
+        for p, c in zip(moving, copies, strict=True):
+            p.data = c
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            out = call_model(model, loaded.batch)
+            loss, source = _loss(loaded, out)
+            if loss is None:
+                return None, ("no loss_fn: the full-batch gradient needs the step's loss on the whole batch (give "
+                              "`loss`, loss_fn(output, batch)); the model's output has no .loss")
+            if loss.numel() != 1 or not loss.requires_grad:
+                return None, "the loss on the whole batch is not a scalar that requires grad"
+            groups = [[p for p in _group_params(step, moving, i) if p.requires_grad] for i in range(len(step.groups))]
+            flat = [p for g in groups for p in g]
+            grads = torch.autograd.grad(loss, flat, allow_unused=True)
+    finally:
+        for p, d in zip(moving, trained, strict=True):
+            p.data = d
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+    by_id = {id(p): g for p, g in zip(flat, grads, strict=True)}
+    return _compare(step, index, groups, by_id, source, scale), None
+
+
+def _group_params(step: OptStep, moving: list[torch.Tensor], index: int) -> list[torch.Tensor]:
+    ids = set(step.groups[index].params)
+    return [p for p in moving if id(p) in ids]
+
+
+def _norm(ts: list[torch.Tensor]) -> float:
+    return float(sum(float((t.detach().double() ** 2).sum()) for t in ts) ** 0.5) if ts else 0.0
+
+
+def _compare(step: OptStep, index: int, groups: list[list[torch.Tensor]], grads: Mapping[int, torch.Tensor | None],
+             source: str, scale: float) -> FullBatch:
+    rows: list[tuple[int, float | None, float | None]] = []
+    acc_total = full_total = 0.0
+    for g, params in zip(step.groups, groups, strict=True):
+        full = _norm([t for p in params if (t := grads.get(id(p))) is not None])
+        acc = g.grad_after_backward / scale if g.grad_after_backward is not None else None
+        rows.append((g.index, acc, full if params else None))
+        acc_total += (acc or 0.0) ** 2
+        full_total += full ** 2
+    zeroed = any(0 < n < len(step.backwards) for _, n in step.zero_grads_between)
+    return FullBatch(call=step.call, step_index=index, k=len(step.backwards), location=step.backwards[0].location,
+                     step_location=step.location, loss=source, accumulated=acc_total ** 0.5, full=full_total ** 0.5,
+                     groups=rows, zeroed_inside=zeroed)
