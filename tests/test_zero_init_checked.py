@@ -75,3 +75,14 @@ async def test_one_step_alone_does_not_call_it_by_design(client, tmp_path):
     report = await _findings(client, tmp_path, "trace_grad_path", example="gp306_lora_b_grad_clipped_to_zero.py")
     [f] = _gp306(report)
     assert f["severity"] == "info" and "which one step cannot show" in f["message"], f
+
+
+@pytest.mark.anyio
+async def test_diagnose_with_steps_settles_the_claim_on_its_own_steps(client):
+    result = await client.call_tool("diagnose", {"target": {"project_dir": str(EXAMPLES),
+                                                            "model": "gp306_lora_b_grad_clipped_to_zero.py"}, "steps": 2})
+    report = result.structured_content
+    [f] = _gp306(report)
+    assert f["severity"] == "error" and "never moved over 2 real optimizer step(s)" in f["message"], f
+    assert {"GP605", "GP306"} <= {g["code"] for g in report["findings"]}
+    assert report["facts"]["zero_init_checked"]["steps"] == 2
