@@ -71,6 +71,17 @@ async def test_a_partner_in_a_group_with_lr_zero_names_the_optimizer_line(client
 
 
 @pytest.mark.anyio
+async def test_a_partner_an_optimizer_filter_left_out_names_the_filter(client, tmp_path):
+    source = (EXAMPLES / "healthy_lora_b_clip_positive.py").read_text().replace(
+        "if p.requires_grad]", "if p.requires_grad and p.detach().any()]")  # leaves out B = 0
+    report = await _findings(client, tmp_path, source=source)
+    [f] = _gp306(report)
+    assert f["severity"] == "error" and "is in no parameter group of the optimizer" in f["message"], f
+    assert f["location"]["line"] == _line(tmp_path / "case.py", "p.detach().any()]")
+    assert f["evidence"]["partner_verdict"] == "not-in-optimizer"
+
+
+@pytest.mark.anyio
 async def test_one_step_alone_does_not_call_it_by_design(client, tmp_path):
     report = await _findings(client, tmp_path, "trace_grad_path", example="gp306_lora_b_grad_clipped_to_zero.py")
     [f] = _gp306(report)
