@@ -294,6 +294,10 @@ def diagnose_report(loaded: Any, steps: int = 0) -> dict[str, Any]:
 
         kept, steps_lines = add_steps(loaded, steps, kept, facts)
         kept = fold(kept)
+    elif "note" not in facts:  # "by design, a zero-initialised partner" is checked over real steps (issue 27, item 6)
+        from gradprobe.checks.steps.diagnose_steps import check_by_design
+
+        kept = fold(check_by_design(loaded, kept, facts))
     table = facts.get("per_parameter", [])
     names_in_table = {r["name"] for r in table}
     rows = table + [r for r in _unregistered_rows(kept) if r["name"] not in names_in_table]

@@ -6,12 +6,16 @@ Each rule reads the measured `TraceFacts` (checks/gradient_facts.py) after the c
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from gradprobe.checks._step import module_of
 from gradprobe.checks.gradient_facts import TraceFacts
 from gradprobe.checks.rule_text import line_of, listed
 from gradprobe.checks.zeroing_rules import zeroed_ids
 from gradprobe.findings import Finding, Rule, Situation
+
+if TYPE_CHECKING:
+    from gradprobe.checks.steps.partners import PartnerFacts
 
 GP306: Rule[TraceFacts] = Rule(
     code="GP306", name="zero-gradient", severity="warning", rank=99,
@@ -25,12 +29,69 @@ GP306: Rule[TraceFacts] = Rule(
     fix="Check masks, ignore-index labels and activations on the path of this parameter.",
     situations={
         "initialisation": Situation(
-            when="a zero-initialised partner multiplies the parameter (LoRA B, a gate that starts closed)",
+            when="a zero-initialised partner multiplies the parameter (LoRA B, a gate that starts closed), seen at one "
+                 "step only (trace_grad_path, a script's first step)",
             severity="info",
             message="{count} parameter(s) got an exactly-zero gradient at this step because a zero-initialised partner "
-                    "multiplies them ({partners}): by design (a LoRA B, a gate that starts closed); they get gradients "
-                    "once the partner has moved.",
-            fix="Nothing to fix if the partner is zero-initialised on purpose."),
+                    "multiplies them ({partners}): expected at the first step (a LoRA B, a gate that starts closed), and "
+                    "by design only if the partner moves at the next steps, which one step cannot show.",
+            fix="Nothing to fix if the partner is zero-initialised on purpose and moves: audit_training (or diagnose on "
+                "a build_model() target) runs real optimizer steps and checks that it does."),
+        "initialisation_checked": Situation(
+            when="a zero-initialised partner multiplies the parameter, and real optimizer steps showed the partner move "
+                 "and the parameter then get a gradient",
+            severity="info",
+            message="{count} parameter(s) got an exactly-zero gradient at the diagnosed step because a zero-initialised "
+                    "partner multiplies them ({partners}); checked over {steps} more real optimizer step(s) after it: "
+                    "{measured}. By design (a LoRA B, a gate that starts closed).",
+            fix="Nothing to fix: the partner is zero-initialised on purpose, and it trains."),
+        "partner_zeroed": Situation(
+            when="the zero-initialised partner never moved because its gradient was written to zero (or None) between "
+                 "backward() and optimizer.step() at every step",
+            severity="error",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient because a zero-initialised partner "
+                    "multiplies them ({partners}), and the partner never moved over {steps} real optimizer step(s): its "
+                    "gradient was non-zero after backward() (norm {before:.3g}) and {after} when optimizer.step() ran, "
+                    "written by {op} at {line}. Not by design: while the partner stays zero they never get a gradient.",
+            fix="Keep {op} at {line} from writing the gradient of {partners} to zero before optimizer.step(): check "
+                "which parameters it selects and its threshold (a clip value of 0 zeroes every gradient); a "
+                "zero-initialised partner must be updated for the parameters it multiplies to learn."),
+        "partner_lr_zero": Situation(
+            when="the zero-initialised partner never moved because its parameter group's learning rate was 0 at every step",
+            severity="error",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient because a zero-initialised partner "
+                    "multiplies them ({partners}), and the partner never moved over {steps} real optimizer step(s): its "
+                    "parameter group's learning rate was {lrs} when optimizer.step() ran ({line}). Not by design: while "
+                    "the partner stays zero they never get a gradient.",
+            fix="Give the parameter group that holds {partners} a positive learning rate where it is set ({line}); a "
+                "zero-initialised partner with lr 0 keeps the parameters it multiplies at a zero gradient for good."),
+        "partner_not_in_optimizer": Situation(
+            when="the zero-initialised partner never moved because it is in no parameter group of the optimizer",
+            severity="error",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient because a zero-initialised partner "
+                    "multiplies them ({partners}), and the partner never moved over {steps} real optimizer step(s): it "
+                    "gets a gradient but is in no parameter group of the optimizer ({line}). Not by design: while the "
+                    "partner stays zero they never get a gradient.",
+            fix="Add {partners} to the optimizer built at {line} (an optimizer filter that keeps one half of an adapter "
+                "and leaves out its zero-initialised half trains neither)."),
+        "partner_stuck": Situation(
+            when="the zero-initialised partner never moved over the steps for another measured reason (frozen, a "
+                 "non-finite gradient, no gradient, a step that left it unchanged)",
+            severity="error",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient because a zero-initialised partner "
+                    "multiplies them ({partners}), and the partner never moved over {steps} real optimizer step(s): "
+                    "{reason}. Not by design: while the partner stays zero they never get a gradient.",
+            fix="Find what keeps {partners} from changing ({reason}) and let optimizer.step() update it; the parameters "
+                "it multiplies get a gradient only once it has moved."),
+        "partner_moved_still_zero": Situation(
+            when="the zero-initialised partner moved over the steps, but the parameter still got an exactly-zero "
+                 "gradient at every step after it",
+            severity="warning",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient at every one of {steps} real optimizer "
+                    "step(s), although the zero-initialised partner said to explain it ({partners}) moved: the zero is "
+                    "not the initialisation (masked out, a dead ReLU, ignored labels?).",
+            fix="The partner moves, so look elsewhere: check the masks, activations and ignore-index labels on the path "
+                "from {partners} to {names}."),
     },
 )
 
@@ -97,6 +158,98 @@ def zero_gradient(facts: TraceFacts) -> Iterator[Finding]:
         yield GP306.finding("initialisation", parameters=list(init_names),
                             evidence={"zero_initialised_partners": init_names}, count=len(init_names),
                             partners=listed(sorted(set(init_names.values())), 3))
+
+
+# the partner's verdict over the steps (checks/steps/facts.py) -> the situation that says what kept it still
+_STOPPED_BY = {"zeroed-between": "partner_zeroed", "lr-zero": "partner_lr_zero", "not-in-optimizer": "partner_not_in_optimizer"}
+_STUCK = {
+    "frozen": "it was frozen (requires_grad=False) when the steps ran",
+    "nonfinite": "its gradient was inf or nan when optimizer.step() ran",
+    "no-grad": "it got no gradient at any of the steps",
+    "zero-grad": "its gradient was exactly zero at every step",
+    "zeroed-between": "its gradient was written to zero between backward() and optimizer.step()",
+    "outside-optimizer-no-grad": "it is in no parameter group of the optimizer and got no gradient at the next steps",
+    "not-moved": "it had a finite non-zero gradient and a non-zero learning rate, and optimizer.step() still left it "
+                 "unchanged",
+}
+MAX_MEASURED = 3  # partners whose measurements the checked finding spells out
+
+
+def _measured(checks: list[PartnerFacts]) -> str:
+    parts = []
+    for c in checks[:MAX_MEASURED]:
+        by = f" (update norm {c.moved_by:.3g})" if c.moved_by is not None else " (outside the optimizer)"
+        parts.append(f"{c.partner} moved at step {(c.moved_at or 0) + 1}{by} and the parameters it multiplies had a "
+                     f"gradient of norm {c.grad_norm or 0.0:.3g} at step {(c.grad_at or 0) + 1}")
+    more = len(checks) - MAX_MEASURED
+    return "; ".join(parts) + (f"; {more} more partner(s) likewise" if more > 0 else "")
+
+
+def _situation(c: PartnerFacts) -> str:
+    situation = _STOPPED_BY.get(c.reason, "partner_stuck")
+    if situation == "partner_zeroed" and not c.op and c.location is None:
+        return "partner_stuck"  # the write was not seen: say what was measured, without a line
+    return situation
+
+
+def _stuck_finding(group: list[PartnerFacts]) -> Finding:
+    """Partners that never moved for the same measured reason at the same line: what kept them still, at that line."""
+    c = group[0]
+    situation = _situation(c)
+    params = [p for g in group for p in g.params]
+    partners = sorted(g.partner for g in group)
+    evidence: dict[str, Any] = {"zero_initialised_partners": {p: g.partner for g in group for p in g.params},
+                                "steps": c.steps, "partner_verdict": c.reason, "partners_moved": False}
+    fields: dict[str, Any] = {}
+    if situation == "partner_zeroed":
+        evidence.update(grad_norm_after_backward=c.grad_before, grad_at_step=c.grad_after, op=c.op)
+        fields = {"before": c.grad_before or 0.0, "after": "None" if c.grad_after is None else "zero",
+                  "op": f"`{c.op}`" if c.op else "the call"}
+    elif situation == "partner_lr_zero":
+        evidence["lr_as_applied"] = c.lrs
+        fields = {"lrs": "0 at each step" if c.lrs else "0"}
+    return GP306.finding(situation, parameters=params, location=c.location, evidence=evidence, count=len(params),
+                         names=listed(params, 6), partners=listed(partners, 3), steps=c.steps,
+                         line=line_of(c.location) if c.location else "a line outside the project",
+                         reason=_STUCK.get(c.reason, c.reason), **fields)
+
+
+def checked_initialisation(claim: Finding, checks: list[PartnerFacts]) -> list[Finding]:
+    """diagnose's GP306 `initialisation` claim, settled by real optimizer steps (checks/steps/partners.py): info with
+    the measurements where every partner moved and the parameters then got a gradient; otherwise, for the partners
+    that did not, a finding that says what kept them still, at that line (and never that it is by design)."""
+    out: list[Finding] = []
+    claimed: dict[str, str] = claim["evidence"].get("zero_initialised_partners") or {}
+    checked = {p for c in checks for p in c.params}
+    left = {p: q for p, q in claimed.items() if p not in checked}  # partners the steps could not find: as claimed
+    if left:
+        out.append(GP306.finding("initialisation", parameters=list(left), evidence={"zero_initialised_partners": left},
+                                 count=len(left), partners=listed(sorted(set(left.values())), 3)))
+    ok = [c for c in checks if c.verified]
+    if ok:
+        params = [p for c in ok for p in c.params]
+        out.append(GP306.finding("initialisation_checked", parameters=params,
+                                 evidence={"zero_initialised_partners": {p: c.partner for c in ok for p in c.params},
+                                           "checked_over_steps": ok[0].steps,
+                                           "partners_moved": {c.partner: {"step": (c.moved_at or 0) + 1,
+                                                                          "update_norm": c.moved_by} for c in ok},
+                                           "gradient_after": {c.partner: {"step": (c.grad_at or 0) + 1,
+                                                                          "grad_norm": c.grad_norm} for c in ok}},
+                                 count=len(params), partners=listed(sorted(c.partner for c in ok), 3),
+                                 steps=ok[0].steps, measured=_measured(ok)))
+    stuck: dict[tuple[str, Any, Any, str], list[PartnerFacts]] = {}
+    for c in checks:
+        if c.verified:
+            continue
+        if c.moved_at is not None:
+            out.append(GP306.finding("partner_moved_still_zero", parameters=c.params,
+                                     evidence={"zero_initialised_partner": c.partner, "steps": c.steps,
+                                               "partner_moved_at_step": c.moved_at + 1},
+                                     count=len(c.params), names=listed(c.params, 6), partners=c.partner, steps=c.steps))
+            continue
+        where = c.location or {}
+        stuck.setdefault((_situation(c), where.get("file"), where.get("line"), c.reason), []).append(c)
+    return out + [_stuck_finding(group) for group in stuck.values()]
 
 
 @GP307.detector

@@ -1,21 +1,74 @@
 """`diagnose` with `steps` > 0: after diagnose's one observed step, the several-steps audit runs on the same load,
 and its findings and measurements join diagnose's report.
 
-What the steps measured also settles one of diagnose's own findings: parameters outside every optimizer that
-still require grad (GP201 param-not-in-optimizer) are an EMA copy by design when an EMA-like update moved each of
-them at every observed step (a mean teacher, a BYOL/DINO target left with requires_grad=True); GP201 is then not
-raised for them, and the summary says what was measured instead.
+What the steps measured also settles two of diagnose's own findings:
+- parameters outside every optimizer that still require grad (GP201 param-not-in-optimizer) are an EMA copy by design
+  when an EMA-like update moved each of them at every observed step (a mean teacher, a BYOL/DINO target left with
+  requires_grad=True); GP201 is then not raised for them, and the summary says what was measured instead;
+- a zero gradient that a zero-initialised partner explains (GP306 `initialisation`, LoRA's A behind B = 0) is by
+  design only if the partner moves and the parameters then get a gradient. That claim is checked over real steps
+  (issue 27, item 6): these steps when `steps` > 0, else CHECK_STEPS more, run after every other check and only when
+  the claim is made. The finding keeps its info with the measurements, or says what kept the partner still, at
+  that line (its gradient zeroed before the step, lr 0, in no group, ...).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from gradprobe.checks.gradient_rules import GP306, checked_initialisation
 from gradprobe.checks.optimizer import GP201
-from gradprobe.checks.steps.engine import audit_report
+from gradprobe.checks.steps.engine import audit_run
+from gradprobe.checks.steps.facts import AuditFacts
+from gradprobe.checks.steps.partners import partner_facts
 from gradprobe.findings import Finding
 
 MAX_VERIFIED = 8
+CHECK_STEPS = 3  # optimizer steps that check a zero-initialised partner moves, when diagnose runs no steps of its own
+
+
+def _is_script(loaded: Any) -> bool:
+    return isinstance(getattr(loaded, "info", None), dict) and "script_step" in loaded.info
+
+
+def _claims(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f["code"] == GP306.code and f["severity"] == "info"
+            and "zero_initialised_partners" in f["evidence"] and "checked_over_steps" not in f["evidence"]]
+
+
+def check_by_design(loaded: Any, findings: list[Finding], facts: dict[str, Any],
+                    audit: AuditFacts | None = None) -> list[Finding]:
+    """Settle GP306's "zero-initialised partner" claims over real optimizer steps: `audit`'s, or CHECK_STEPS run now
+    (after every other check, so that none of them reads the state these steps leave)."""
+    claims = _claims(findings)
+    if not claims or _is_script(loaded):  # a script is never replayed: its one-step info says how to check it
+        return findings
+    if audit is None:
+        if loaded.train_step is None and loaded.optimizer is None:
+            return findings  # nothing steps the partner: the one-step info stays
+        try:
+            _, audit = audit_run(loaded, CHECK_STEPS)
+        except Exception as exc:  # a measurement of gradprobe's that fails is left out and named, never the report
+            facts["zero_init_checked"] = {"left_out": f"{type(exc).__name__}: {exc}"[:300]}
+            return findings
+    if audit is None:
+        return findings
+    out = [f for f in findings if not any(f is c for c in claims)]
+    checked = []
+    for claim in claims:
+        checks = partner_facts(audit, claim["evidence"]["zero_initialised_partners"])
+        if audit.step_error and not all(c.verified for c in checks):
+            out.append(claim)  # the steps raised before the partner could move: nothing settled
+            continue
+        out += checked_initialisation(claim, checks)
+        checked += [{"partner": c.partner, "parameters": c.params, "verdict": c.reason, "verified": c.verified,
+                     "moved_at_step": None if c.moved_at is None else c.moved_at + 1, "update_norm": c.moved_by,
+                     "gradient_at_step": None if c.grad_at is None else c.grad_at + 1, "grad_norm": c.grad_norm}
+                    for c in checks]
+    facts["zero_init_checked"] = {"steps": audit.calls, "partners": checked}
+    if "steps" not in facts.get("checks", ["steps"]):
+        facts["checks"].append("zero-init partners over steps")
+    return out
 
 
 def ema_moved(audit_facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -58,12 +111,12 @@ def settle_ema(findings: list[Finding], moved: dict[str, dict[str, Any]], steps:
 
 def add_steps(loaded: Any, steps: int, findings: list[Finding], facts: dict[str, Any]) -> tuple[list[Finding], list[str]]:
     """Run the audit after diagnose's step; its findings join `findings`, its facts go in facts["steps"]."""
-    if isinstance(getattr(loaded, "info", None), dict) and "script_step" in loaded.info:  # a script: never replayed
+    if _is_script(loaded):  # a script: never replayed
         note = ("for a script, audit_training watches the script's own loop for that many optimizer steps "
                 "(diagnose checked its first step)")
         facts["steps"] = {"note": note}
         return findings, [f"Steps: not audited here ({note})."]
-    report = audit_report(loaded, steps)
+    report, audit = audit_run(loaded, steps)
     audit_facts: dict[str, Any] = report.get("facts") or {}
     facts["steps"] = {k: audit_facts[k] for k in ("steps", "mode", "headline", "verdicts", "param_groups",
                                                   "optimizer_steps", "order", "ema_copies", "grad_scaler", "full_batch",
@@ -72,7 +125,8 @@ def add_steps(loaded: Any, steps: int, findings: list[Finding], facts: dict[str,
     if "headline" not in audit_facts:  # the audit did not run (script mode, no optimizer): say why
         facts["steps"]["note"] = report.get("summary", "")
         return findings, [f"Steps: not audited ({report.get('summary', '').splitlines()[-1]})"]
-    kept, lines = settle_ema(findings, ema_moved(audit_facts), int(audit_facts.get("steps") or steps))
+    kept, lines = settle_ema(check_by_design(loaded, findings, facts, audit), ema_moved(audit_facts),
+                             int(audit_facts.get("steps") or steps))
     kept += [f for f in report.get("findings") or [] if f["code"].startswith("GP6")]
     lines.insert(0, "Steps: " + str(audit_facts["headline"]))
     if report.get("ok"):

@@ -284,9 +284,14 @@ def facts_report(facts: AuditFacts, extra: list[Finding] | None = None) -> dict:
 def audit_report(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> dict:
     """audit_training: run the user's step `steps` times, observed; GP6xx findings and a measured all-clear; then,
     when `overfit_steps` > 0, that many more steps on the same batch to see the loss go down (overfit.py)."""
+    return audit_run(loaded, steps, overfit_steps)[0]
+
+
+def audit_run(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> tuple[dict, AuditFacts | None]:
+    """audit_report, and the measured facts it was made from (None when nothing could be audited)."""
     steps = max(1, min(int(steps), MAX_STEPS))
     if loaded.train_step is None and loaded.optimizer is None:
-        return _no_optimizer_report()
+        return _no_optimizer_report(), None
     run = _Run(loaded, steps)
     torch.set_grad_enabled(True)
     with ScalerWatch(loaded.user, run.observer) as amp, LossFactors() as factors:
@@ -317,4 +322,4 @@ def audit_report(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> dict:
                 if run.error_call else "nothing was audited: ") + first)
         report["summary"] = head + ("\n" + rest if rest else "")
         report["facts"]["step_error_location"] = run.error_location
-    return report
+    return report, facts
