@@ -43,6 +43,9 @@ async def test_a_partner_whose_gradient_a_callback_zeroes_is_not_by_design_and_t
     assert f["evidence"]["partner_verdict"] == "zeroed-between" and f["evidence"]["grad_norm_after_backward"] > 0
     assert f["evidence"]["zero_initialised_partners"] == {"a.down.weight": "a.up.weight"}
     assert report["facts"]["zero_init_checked"]["partners"][0]["verified"] is False
+    # the partner's own unmoved step (GP207) says a write other than zero_grad() did it, not "call zero_grad first"
+    [stuck] = [g for g in report["findings"] if g["code"] == "GP207"]
+    assert "by code other than zero_grad()" in stuck["message"] and "zero_grad() before backward" not in stuck["fix"]
 
 
 @pytest.mark.anyio

@@ -45,6 +45,14 @@ GP207: Rule[StuckFacts] = Rule(
             message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
                     "{reason}{where}.",
             fix="Add them to the optimizer built{where} (build it from model.parameters() once the model is complete)."),
+        "zeroed_unseen": Situation(
+            when="their gradient was zero when step() ran, and no zero_grad() call between backward() and step() did it "
+                 "(a clip, a hook or a callback wrote the gradient)",
+            message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
+                    "{reason}, by code other than zero_grad() (no zero_grad() ran between them).",
+            fix="Find the code that runs between backward() and optimizer.step() and writes these parameters' .grad (a "
+                "clip with a threshold of 0, a gradient hook, a callback that calls p.grad.zero_() or sets it to None); "
+                "audit_training, or diagnose with steps, names its line."),
         "not_stepped": Situation(
             when="optimizer.step() did not run after backward (or a GradScaler skipped it)",
             message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
@@ -182,7 +190,7 @@ def detect_not_updated(facts: StuckFacts) -> Iterator[Finding]:
         at = facts.where.get(reason)
         where = {"line": at["line"], "file": at["file"].rsplit("/", 1)[-1]} if at else {}
         said = f" (line {where['line']} of {where['file']})" if at else ""
-        situation = _BY_REASON.get(reason) or ("at_line" if at else None)
+        situation = _BY_REASON.get(reason) or ("at_line" if at else "zeroed_unseen" if reason == ZEROED_BETWEEN else None)
         yield GP207.finding(situation, count=len(params), reason=reason, **where, where=said,
                             parameters=params, location=at, evidence={"reason": reason, "call_order": facts.events})
 
