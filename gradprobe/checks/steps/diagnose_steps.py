@@ -16,6 +16,8 @@ from gradprobe.checks.steps.engine import audit_report
 from gradprobe.findings import Finding
 
 MAX_VERIFIED = 8
+STEPS_FACTS = ("steps", "mode", "headline", "verdicts", "param_groups", "optimizer_steps", "order", "ema_copies",
+               "grad_scaler", "verified", "step_error", "script_step")
 
 
 def ema_moved(audit_facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -57,17 +59,27 @@ def settle_ema(findings: list[Finding], moved: dict[str, dict[str, Any]], steps:
 
 
 def add_steps(loaded: Any, steps: int, findings: list[Finding], facts: dict[str, Any]) -> tuple[list[Finding], list[str]]:
-    """Run the audit after diagnose's step; its findings join `findings`, its facts go in facts["steps"]."""
-    if isinstance(getattr(loaded, "info", None), dict) and "script_step" in loaded.info:  # a script: never replayed
-        note = ("for a script, audit_training watches the script's own loop for that many optimizer steps "
-                "(diagnose checked its first step)")
-        facts["steps"] = {"note": note}
-        return findings, [f"Steps: not audited here ({note})."]
-    report = audit_report(loaded, steps)
+    """Run the audit after diagnose's step; its findings join `findings`, its facts go in facts["steps"].
+
+    A script is never replayed for this: its own loop was watched for the steps in the same run, before diagnose's
+    checks ran on the step after them (scriptmode/audit.py), and that audit's report comes in `loaded.info`."""
+    info = loaded.info if isinstance(getattr(loaded, "info", None), dict) else {}
+    if "script_step" in info:
+        report = info.get("steps_audit")
+        if not isinstance(report, dict):  # the audit of the script's loop was left out (said in its note)
+            note = str(report or "the script's own loop was not watched")
+            facts["steps"] = {"note": note}
+            return findings, [f"Steps: not audited ({note})."]
+    else:
+        report = audit_report(loaded, steps)
+    return merge_audit(report, steps, findings, facts)
+
+
+def merge_audit(report: dict[str, Any], steps: int, findings: list[Finding],
+                facts: dict[str, Any]) -> tuple[list[Finding], list[str]]:
+    """An audit_training report joined to diagnose's: its GP6xx findings, its measurements in facts["steps"]."""
     audit_facts: dict[str, Any] = report.get("facts") or {}
-    facts["steps"] = {k: audit_facts[k] for k in ("steps", "mode", "headline", "verdicts", "param_groups",
-                                                  "optimizer_steps", "order", "ema_copies", "grad_scaler", "verified",
-                                                  "step_error") if k in audit_facts}
+    facts["steps"] = {k: audit_facts[k] for k in STEPS_FACTS if k in audit_facts}
     facts["checks"].append("steps")
     if "headline" not in audit_facts:  # the audit did not run (script mode, no optimizer): say why
         facts["steps"]["note"] = report.get("summary", "")
