@@ -34,7 +34,8 @@ CASES = [
     ("steps_late_head_broken", ["--steps=8"], None,
      {"codes": ["GP606"], "culprits": ["heads.aux.weight", "heads.aux.bias"], "line": 38}),
     ("steps_ema", ["--steps=8"], None, {"codes": [], "healthy": True}),
-    ("steps_ema_broken", ["--steps=8"], None, {"codes": ["GP609"], "culprits": ["ema_teacher.0.weight"], "line": 28}),
+    ("steps_ema_broken", ["--steps=8"], None, {"codes": ["GP609"], "culprits": ["ema_teacher.0.weight"], "line": 28,
+                                                 "severity": "error"}),
     ("steps_gradient_penalty", ["--steps=8"], None, {"codes": [], "healthy": True}),
     ("steps_gradient_penalty_broken", ["--steps=8"], None, {"codes": ["GP608"], "culprits": [], "line": 27}),
     ("steps_eval_mode", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP610"]}),
@@ -172,6 +173,9 @@ async def test_diagnose_with_steps_watches_the_script_loop(client):
     assert not [f for f in report["findings"] if f["code"] == "GP000"], report["findings"]
     f = next(f for f in report["findings"] if f["code"] == "GP609")
     assert f["location"]["line"] == 28 and "ema_teacher.0.weight" in f["parameters"], f
+    # the update was measured being computed and dropped (a rebound name), as in the build_model() form: an error
+    assert f["severity"] == "error" and f["evidence"]["updates_computed_per_step"] == [4, 4], f
+    assert f["evidence"]["writes_per_step"] == [0, 0], f
     steps = report["facts"]["steps"]
     assert len(steps["optimizer_steps"]) == 2 and steps["param_groups"], steps
     assert steps["script_step"]["ended"] == "stopped before optimizer step 3", steps["script_step"]

@@ -190,6 +190,8 @@ def script_facts(observer: ScriptSteps, record: BuildRecord) -> AuditFacts:
     for copy in ema:
         copy.moved = [any(k < len(observer.outside.get(pid, ())) and observer.outside[pid][k] for pid in copy.params)
                       for k in range(observer.intervals)]
+    if observer.ema is not None:
+        observer.measured_copies(ema)
     facts = AuditFacts(calls=observer.done, mode="script", names=observer.names, requires_grad=observer.requires_grad,
                        opt_steps=observer.opt_steps, events=observer.events, grad_calls=observer.grad_calls,
                        built=observer.built, attached=observer.attached, initial_optimizer=id(opt) if opt else None,
