@@ -38,6 +38,9 @@ CASES = [
                                                  "severity": "error"}),
     ("steps_gradient_penalty", ["--steps=8"], None, {"codes": [], "healthy": True}),
     ("steps_gradient_penalty_broken", ["--steps=8"], None, {"codes": ["GP608"], "culprits": [], "line": 27}),
+    ("steps_gan", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP212", "GP602"]}),
+    ("steps_gan_wrong_zero_grad", ["--steps=8"], None,
+     {"codes": ["GP212"], "culprits": ["netG.0.weight", "netG.2.bias"], "line": 39, "absent": ["GP602"]}),
     ("steps_eval_mode", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP610"]}),
     ("steps_eval_mode_broken", ["--steps=8"], None, {"codes": ["GP610"], "culprits": [], "line": 27, "severity": "warning"}),
 ]

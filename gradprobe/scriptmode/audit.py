@@ -60,6 +60,7 @@ def run_audit_job(target: dict[str, Any], options: dict[str, Any], progress: Cal
     def finish(run: ScriptRun) -> ToolError | dict[str, Any]:
         observer.__exit__(None, None, None)
         recorder.__exit__(None, None, None)
+        report: ToolError | dict[str, Any]
         try:
             report = audit_script_report(observer, record, run, steps, target)
         except Exception as exc:  # ours; never let it reach the script's own `except`, never blame the script
@@ -110,12 +111,15 @@ def _diagnose_after(audit: ToolError | dict[str, Any], target: dict[str, Any], o
         audit_or_note = (audit.get("summary") or "no optimizer step was watched").splitlines()[-1][:300]
     else:
         audit_or_note = audit
+    report: ToolError | dict[str, Any]
     try:
         with torch.enable_grad():
             report = _check_step("diagnose", target, options, progress, run, record, steps_audit=audit_or_note)
     except Exception as exc:  # ours; the script's own steps ran
         report = left_out("diagnose", exc, "gradprobe's checks of the script's step")
-    facts = report.get("facts") if isinstance(report, dict) else None
+    if isinstance(report, ToolError):
+        return report
+    facts = report.get("facts")
     if isinstance(audit_or_note, dict) and isinstance(facts, dict) and "steps" not in facts and "replay_left_out" in facts:
         # diagnose's checks of the step were left out (ours): the watched steps' audit still stands
         from gradprobe.checks.steps.diagnose_steps import merge_audit
@@ -145,7 +149,7 @@ def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptR
                 "there was nothing to audit (diagnose checks such a step)."], note="no optimizer")
         return no_step_report("audit_training", run, target)
     facts = script_facts(observer, record)
-    report = facts_report(facts)
+    report = facts_report(facts, owners=observer.owners)
     opt = observer.main_opt
     step_facts: dict[str, Any] = {
         "watched": "the script's own steps, as they ran (nothing replayed)", "optimizer_steps_watched": observer.done,

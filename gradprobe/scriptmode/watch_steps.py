@@ -33,6 +33,7 @@ from gradprobe.checks._step import param_names
 from gradprobe.checks.steps.copies import UpdateWatch, kept_share, versions
 from gradprobe.checks.steps.facts import EmaCopy
 from gradprobe.checks.steps.observe import StepObserver, norms
+from gradprobe.checks.steps.optimizer_owners import OwnersWatch
 from gradprobe.scriptmode.observe import StepWatch
 
 
@@ -60,10 +61,12 @@ class ScriptSteps(StepObserver):
         self.first_step_at: float | None = None  # perf_counter at the main optimizer's first step, and at its last
         self.last_step_at: float | None = None
         self.hook_seconds = 0.0  # time spent in the measurements since the first step
+        self._hook_seconds_in_span = 0.0  # ... up to the last watched step (the span cost() reports)
         self.copy_writes: list[dict[int, int]] = []  # per interval: in-place writes into each EMA copy's tensors
         self.copy_combined: list[set[tuple[int, int]]] = []  # per interval: pairs an op combined (an update computed)
         self._versions: dict[int, int] | None = None  # the copies' write counters after the last main step
         self._updates: UpdateWatch | None = None  # open from a main step to the next forward, backward or step
+        self.owners: OwnersWatch | None = None  # several optimizers: who clears and steps what (GP212/GP213)
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run a measurement; if it fails, say so and measure nothing more (the script's own step must not fail)."""
@@ -84,8 +87,8 @@ class ScriptSteps(StepObserver):
         if self.first_step_at is None or self.last_step_at is None:
             return None
         span = self.last_step_at - self.first_step_at
-        plain = span - self.hook_seconds
-        return {"watched_seconds": round(span, 4), "in_gradprobe_measurements_seconds": round(self.hook_seconds, 4),
+        plain = span - self._hook_seconds_in_span
+        return {"watched_seconds": round(span, 4), "in_gradprobe_measurements_seconds": round(self._hook_seconds_in_span, 4),
                 "ratio_to_unwatched_estimate": round(span / plain, 3) if plain > 0 else None,
                 "spans": f"from the first optimizer step to the last one watched ({self.done} steps)"}
 
@@ -219,9 +222,27 @@ class ScriptSteps(StepObserver):
         if opt is self.main_opt and self.model is None and opt is not None:
             self._choose_model(opt)
             self._ref = self._weights()
+            self._start_owners()
         if opt is self.main_opt:
             self.measure_outside()
+            if self.owners is not None:
+                self.owners.call += 1  # one call runs from one main step to the next
+        if self.owners is not None:
+            self.owners.step_seen(opt)
         super()._pre_step(opt, args, kwargs)
+
+    def _start_owners(self) -> None:
+        from gradprobe.scriptmode.owners import start_owners
+
+        self.model_params()  # the model's names
+        alive = [o for o in self.optimizers_seen.values()]
+        self.owners = start_owners(self.model, self.names, alive, self.record, self.user)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.owners is not None:
+            self.owners.__exit__()
+            self.owners.facts.calls = self.done
+        super().__exit__(*exc)
 
     def _post_step(self, opt: Any, args: Any, kwargs: Any) -> None:
         if opt is not self._stepping:
@@ -233,6 +254,7 @@ class ScriptSteps(StepObserver):
             self.call = self.done
             self._guarded(self._take_ref)
             self.last_step_at = time.perf_counter()
+            self._hook_seconds_in_span = self.hook_seconds  # measurements after the last watched step are outside the span
 
     def _take_ref(self) -> None:
         last = self.opt_steps[-1] if self.opt_steps and self.opt_steps[-1].optimizer == id(self.main_opt) else None
