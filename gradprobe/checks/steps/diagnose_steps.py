@@ -87,6 +87,9 @@ def merge_audit(report: dict[str, Any], steps: int, findings: list[Finding],
     kept, lines = settle_ema(findings, ema_moved(audit_facts), int(audit_facts.get("steps") or steps))
     kept += [f for f in report.get("findings") or [] if f["code"].startswith("GP6")]
     lines.insert(0, "Steps: " + str(audit_facts["headline"]))
+    ended = (audit_facts.get("script_step") or {}).get("script_ended")
+    if ended:  # a script that ended before the steps asked for (its last step is the one diagnose checked)
+        lines.insert(1, f"Steps: {ended}; the steps it took were audited.")
     if report.get("ok"):
         lines += ["Verified over the steps: " + v for v in (audit_facts.get("verified") or [])[:MAX_VERIFIED]]
     return kept, lines
