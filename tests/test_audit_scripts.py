@@ -34,9 +34,13 @@ CASES = [
     ("steps_late_head_broken", ["--steps=8"], None,
      {"codes": ["GP606"], "culprits": ["heads.aux.weight", "heads.aux.bias"], "line": 38}),
     ("steps_ema", ["--steps=8"], None, {"codes": [], "healthy": True}),
-    ("steps_ema_broken", ["--steps=8"], None, {"codes": ["GP609"], "culprits": ["ema_teacher.0.weight"], "line": 28}),
+    ("steps_ema_broken", ["--steps=8"], None, {"codes": ["GP609"], "culprits": ["ema_teacher.0.weight"], "line": 28,
+                                                 "severity": "error"}),
     ("steps_gradient_penalty", ["--steps=8"], None, {"codes": [], "healthy": True}),
     ("steps_gradient_penalty_broken", ["--steps=8"], None, {"codes": ["GP608"], "culprits": [], "line": 27}),
+    ("steps_gan", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP212", "GP602"]}),
+    ("steps_gan_wrong_zero_grad", ["--steps=8"], None,
+     {"codes": ["GP212"], "culprits": ["netG.0.weight", "netG.2.bias"], "line": 39, "absent": ["GP602"]}),
     ("steps_eval_mode", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP610"]}),
     ("steps_eval_mode_broken", ["--steps=8"], None, {"codes": ["GP610"], "culprits": [], "line": 27, "severity": "warning"}),
     ("steps_onecycle", [], None, {"codes": [], "healthy": True, "absent": ["GP612"]}),
@@ -160,3 +164,43 @@ async def test_diagnose_watches_the_script_first_step(client, case):
     result = await client.call_tool("diagnose", {"target": target})
     assert not result.is_error, result.content
     assert_expected(result.structured_content, expect, project)
+
+
+@pytest.mark.anyio
+async def test_diagnose_with_steps_watches_the_script_loop(client):
+    """diagnose with steps on a script: one run; the script's own loop is watched for N steps (GP6xx, facts.steps and
+    the step chart join the report), diagnose's checks run on the step after them."""
+    target = {"project_dir": str(SCRIPTS / "steps_ema_broken"), "script": "train.py", "args": ["--steps=8"],
+              "timeout_s": 240}
+    result = await client.call_tool("diagnose", {"target": target, "steps": 2})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    assert not [f for f in report["findings"] if f["code"] == "GP000"], report["findings"]
+    f = next(f for f in report["findings"] if f["code"] == "GP609")
+    assert f["location"]["line"] == 28 and "ema_teacher.0.weight" in f["parameters"], f
+    # the update was measured being computed and dropped (a rebound name), as in the build_model() form: an error
+    assert f["severity"] == "error" and f["evidence"]["updates_computed_per_step"] == [4, 4], f
+    assert f["evidence"]["writes_per_step"] == [0, 0], f
+    steps = report["facts"]["steps"]
+    assert len(steps["optimizer_steps"]) == 2 and steps["param_groups"], steps
+    assert steps["script_step"]["ended"] == "stopped before optimizer step 3", steps["script_step"]
+    assert "steps" in report["facts"]["checks"] and report["facts"]["script_step"]["captured_at"] == "optimizer.step"
+    images = [c for c in result.content if getattr(c, "type", "") == "image"]
+    assert len(images) >= 2, [getattr(c, "type", "") for c in result.content]  # the flow and the step chart
+
+
+def test_cli_diagnose_steps_on_a_script():
+    """`gradprobe diagnose --steps 2 --script train.py`: a healthy EMA teacher, recognised from its steps (no GP201)."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "gradprobe", "diagnose", "--json", "--steps", "2", "--script",
+                          str(SCRIPTS / "steps_ema" / "train.py"), "--", "--steps=8"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert report["ok"] and not [f for f in report["findings"] if f["code"] in ("GP201", "GP609", "GP000")], report
+    assert report["facts"]["steps"]["ema_copies"][0]["moved_per_step"] == [True, True]
+    assert "GP201 not raised" in report["summary"]

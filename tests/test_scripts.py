@@ -27,6 +27,9 @@ CASES = [
      {"codes": ["GP205"], "culprits": [], "severity": "info", "healthy": True}),
     ("hf_trainer", "train.py", ["--max_steps=3", "--warmup_steps=1"], "transformers",
      {"codes": ["GP205"], "culprits": ["judged on a later step"], "severity": "info", "healthy": True}),
+    # a first step at a real learning rate (no warm-up from 0): the frozen base is measured frozen (no GP503/GP508)
+    ("hf_trainer", "train.py", ["--max_steps=1"], "transformers",
+     {"codes": [], "healthy": True, "absent": ["GP503", "GP508"]}),
     ("hf_trainer_broken", "train.py", ["--max_steps=1"], "transformers",
      {"codes": ["GP101"], "culprits": ["prompt"], "line": 14, "file": "prompt_model.py"}),
     ("accelerate", "train.py", ["--epochs=1"], "accelerate", {"codes": [], "healthy": True}),

@@ -7,7 +7,9 @@ autograd, modules, ranks) as they happen, then check that step in place.
     observe.py     the watch: module calls, backwards, optimizer steps, as they happen
     step.py        replay the captured step for the checks (after the script's own step ran; a failure is left out)
     audit.py       audit_training on a script: watch its own optimizer steps, stop before step N+1, judge them
+                   (diagnose with steps: the same run, then diagnose's checks on step N+1)
     watch_steps.py the audit's observer: the GP6xx StepObserver over the whole script run, no replay
+    owners.py      several optimizers in the script's loop: GP212/GP213's watch (checks/steps/optimizer_owners.py)
     ranks.py       several ranks in one call: `world_size` > 1 (torchrun-style forked ranks) and workers the script
                    starts with torch.multiprocessing.spawn; each rank runs first_step.py's job
     rankwatch.py   what each rank measures for the checks across ranks (gradprobe/checks/ranks.py)

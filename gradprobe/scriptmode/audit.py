@@ -1,6 +1,12 @@
 """audit_training on a script target (the child's side): run the script, watch its own optimizer steps as they
 run (watch_steps.ScriptSteps; nothing is replayed), stop it before step N+1, and judge the steps with the same
-facts and GP6xx rules as the build_model()/train_step form (gradprobe/checks/steps)."""
+facts and GP6xx rules as the build_model()/train_step form (gradprobe/checks/steps).
+
+`diagnose` with `steps` on a script is the same one run: the N steps are watched and judged, then diagnose's
+checks run on step N+1, where the script is stopped (its state live, as diagnose's first-step checks have it),
+and the audit's findings and measurements join diagnose's report (checks/steps/diagnose_steps.py). Diagnose's
+own optimizer step runs after the watched ones, so it never changes what was watched; the script is run once.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +37,8 @@ class _State:
     report: ToolError | dict[str, Any] | None = None
 
 
-def run_audit_job(target: dict[str, Any], options: dict[str, Any],
-                  progress: Callable[[str], None]) -> ToolError | dict[str, Any]:
+def run_audit_job(target: dict[str, Any], options: dict[str, Any], progress: Callable[[str], None],
+                  diagnose: bool = False) -> ToolError | dict[str, Any]:
     from gradprobe.loading import BuildRecord, BuildRecorder, seed_everything
     from gradprobe.scriptmode.first_step import deliver_and_exit, left_out
     from gradprobe.scriptmode.observe import StepWatch, StopScript
@@ -54,10 +60,13 @@ def run_audit_job(target: dict[str, Any], options: dict[str, Any],
     def finish(run: ScriptRun) -> ToolError | dict[str, Any]:
         observer.__exit__(None, None, None)
         recorder.__exit__(None, None, None)
+        report: ToolError | dict[str, Any]
         try:
             report = audit_script_report(observer, record, run, steps, target)
         except Exception as exc:  # ours; never let it reach the script's own `except`, never blame the script
             report = left_out("audit_training", exc, "gradprobe's judgement of the watched steps")
+        if diagnose:
+            report = _diagnose_after(report, target, options, progress, run, record)
         if not isinstance(report, ToolError):
             report.setdefault("facts", {})["script_total_seconds"] = round(time.monotonic() - t0, 3)
         return report
@@ -88,6 +97,39 @@ def run_audit_job(target: dict[str, Any], options: dict[str, Any],
     return state.report if state.report is not None else finish(run)
 
 
+def _diagnose_after(audit: ToolError | dict[str, Any], target: dict[str, Any], options: dict[str, Any],
+                    progress: Callable[[str], None], run: ScriptRun, record: BuildRecord) -> ToolError | dict[str, Any]:
+    """diagnose's checks on the step the script is stopped at (or, when it ended, its last step), with the audit of
+    the watched steps before it given to diagnose's report. A failure of gradprobe's is left out, never the user's."""
+    import torch
+
+    from gradprobe.scriptmode.first_step import _check_step, left_out
+
+    if isinstance(audit, ToolError):
+        audit_or_note: dict[str, Any] | str = f"the audit of the watched steps failed: {audit.tool_error[:300]}"
+    elif "headline" not in (audit.get("facts") or {}):
+        audit_or_note = (audit.get("summary") or "no optimizer step was watched").splitlines()[-1][:300]
+    else:
+        audit_or_note = audit
+    report: ToolError | dict[str, Any]
+    try:
+        with torch.enable_grad():
+            report = _check_step("diagnose", target, options, progress, run, record, steps_audit=audit_or_note)
+    except Exception as exc:  # ours; the script's own steps ran
+        report = left_out("diagnose", exc, "gradprobe's checks of the script's step")
+    if isinstance(report, ToolError):
+        return report
+    facts = report.get("facts")
+    if isinstance(audit_or_note, dict) and isinstance(facts, dict) and "steps" not in facts and "replay_left_out" in facts:
+        # diagnose's checks of the step were left out (ours): the watched steps' audit still stands
+        from gradprobe.checks.steps.diagnose_steps import merge_audit
+
+        facts.setdefault("checks", [])
+        found, lines = merge_audit(audit_or_note, int(options.get("steps") or 0), list(report["findings"]), facts)
+        report = make_report("diagnose", found, report["summary"].splitlines()[1:] + lines, **facts)
+    return report
+
+
 def _ended(run: ScriptRun) -> str:
     if run.ended == "raised" and run.exc is not None:
         return f"raised {type(run.exc).__name__}: {str(run.exc)[:300]}"
@@ -107,7 +149,7 @@ def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptR
                 "there was nothing to audit (diagnose checks such a step)."], note="no optimizer")
         return no_step_report("audit_training", run, target)
     facts = script_facts(observer, record)
-    report = facts_report(facts)
+    report = facts_report(facts, owners=observer.owners)
     opt = observer.main_opt
     step_facts: dict[str, Any] = {
         "watched": "the script's own steps, as they ran (nothing replayed)", "optimizer_steps_watched": observer.done,
@@ -153,6 +195,8 @@ def script_facts(observer: ScriptSteps, record: BuildRecord) -> AuditFacts:
     for copy in ema:
         copy.moved = [any(k < len(observer.outside.get(pid, ())) and observer.outside[pid][k] for pid in copy.params)
                       for k in range(observer.intervals)]
+    if observer.ema is not None:
+        observer.measured_copies(ema)
     facts = AuditFacts(calls=observer.done, mode="script", names=observer.names, requires_grad=observer.requires_grad,
                        opt_steps=observer.opt_steps, events=observer.events, grad_calls=observer.grad_calls,
                        built=observer.built, attached=observer.attached, initial_optimizer=id(opt) if opt else None,

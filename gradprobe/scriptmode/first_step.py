@@ -34,10 +34,11 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
     from gradprobe.scriptmode.run import run_script
     from gradprobe.userframes import UserCode
 
-    if tool == "audit_training":  # several steps, watched as the script runs them (no replay)
+    if tool == "audit_training" or (tool == "diagnose" and options.get("steps")):
+        # several steps, watched as the script runs them (no replay); diagnose then checks the step after them
         from gradprobe.scriptmode.audit import run_audit_job
 
-        return run_audit_job(target, options, progress)
+        return run_audit_job(target, options, progress, diagnose=tool == "diagnose")
     from gradprobe.checks.steps.observe import StepObserver
 
     project_dir = os.path.realpath(target["project_dir"])
@@ -131,7 +132,10 @@ def deliver_and_exit(report: ToolError | dict[str, Any], progress: Callable[[str
 
 
 def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], progress: Callable[[str], None],
-                run: ScriptRun, record: BuildRecord) -> ToolError | dict[str, Any]:
+                run: ScriptRun, record: BuildRecord,
+                steps_audit: dict[str, Any] | str | None = None) -> ToolError | dict[str, Any]:
+    """The checks on the captured step, replayed in place. `steps_audit`: for diagnose with steps, the audit of the
+    script's own steps watched before this one (or why there is none), merged into diagnose's report."""
     import torch
     import torch.nn as nn
 
@@ -157,7 +161,9 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
         "optimizer": type(cap.optimizer).__name__ if cap.optimizer is not None else None, **rep.facts,
     }
     device = _device_of(rep.model)
-    info = {"device": device, "grad_enabled_after_build": True, "script_step": step_facts}
+    info: dict[str, Any] = {"device": device, "grad_enabled_after_build": True, "script_step": step_facts}
+    if steps_audit is not None:
+        info["steps_audit"] = steps_audit
     from gradprobe.tools import BY_NAME
 
     if rep.batch is None and rep.train_step is None and BY_NAME[tool].needs_step:

@@ -12,6 +12,12 @@ were watched, and the backward of step N+1 showed whether the gradients of step 
 A step given a closure (Lightning, LBFGS) runs its forward and backward inside `step()`: the step is
 measured when the closure has returned. A wrapper's step that calls an inner optimizer's step is
 measured once.
+
+What the interval after a main step does to each EMA copy is measured as in the build_model() form
+(checks/steps/copies.py): its in-place writes (version counters, over the whole interval) and, until the
+next forward, backward or optimizer step (no mode in a forward), the updates computed from it and its
+student (an UpdateWatch). A copy that never moves is then told apart as the build form tells it: an update
+that changes nothing (written, or computed and dropped: an error), or a frozen copy nothing wrote (info).
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from typing import Any
 import torch
 
 from gradprobe.checks._step import param_names
-from gradprobe.checks.steps.copies import kept_share
+from gradprobe.checks.steps.copies import UpdateWatch, kept_share, versions
 from gradprobe.checks.steps.facts import EmaCopy
 from gradprobe.checks.steps.observe import StepObserver, norms
+from gradprobe.checks.steps.optimizer_owners import OwnersWatch
 from gradprobe.scriptmode.observe import StepWatch
 
 
@@ -58,6 +65,12 @@ class ScriptSteps(StepObserver):
         self._loader_len: int | None = None  # len() of the DataLoader that gave the last batch (None: no len)
         self.loader: list[tuple[int | None, int]] = []  # per main step: (that len, batches fetched since the last step)
         self.scheduler_sites: dict[int, dict | None] = {}  # id(scheduler) -> the user's line that built it
+        self._hook_seconds_in_span = 0.0  # ... up to the last watched step (the span cost() reports)
+        self.copy_writes: list[dict[int, int]] = []  # per interval: in-place writes into each EMA copy's tensors
+        self.copy_combined: list[set[tuple[int, int]]] = []  # per interval: pairs an op combined (an update computed)
+        self._versions: dict[int, int] | None = None  # the copies' write counters after the last main step
+        self._updates: UpdateWatch | None = None  # open from a main step to the next forward, backward or step
+        self.owners: OwnersWatch | None = None  # several optimizers: who clears and steps what (GP212/GP213)
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run a measurement; if it fails, say so and measure nothing more (the script's own step must not fail)."""
@@ -78,8 +91,8 @@ class ScriptSteps(StepObserver):
         if self.first_step_at is None or self.last_step_at is None:
             return None
         span = self.last_step_at - self.first_step_at
-        plain = span - self.hook_seconds
-        return {"watched_seconds": round(span, 4), "in_gradprobe_measurements_seconds": round(self.hook_seconds, 4),
+        plain = span - self._hook_seconds_in_span
+        return {"watched_seconds": round(span, 4), "in_gradprobe_measurements_seconds": round(self._hook_seconds_in_span, 4),
                 "ratio_to_unwatched_estimate": round(span / plain, 3) if plain > 0 else None,
                 "spans": f"from the first optimizer step to the last one watched ({self.done} steps)"}
 
@@ -126,6 +139,7 @@ class ScriptSteps(StepObserver):
         if self.intervals >= self.done:
             return
         self.intervals += 1
+        self._copies_interval()
         now = self._weights()
         stepped = {pid: ps.weight for s in self.opt_steps[self._ref_index:] for pid, ps in s.params.items()
                    if ps.weight is not None}
@@ -133,6 +147,51 @@ class ScriptSteps(StepObserver):
             ref = stepped.get(pid, self._ref.get(pid))
             self.outside.setdefault(pid, [False] * (self.intervals - 1)).append(ref is not None and w != ref)
         self._kept()
+
+    # ---- what an interval does to the EMA copies ------------------------------------------------------------------
+
+    def _open_copies(self) -> None:
+        """After a main step: the copies' write counters, and the watch of updates computed from them."""
+        by_id = self.model_params()
+        copies = [c for c in self.ema or () if all(pid in by_id for pid in (*c.params, *c.students))]
+        if not copies:
+            return
+        self._versions = versions(by_id[pid] for c in copies for pid in c.params)
+        self._updates = UpdateWatch(by_id[pid] for c in copies for pid in {*c.params, *c.students})
+        self._updates.__enter__()
+
+    def _close_updates(self) -> None:
+        watch = self._updates
+        if watch is None or getattr(watch, "closed", False):
+            return
+        watch.closed = True  # type: ignore[attr-defined]
+        n = torch._C._len_torch_function_stack()
+        if n and torch._C._get_function_stack_at(n - 1) is watch:
+            watch.__exit__(None, None, None)
+
+    def close_window(self) -> None:
+        self._close_updates()  # no mode in a forward, a backward or a step: the update watch closes with the window
+        super().close_window()
+
+    def _copies_interval(self) -> None:
+        """The interval that ends: its writes into the copies and the updates computed from them."""
+        self._close_updates()
+        if self._versions is None:
+            return
+        by_id = self.model_params()
+        now = versions(by_id[pid] for pid in self._versions if pid in by_id)
+        self.copy_writes.append({pid: now[pid] - v for pid, v in self._versions.items() if pid in now})
+        self.copy_combined.append(self._updates.combined if self._updates is not None else set())
+        self._versions, self._updates = None, None
+
+    def measured_copies(self, copies: list[EmaCopy]) -> None:
+        """Each copy's writes and updates computed per interval (as the build form's), when they were measured."""
+        if not self.copy_writes or len(self.copy_writes) != self.intervals:
+            return
+        for copy in copies:
+            copy.writes = [sum(w.get(pid, 0) for pid in copy.params) for w in self.copy_writes]
+            copy.computed = [sum((pid, sid) in c for pid, sid in zip(copy.params, copy.students, strict=True))
+                             for c in self.copy_combined]
 
     # ---- optimizer step hooks ---------------------------------------------------------------------------------
 
@@ -170,9 +229,27 @@ class ScriptSteps(StepObserver):
         if opt is self.main_opt and self.model is None and opt is not None:
             self._choose_model(opt)
             self._ref = self._weights()
+            self._start_owners()
         if opt is self.main_opt:
             self.measure_outside()
+            if self.owners is not None:
+                self.owners.call += 1  # one call runs from one main step to the next
+        if self.owners is not None:
+            self.owners.step_seen(opt)
         super()._pre_step(opt, args, kwargs)
+
+    def _start_owners(self) -> None:
+        from gradprobe.scriptmode.owners import start_owners
+
+        self.model_params()  # the model's names
+        alive = [o for o in self.optimizers_seen.values()]
+        self.owners = start_owners(self.model, self.names, alive, self.record, self.user)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.owners is not None:
+            self.owners.__exit__()
+            self.owners.facts.calls = self.done
+        super().__exit__(*exc)
 
     def _post_step(self, opt: Any, args: Any, kwargs: Any) -> None:
         if opt is not self._stepping:
@@ -184,6 +261,7 @@ class ScriptSteps(StepObserver):
             self.call = self.done
             self._guarded(self._take_ref)
             self.last_step_at = time.perf_counter()
+            self._hook_seconds_in_span = self.hook_seconds  # measurements after the last watched step are outside the span
 
     def _take_ref(self) -> None:
         last = self.opt_steps[-1] if self.opt_steps and self.opt_steps[-1].optimizer == id(self.main_opt) else None
@@ -198,6 +276,7 @@ class ScriptSteps(StepObserver):
         by_id = self.model_params()
         self._ema_saved = [(c, [by_id[pid].detach().clone() for pid in c.params if pid in by_id])
                            for c in self.ema or () if any(self.outside.get(pid, [False])[-1] for pid in c.params)]
+        self._open_copies()
 
     def _kept(self) -> None:
         """|teacher - student| after the copy's update over the same before it: an EMA of decay d keeps d of its gap."""

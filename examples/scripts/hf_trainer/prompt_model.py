@@ -1,5 +1,6 @@
 """Soft-prompt tuning of a tiny GPT-2 (random init from a config): learned prompt vectors are
-prepended to the token embeddings."""
+prepended to the token embeddings, and only they train: the base model is frozen (prompt tuning,
+Lester et al. 2021)."""
 
 import torch
 import torch.nn as nn
@@ -10,6 +11,7 @@ class SoftPromptLM(nn.Module):
     def __init__(self, n_prompt=4):
         super().__init__()
         self.base = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+        self.base.requires_grad_(False)  # prompt tuning: the base stays as it is, only the prompt learns
         d = self.base.config.n_embd
         self.prompt = nn.Parameter(torch.randn(n_prompt, d) * 0.02)
 

@@ -12,6 +12,8 @@ class SoftPromptLM(nn.Module):
         self.base = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
         d = self.base.config.n_embd
         self.prompt = torch.randn(n_prompt, d, requires_grad=True)  # a plain tensor: not a parameter
+        # the base is left trainable here (the healthy twin freezes it): with the prompt not a parameter, a frozen
+        # base would leave the Trainer nothing to optimize, and it would stop before any step
 
     def forward(self, input_ids, attention_mask=None, labels=None):
         b = input_ids.size(0)

@@ -69,6 +69,8 @@ def check_by_design(loaded: Any, findings: list[Finding], facts: dict[str, Any],
     if "steps" not in facts.get("checks", ["steps"]):
         facts["checks"].append("zero-init partners over steps")
     return out
+STEPS_FACTS = ("steps", "mode", "headline", "verdicts", "param_groups", "optimizer_steps", "order", "ema_copies",
+               "grad_scaler", "full_batch", "verified", "step_error", "script_step")
 
 
 def ema_moved(audit_facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -110,25 +112,40 @@ def settle_ema(findings: list[Finding], moved: dict[str, dict[str, Any]], steps:
 
 
 def add_steps(loaded: Any, steps: int, findings: list[Finding], facts: dict[str, Any]) -> tuple[list[Finding], list[str]]:
-    """Run the audit after diagnose's step; its findings join `findings`, its facts go in facts["steps"]."""
-    if _is_script(loaded):  # a script: never replayed
-        note = ("for a script, audit_training watches the script's own loop for that many optimizer steps "
-                "(diagnose checked its first step)")
-        facts["steps"] = {"note": note}
-        return findings, [f"Steps: not audited here ({note})."]
-    report, audit = audit_run(loaded, steps)
+    """Run the audit after diagnose's step; its findings join `findings`, its facts go in facts["steps"].
+
+    A script is never replayed for this: its own loop was watched for the steps in the same run, before diagnose's
+    checks ran on the step after them (scriptmode/audit.py), and that audit's report comes in `loaded.info`."""
+    info = loaded.info if isinstance(getattr(loaded, "info", None), dict) else {}
+    if "script_step" in info:
+        report = info.get("steps_audit")
+        if not isinstance(report, dict):  # the audit of the script's loop was left out (said in its note)
+            note = str(report or "the script's own loop was not watched")
+            facts["steps"] = {"note": note}
+            return findings, [f"Steps: not audited ({note})."]
+        audit = None
+    else:
+        report, audit = audit_run(loaded, steps)
+    return merge_audit(report, steps, findings, facts, loaded, audit)
+
+
+def merge_audit(report: dict[str, Any], steps: int, findings: list[Finding], facts: dict[str, Any],
+                loaded: Any = None, audit: AuditFacts | None = None) -> tuple[list[Finding], list[str]]:
+    """An audit_training report joined to diagnose's: its GP6xx findings, its measurements in facts["steps"]."""
     audit_facts: dict[str, Any] = report.get("facts") or {}
-    facts["steps"] = {k: audit_facts[k] for k in ("steps", "mode", "headline", "verdicts", "param_groups",
-                                                  "optimizer_steps", "order", "ema_copies", "grad_scaler", "full_batch",
-                                                  "verified", "step_error") if k in audit_facts}
+    facts["steps"] = {k: audit_facts[k] for k in STEPS_FACTS if k in audit_facts}
     facts["checks"].append("steps")
     if "headline" not in audit_facts:  # the audit did not run (script mode, no optimizer): say why
         facts["steps"]["note"] = report.get("summary", "")
         return findings, [f"Steps: not audited ({report.get('summary', '').splitlines()[-1]})"]
-    kept, lines = settle_ema(check_by_design(loaded, findings, facts, audit), ema_moved(audit_facts),
+    kept, lines = settle_ema(check_by_design(loaded, findings, facts, audit) if loaded is not None else findings,
+                             ema_moved(audit_facts),
                              int(audit_facts.get("steps") or steps))
     kept += [f for f in report.get("findings") or [] if f["code"].startswith("GP6")]
     lines.insert(0, "Steps: " + str(audit_facts["headline"]))
+    ended = (audit_facts.get("script_step") or {}).get("script_ended")
+    if ended:  # a script that ended before the steps asked for (its last step is the one diagnose checked)
+        lines.insert(1, f"Steps: {ended}; the steps it took were audited.")
     if report.get("ok"):
         lines += ["Verified over the steps: " + v for v in (audit_facts.get("verified") or [])[:MAX_VERIFIED]]
     return kept, lines

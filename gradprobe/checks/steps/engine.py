@@ -264,20 +264,23 @@ def _no_optimizer_report() -> dict:
                                               "or a `train_step` that steps one."], note="no optimizer")
 
 
-def _with_owners(run: _Run, findings: list[Finding]) -> list[Finding]:
+def with_owners(watch: OwnersWatch, findings: list[Finding]) -> list[Finding]:
     """Several optimizers: GP212/GP213 first; GP602 only where an optimizer's step() was measured using an earlier
     step's gradient and no GP212 explains it; no GP606 for the parameters of an optimizer never stepped (GP213)."""
-    owners = run.owners.findings()
-    accumulated = run.owners.measured_accumulation()
+    owners = watch.findings()
+    accumulated = watch.measured_accumulation()
     explained = accumulated is False or any(f["code"] == GP212.code for f in owners)
     never = {n for f in owners if f["code"] == GP213.code for n in f["parameters"]}
     return owners + [f for f in findings if not (explained and f["code"] == GP602.code)
                      and not (f["code"] == GP606.code and never and set(f["parameters"]) <= never)]
 
 
-def facts_report(facts: AuditFacts, extra: list[Finding] | None = None) -> dict:
-    """The GP6xx rules on measured facts (observed in a train_step's calls, or in a script's own loop), ranked, reported."""
+def facts_report(facts: AuditFacts, extra: list[Finding] | None = None, owners: OwnersWatch | None = None) -> dict:
+    """The GP6xx rules on measured facts (observed in a train_step's calls, or in a script's own loop), ranked, reported
+    (with `owners`, the several optimizers' GP212/GP213 as in with_owners)."""
     findings: list[Finding] = sorted(run_rules(RULES, facts), key=lambda f: _RANK.get(f["code"], 99)) + list(extra or ())
+    if owners is not None:
+        findings = with_owners(owners, findings)
     return make_report("audit_training", findings, summary_lines(facts, findings), **facts_table(facts, findings))
 
 
@@ -306,7 +309,7 @@ def audit_run(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> tuple[dict
         findings += run_rules(OVERFIT_RULES, ofacts)
         line, extra["overfit_one_batch"] = overfit_summary(ofacts)
     findings.sort(key=lambda f: _RANK.get(f["code"], 99))
-    findings = _with_owners(run, findings)
+    findings = with_owners(run.owners, findings)
     if run.limit is not None:  # a memory limit stopped the step: a resource limit, not the code
         findings.append(resource_limit_finding(f"running step {run.error_call + 1}", run.limit,
                                                location=run.error_location))

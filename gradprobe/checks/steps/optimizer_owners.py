@@ -1,5 +1,7 @@
 """GP212, GP213: with several optimizers (a GAN, actor-critic), which one clears and which one steps which parameters,
-over the audited steps (audit_training, the user's own train_step only: the default step drives one optimizer).
+over the audited steps (audit_training: the user's own train_step, or a script's own loop; the default step drives one
+optimizer). In script mode (scriptmode/watch_steps.py) the watch starts at the main optimizer's first step, over the
+optimizers alive then, and one "call" runs from one main step to the next.
 
 Measured by identity on the optimizers the target holds (checks/several_optimizers.live_optimizers) and their
 parameters, never by names:
@@ -87,6 +89,7 @@ class OwnersWatch:
 
     def __init__(self, model: nn.Module, optimizer: Any, record: Any, user: UserCode, train_step: bool) -> None:
         self.user = user
+        self.hooked_steps = True  # False: the caller reports each step (script mode: from inside its own step hook)
         live = live_optimizers(optimizer, record, model) if record is not None and train_step else []
         self.facts = OwnerFacts(live=live if len(live) > 1 else [])
         self.consumed: set[int] = set()  # parameters whose current .grad a step() of their optimizer has used
@@ -97,6 +100,21 @@ class OwnersWatch:
             self.facts.sites = {id(o): (record.optimizer_sites.get(id(o)) or (0, None))[1] for o in self.facts.live}
             self.facts.names = {pid: ns[0] for pid, ns in param_names(model).items()}
             self.facts.owner = {id(p): id(o) for o in self.facts.live for g in o.param_groups for p in g["params"]}
+
+    @classmethod
+    def for_script(cls, live: list[Any], names: dict[int, str], sites: dict[int, Loc | None], user: UserCode) -> OwnersWatch:
+        """The watch over a script's own optimizers (those alive at its main optimizer's first step): its step()s are
+        reported by the caller (`step_seen`), from inside the step hook that is running."""
+        watch = cls.__new__(cls)
+        watch.user, watch.hooked_steps = user, False
+        watch.facts = OwnerFacts(live=live if len(live) > 1 else [], sites=sites, names=names)
+        watch.facts.owner = {id(p): id(o) for o in watch.facts.live for g in o.param_groups for p in g["params"]}
+        watch.consumed, watch.pending, watch.call, watch._handles = set(), {}, -1, []
+        return watch
+
+    def step_seen(self, opt: Any) -> None:
+        """A step() of `opt` is about to run (script mode)."""
+        self._pre_step(opt, (), {})
 
     def _hook(self, p: torch.Tensor) -> Any:
         pid = id(p)
@@ -135,7 +153,8 @@ class OwnersWatch:
     def __enter__(self) -> OwnersWatch:
         if not self.facts.live:
             return self
-        self._handles.append(register_optimizer_step_pre_hook(self._pre_step))
+        if self.hooked_steps:
+            self._handles.append(register_optimizer_step_pre_hook(self._pre_step))
         for o in self.facts.live:
             self._wrap_zero_grad(o)
             for g in o.param_groups:
@@ -147,6 +166,7 @@ class OwnersWatch:
     def __exit__(self, *exc: object) -> Literal[False]:
         for h in self._handles:
             h.remove()
+        self._handles = []
         for o in self.facts.live:
             vars(o).pop("zero_grad", None)
         self.facts.calls = self.call + 1

@@ -30,7 +30,8 @@ carries a Mermaid flowchart of the gradient flow (facts.mermaid) and an SVG pict
 With `steps` > 0 it also runs that many real training steps, observed (audit_training's GP6xx checks:
 facts.steps, with a per-group SVG chart of the lr, grad norm and update ratio over the steps); an EMA
 copy left with requires_grad=True outside the optimizer that its EMA update moved at every step is then
-recognised as such (no GP201).
+recognised as such (no GP201). On a script target the script's own loop is watched for those steps, and
+the checks run on the step after them (one run of the script).
 {TARGET_HELP}
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}}}"""
 
