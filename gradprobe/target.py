@@ -43,7 +43,9 @@ class Target(BaseModel):
                      "or an (args, kwargs) pair."),
     )
     loss: Ref = Field(default=None, description=(
-        "Optional callable (output, batch) -> scalar loss. Default: HF .loss, else a fixed random projection of the outputs."))
+        "Optional callable (output, batch) -> scalar loss, or a dict/tuple/list of loss terms (summed as trainers do: a "
+        "dict's 'loss' entry, else its entries whose key contains 'loss', else every scalar entry; each entry is a "
+        "named term of facts.loss_terms). Default: HF .loss, else a fixed random projection of the outputs."))
     optimizer: Ref = Field(default=None, description="Optional callable (model) -> torch.optim.Optimizer.")
     train_step: Ref = Field(default=None, description=(
         "Optional callable (model, batch, optimizer) doing the user's real step; observed instead of a step of our own."))
