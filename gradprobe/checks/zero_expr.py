@@ -11,7 +11,9 @@ at 0, a value that stays 0 means a weight that is 0 for good.
 from __future__ import annotations
 
 import ast
+import inspect
 import linecache
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,8 @@ from gradprobe.userframes import location, statement_start
 Loc = dict[str, Any]
 PROBE = (1, 10, 100, 1000)
 PLACEHOLDER = "__gradprobe_probe__"
+LIBRARY_DIRS = ("site-packages", "dist-packages")
+INDEX_CALLS = frozenset({"index_select", "gather", "masked_select", "take", "take_along_dim"})
 
 
 @dataclass
@@ -67,11 +71,23 @@ def _matches(value: Any, rec: ZeroOp) -> bool:
     return isinstance(value, torch.Tensor) and list(value.shape) == rec.shape and not bool(value.any())
 
 
+def _indices(n: ast.AST) -> list[ast.expr]:
+    """The index expressions of a subscript (`x[mask]`, `x[:, idx]`) or of an index call's arguments."""
+    if isinstance(n, ast.Subscript):
+        return list(n.slice.elts) if isinstance(n.slice, ast.Tuple) else [n.slice]
+    if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) in INDEX_CALLS:
+        return [*n.args, *(k.value for k in n.keywords)]
+    return []
+
+
 def _sides(stmt: ast.AST, rec: ZeroOp) -> list[ast.expr]:
-    """The candidate zero operands in the statement: both sides of each multiply, or each `where`'s condition."""
+    """The candidate zero operands in the statement: both sides of each multiply, each `where`'s condition, or each
+    index of a selection."""
     out: list[ast.expr] = []
     for n in ast.walk(stmt):
-        if rec.kind == "where" and isinstance(n, ast.Call) and n.args and \
+        if rec.kind == "index":
+            out += [i for i in _indices(n) if not isinstance(i, (ast.Slice, ast.Constant))]
+        elif rec.kind == "where" and isinstance(n, ast.Call) and n.args and \
                 getattr(n.func, "attr", getattr(n.func, "id", None)) == "where":
             out.append(n.args[0])
         elif rec.kind != "where" and isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult):
@@ -168,7 +184,7 @@ def read_zero(rec: ZeroOp) -> ZeroSource:
     """The zero operand of `rec` in the user's source, where its value was made, and whether a zero scale rises."""
     src = ZeroSource()
     loc, env = rec.location, rec.env
-    tree = _tree(loc["file"]) if loc else None
+    tree = _tree(loc["file"]) if loc and rec.kind != "dead" else None  # a dead activation has no zero operand
     if loc is None or env is None or tree is None:
         return src
     start = statement_start(loc["file"], loc["line"])
@@ -191,3 +207,58 @@ def read_zero(rec: ZeroOp) -> ZeroSource:
         expr = made[1].value if made is not None and isinstance(side, ast.Name) else side
         _ramp(expr, env, src)
     return src
+
+
+def _written(stmt: ast.stmt, paths: tuple[str, ...]) -> bool:
+    """Whether the simple statement writes the parameter at one of `paths` (an in-place init, a `.data` write)."""
+    def names(t: ast.AST) -> bool:
+        text = ast.unparse(t)
+        return any(text == p or text.startswith(p + ".data") or text.startswith(p + "[") for p in paths)
+
+    if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return any(names(t) for t in targets)
+    call = stmt.value if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) else None
+    if call is None or not ast.unparse(call.func).endswith("_"):  # an in-place op: init.constant_, fill_, uniform_
+        return False
+    owner = call.func.value if isinstance(call.func, ast.Attribute) else None
+    return any(names(a) for a in call.args[:1]) or (owner is not None and names(owner))
+
+
+def set_at(model: torch.nn.Module, name: str) -> Loc | None:
+    """The last statement in the source of the model's classes that wrote the parameter `name` (`fc.bias`):
+    `nn.init.constant_(self.fc.bias, -10.0)`, `self.fc.bias.data.fill_(-10)`; None when none is written by its path."""
+    parts = name.split(".")
+    owner: torch.nn.Module = model
+    for i in range(len(parts)):
+        rest = parts[i:]
+        dotted = "self." + ".".join(rest)
+        indexed = "self" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in rest)
+        found = _written_in(type(owner), (dotted, indexed))
+        if found is not None:  # the outermost class's constructor runs last: its write is the one that holds
+            return found
+        if i < len(parts) - 1:
+            sub = getattr(owner, parts[i], None)
+            if not isinstance(sub, torch.nn.Module):
+                break
+            owner = sub
+    return None
+
+
+def _written_in(cls: type, paths: tuple[str, ...]) -> Loc | None:
+    try:
+        filename = inspect.getsourcefile(cls)
+        lines, start = inspect.getsourcelines(cls)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    if filename is None or any(part in filename for part in LIBRARY_DIRS):  # a library's own default init
+        return None
+    hits = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not isinstance(n, ast.ClassDef | ast.FunctionDef)
+            and _written(n, paths)]
+    if not hits:
+        return None
+    stmt = max(hits, key=lambda n: n.lineno)
+    func = next((f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                 and f.lineno <= stmt.lineno <= (f.end_lineno or f.lineno)), cls.__name__)
+    return location(filename, start + stmt.lineno - 1, func)

@@ -13,11 +13,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+Loc = dict[str, Any]
+OP_TEXT = {"__getitem__": "x[index]"}
+KIND_SITUATION = {"random": "random_draw", "dead": "dead_relu", "index": "empty_index"}
+
 import torch.nn as nn
 
 from gradprobe.checks.gradient_facts import TraceFacts
 from gradprobe.checks.rule_text import listed
-from gradprobe.checks.zero_expr import ZeroSource
+from gradprobe.checks.zero_expr import ZeroSource, set_at
 from gradprobe.checks.zero_ops import ZeroOp
 from gradprobe.findings import Finding, Rule, Situation
 
@@ -78,6 +82,21 @@ GP318: Rule[TraceFacts] = Rule(
                     "batch (shape {shape}): dropout or stochastic depth by design; other draws keep them.",
             fix="Nothing to fix if the drop is intended (dropout, drop path); if these parameters never get a "
                 "gradient over several steps (`audit_training`), check the drop rate."),
+        "dead_relu": Situation(
+            when="an activation (relu, clamp, hardtanh, threshold) had every input of the batch in the region where its "
+                 "derivative is 0",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient: `{op}` at line {line} of {file} had "
+                    "{dead} of its {total} inputs in its dead region ({region}{span}), so it passed no gradient back"
+                    "{cause}{readers}.",
+            fix="Every unit of `{op}` at line {line} of {file} is dead on this batch, not just a few: {remedy}; a leaky "
+                "activation (LeakyReLU, GELU) keeps a gradient in that region."),
+        "empty_index": Situation(
+            when="an index op (`x[mask]`, index_select, gather, masked_select) selected nothing from the path",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient: `{op}` at line {line} of {file} "
+                    "selected nothing from their path: its index `{expr}` selects 0 of {selectable}{made}.",
+            fix="The index `{expr}`{made_at} selects no position of this batch (labels that are all ignored, a mask "
+                "that matches nothing): fix what builds it; if a batch can have no valid position, skip the term for "
+                "it (`if mask.any()`) rather than selecting an empty set (a mean over it is NaN)."),
     },
 )
 
@@ -95,8 +114,8 @@ def zeroed_ids(facts: TraceFacts) -> set[int]:
 
 
 def _situation(rec: ZeroOp, src: ZeroSource) -> str | None:
-    if rec.kind == "random":
-        return "random_draw"
+    if rec.kind in KIND_SITUATION:
+        return KIND_SITUATION[rec.kind]
     if src.expr is None:
         return None
     if rec.kind != "scale":
@@ -112,6 +131,30 @@ def _later(src: ZeroSource) -> str:
     return ", ".join(f"{v:g} at +{k}" for k, v in src.rises[1][:3])
 
 
+def _dead_fields(facts: TraceFacts, rec: ZeroOp, params: list[nn.Parameter]) -> tuple[dict[str, Any], Loc | None]:
+    """A dead activation's measured facts as message fields, and the line that made its inputs dead (if read)."""
+    dead = rec.dead
+    if dead is None:
+        return {}, None
+    bias, at = dead.bias, None
+    if bias is not None and id(bias["tensor"]) in facts.names:
+        name = facts.name(bias["tensor"])
+        at = set_at(facts.model, name)
+        made = f" (set at line {at['line']}: `{at['code']}`)" if at else ""
+        cause = f"; every value of `{name}`{made} is in that region ({bias['min']:.3g} to {bias['max']:.3g})"
+        remedy = f"`{name}`{made} alone puts every unit there: initialise it at 0 or a small positive value"
+    elif rec.op.startswith(("clamp", "clip", "hardtanh", "relu6", "threshold")):
+        cause, remedy = "", f"its bounds leave the whole range of its inputs in the dead region ({dead.region}): set " \
+                            "them inside the range of the data, or rescale what feeds it"
+    else:
+        cause, remedy = "", "every input is in its dead region: normalise what feeds it (BatchNorm, LayerNorm), check " \
+                            "its sign and the init of the layer before, lower the learning rate if the units died in training"
+    readers = [facts.name(p) for p in params if id(p) in rec.readers]
+    span = f"; inputs from {dead.span[0]:.3g} to {dead.span[1]:.3g}" if dead.span else ""
+    return {"dead": dead.dead, "total": dead.total, "region": dead.region, "span": span, "cause": cause,
+            "remedy": remedy, "readers": f"; {listed(readers, 3)} read its output, which is all zeros" if readers else ""}, at
+
+
 @GP318.detector
 def zeroed_by_op(facts: TraceFacts) -> Iterator[Finding]:
     for rec, params in zeroed(facts):
@@ -120,15 +163,23 @@ def zeroed_by_op(facts: TraceFacts) -> Iterator[Finding]:
         loc = rec.location or {}
         made = src.made_at
         fields: dict[str, Any] = {
-            "count": len(names), "names": listed(names, 6), "op": rec.op, "line": loc.get("line"),
-            "file": str(loc.get("file", "?")).rsplit("/", 1)[-1], "shape": rec.shape, "expr": src.expr,
+            "count": len(names), "names": listed(names, 6), "op": OP_TEXT.get(rec.op, rec.op), "line": loc.get("line"),
+            "file": str(loc.get("file", "?")).rsplit("/", 1)[-1], "shape": rec.shape, "expr": src.expr or "?",
             "made": f"; `{src.made_name}` was made at line {made['line']} (`{made['code']}`)" if made else "",
             "made_at": f" (line {made['line']}, `{made['code']}`)" if made else "",
-            "later": _later(src), "number": src.rises[0] if src.rises else None, "inputs": ", ".join(src.inputs)}
+            "later": _later(src), "number": src.rises[0] if src.rises else None, "inputs": ", ".join(src.inputs),
+            "selectable": rec.selectable}
         evidence = {"op": rec.op, "kind": rec.kind, "zero_operand": src.expr, "shape": rec.shape, "made_at": made,
                     "raised": src.rises[1] if src.rises else None, "computed_from": src.inputs}
+        dead, made_dead = _dead_fields(facts, rec, params)
+        if rec.dead is not None:
+            fields.update(dead)
+            evidence.update(dead=rec.dead.dead, of=rec.dead.total, region=rec.dead.region, input_range=rec.dead.span,
+                            bias=None if rec.dead.bias is None else facts.name(rec.dead.bias["tensor"]), bias_set_at=made_dead)
+        if rec.kind == "index":
+            evidence.update(selected=0, of=rec.selectable)
         situation = _situation(rec, src)
         # the cause is where the zero operand was made (the mask, the weight); a ramp from 0 is shown where it weighs
         at = made if made is not None and situation not in (None, "scale_ramp", "random_draw") else rec.location
         evidence["op_location"] = rec.location
-        yield GP318.finding(situation, parameters=names, location=at, evidence=evidence, **fields)
+        yield GP318.finding(situation, parameters=names, location=made_dead or at, evidence=evidence, **fields)
