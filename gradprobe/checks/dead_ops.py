@@ -108,13 +108,14 @@ def dead_activation(name: str, args: Any, kwargs: Mapping[str, Any], out: torch.
         x = args[0] if args and isinstance(args[0], torch.Tensor) and args[0] is not out else None
         dead = int(_in_dead(x, lo, hi, strict).sum()) if x is not None else out.numel()
         span = (float(x.min()), float(x.max())) if x is not None and x.is_floating_point() else None
-        bias = _bias(x if x is not None else out, lo, hi, strict, params)
+        bias = _bias(x, lo, hi, strict, params) if x is not None else None
     return DeadRegion(_region(lo, hi, strict), dead, out.numel(), span, bias, {"min": lo, "max": hi})
 
 
 def _bias(x: torch.Tensor, lo: float | None, hi: float | None, strict: bool,
           params: Mapping[int, torch.Tensor]) -> dict[str, Any] | None:
-    """A one-dimensional parameter added into `x` (a few graph nodes back) whose every value is in the dead region."""
+    """A one-dimensional parameter added into `x` (a few graph nodes back) whose every value is in the dead region and
+    without which some inputs would leave it: the bias is what made the unit dead (not a bound above the data)."""
     node, seen, stack = x.grad_fn, set(), [(x.grad_fn, 0)]
     while stack:
         node, depth = stack.pop()
@@ -124,11 +125,18 @@ def _bias(x: torch.Tensor, lo: float | None, hi: float | None, strict: bool,
         var = getattr(node, "variable", None)
         if var is not None and id(var) in params and var.dim() == 1 and var.numel() > 1 \
                 and var.shape[0] in (x.shape[1] if x.dim() > 1 else -1, x.shape[-1]):
-            if bool(_in_dead(var.detach(), lo, hi, strict).all()):
+            if bool(_in_dead(var.detach(), lo, hi, strict).all()) and _alive_without(x, var.detach(), lo, hi, strict):
                 return {"tensor": var, "min": float(var.min()), "max": float(var.max())}
         if depth < BIAS_DEPTH:
             stack.extend((nf, depth + 1) for nf, _ in getattr(node, "next_functions", ()))
     return None
+
+
+def _alive_without(x: torch.Tensor, bias: torch.Tensor, lo: float | None, hi: float | None, strict: bool) -> bool:
+    """Whether some input would be out of the dead region with `bias` taken out of it (on the channel dim)."""
+    n = bias.shape[0]
+    b = bias if x.shape[-1] == n else bias.reshape(n, *([1] * (x.dim() - 2)))
+    return not bool(_in_dead(x - b, lo, hi, strict).all())
 
 
 def _index_of(name: str, args: Any, kwargs: Mapping[str, Any]) -> Any:

@@ -21,12 +21,11 @@ import torch
 
 from gradprobe.checks.torchcompat import untraced
 from gradprobe.checks.zero_ops import ZeroOp
-from gradprobe.userframes import location, statement_start
+from gradprobe.userframes import UserCode, location, statement_start
 
 Loc = dict[str, Any]
 PROBE = (1, 10, 100, 1000)
 PLACEHOLDER = "__gradprobe_probe__"
-LIBRARY_DIRS = ("site-packages", "dist-packages")
 INDEX_CALLS = frozenset({"index_select", "gather", "masked_select", "take", "take_along_dim"})
 
 
@@ -209,15 +208,26 @@ def read_zero(rec: ZeroOp) -> ZeroSource:
     return src
 
 
-def _written(stmt: ast.stmt, paths: tuple[str, ...]) -> bool:
-    """Whether the simple statement writes the parameter at one of `paths` (an in-place init, a `.data` write)."""
+
+def _path_text(parts: list[str]) -> str:
+    return "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in parts)
+
+
+def _writes(stmt: ast.stmt, suffix: str, root: str | None) -> bool:
+    """Whether the simple statement writes the parameter reached by `suffix` (`.fc.bias`, `[0].bias`) from `root`
+    (`self`), or from any root when `root` is None: an in-place init (`init.constant_(x, -10)`, `x.data.fill_(-10)`)
+    or an assignment to it or its `.data`."""
     def names(t: ast.AST) -> bool:
         text = ast.unparse(t)
-        return any(text == p or text.startswith(p + ".data") or text.startswith(p + "[") for p in paths)
+        for tail in ("", ".data"):
+            head = text[: len(text) - len(suffix + tail)] if text.endswith(suffix + tail) else None
+            if head and (head == root if root is not None else head.isidentifier()):
+                return True
+        return False
 
     if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
         targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-        return any(names(t) for t in targets)
+        return any(names(t.value if isinstance(t, ast.Subscript) else t) for t in targets)
     call = stmt.value if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) else None
     if call is None or not ast.unparse(call.func).endswith("_"):  # an in-place op: init.constant_, fill_, uniform_
         return False
@@ -225,40 +235,45 @@ def _written(stmt: ast.stmt, paths: tuple[str, ...]) -> bool:
     return any(names(a) for a in call.args[:1]) or (owner is not None and names(owner))
 
 
-def set_at(model: torch.nn.Module, name: str) -> Loc | None:
-    """The last statement in the source of the model's classes that wrote the parameter `name` (`fc.bias`):
-    `nn.init.constant_(self.fc.bias, -10.0)`, `self.fc.bias.data.fill_(-10)`; None when none is written by its path."""
+def _last_write(filename: str, tree: ast.AST, suffix: str, root: str | None, first: int = 1) -> Loc | None:
+    hits = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not isinstance(n, (ast.ClassDef, ast.FunctionDef))
+            and _writes(n, suffix, root)]
+    if not hits:
+        return None
+    stmt = max(hits, key=lambda n: n.lineno)
+    func = next((f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                 and f.lineno <= stmt.lineno <= (f.end_lineno or f.lineno)), "<module>")
+    return location(filename, first + stmt.lineno - 1, func)
+
+
+def set_at(model: torch.nn.Module, name: str, user: UserCode) -> Loc | None:
+    """The statement of the user's source that last wrote the parameter `name` (`fc.bias`): in the constructor of the
+    outermost user class that holds it (`nn.init.constant_(self.fc.bias, -10.0)`, which runs after the inner ones), else
+    anywhere in the user's files by its whole path (`model[0].bias.fill_(-100.0)` in a build function)."""
     parts = name.split(".")
-    owner: torch.nn.Module = model
+    owner: Any = model
     for i in range(len(parts)):
-        rest = parts[i:]
-        dotted = "self." + ".".join(rest)
-        indexed = "self" + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in rest)
-        found = _written_in(type(owner), (dotted, indexed))
-        if found is not None:  # the outermost class's constructor runs last: its write is the one that holds
+        found = _written_in(type(owner), _path_text(parts[i:]), user)
+        if found is not None:
             return found
-        if i < len(parts) - 1:
-            sub = getattr(owner, parts[i], None)
-            if not isinstance(sub, torch.nn.Module):
-                break
-            owner = sub
+        owner = getattr(owner, parts[i], None)
+        if not isinstance(owner, torch.nn.Module):
+            break
+    for filename in user.files():
+        tree = _tree(filename)
+        found = _last_write(filename, tree, _path_text(parts), None) if tree is not None else None
+        if found is not None:
+            return found
     return None
 
 
-def _written_in(cls: type, paths: tuple[str, ...]) -> Loc | None:
+def _written_in(cls: type, suffix: str, user: UserCode) -> Loc | None:
     try:
         filename = inspect.getsourcefile(cls)
         lines, start = inspect.getsourcelines(cls)
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError):
         return None
-    if filename is None or any(part in filename for part in LIBRARY_DIRS):  # a library's own default init
+    if filename is None or not user.is_user_file(filename):  # a library's own default init holds no surprise
         return None
-    hits = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not isinstance(n, ast.ClassDef | ast.FunctionDef)
-            and _written(n, paths)]
-    if not hits:
-        return None
-    stmt = max(hits, key=lambda n: n.lineno)
-    func = next((f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
-                 and f.lineno <= stmt.lineno <= (f.end_lineno or f.lineno)), cls.__name__)
-    return location(filename, start + stmt.lineno - 1, func)
+    return _last_write(filename, tree, suffix, "self", start)

@@ -63,6 +63,7 @@ class ZeroOp:
     dead: DeadRegion | None = None  # kind "dead": the region and what was measured of the inputs
     selectable: int = 0  # kind "index": how many positions the index could select (it selected none)
     readers: set[int] = field(default_factory=set)  # kind "dead": parameters an op combined with its (all-zero) output
+    module: torch.nn.Module | None = None  # the innermost module whose forward ran the op
 
     def zeroed(self, p: torch.Tensor) -> bool:
         """A nonzero gradient reached the node, and every input of it that leads to `p` got only zeros."""
@@ -90,6 +91,17 @@ def _user_frame(user: UserCode) -> Any:
     while f is not None and not user.is_user_file(f.f_code.co_filename):
         f = f.f_back
     return f
+
+
+def _running_module() -> torch.nn.Module | None:
+    """The innermost module whose forward is on the stack (names an op run inside a library module: nn.ReLU)."""
+    f: Any = sys._getframe(1)
+    while f is not None:
+        owner = f.f_locals.get("self") if f.f_code.co_name == "forward" else None
+        if isinstance(owner, torch.nn.Module):
+            return owner
+        f = f.f_back
+    return None
 
 
 def _behind(node: Any, params: Mapping[int, torch.Tensor], seen: set[int]) -> set[int]:
@@ -153,7 +165,7 @@ class ZeroOpWatch:
         env = (dict(frame.f_locals), frame.f_globals) if frame is not None else None
         shape = list(zero.shape) if isinstance(zero, torch.Tensor) else list(out.shape) if dead is not None else []
         rec = ZeroOp(kind, name, loc, zero, shape, env, node=out.grad_fn, dead=dead,
-                     selectable=selected[1] if selected is not None else 0)
+                     selectable=selected[1] if selected is not None else 0, module=_running_module())
         if dead is not None:
             self._dead_outs[id(out)] = (out, rec)
         try:  # now: a step counter the step advances later would read differently after it

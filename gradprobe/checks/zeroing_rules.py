@@ -13,10 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-Loc = dict[str, Any]
-OP_TEXT = {"__getitem__": "x[index]"}
-KIND_SITUATION = {"random": "random_draw", "dead": "dead_relu", "index": "empty_index"}
-
 import torch.nn as nn
 
 from gradprobe.checks.gradient_facts import TraceFacts
@@ -24,6 +20,10 @@ from gradprobe.checks.rule_text import listed
 from gradprobe.checks.zero_expr import ZeroSource, set_at
 from gradprobe.checks.zero_ops import ZeroOp
 from gradprobe.findings import Finding, Rule, Situation
+
+Loc = dict[str, Any]
+OP_TEXT = {"__getitem__": "x[index]"}
+KIND_SITUATION = {"random": "random_draw", "dead": "dead_relu", "index": "empty_index"}
 
 GP318: Rule[TraceFacts] = Rule(
     code="GP318", name="zeroed-by-op", severity="warning", rank=35,
@@ -85,14 +85,13 @@ GP318: Rule[TraceFacts] = Rule(
         "dead_relu": Situation(
             when="an activation (relu, clamp, hardtanh, threshold) had every input of the batch in the region where its "
                  "derivative is 0",
-            message="{count} parameter(s) ({names}) got an exactly-zero gradient: `{op}` at line {line} of {file} had "
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient: `{op}` {where} had "
                     "{dead} of its {total} inputs in its dead region ({region}{span}), so it passed no gradient back"
                     "{cause}{readers}.",
-            fix="Every unit of `{op}` at line {line} of {file} is dead on this batch, not just a few: {remedy}; a leaky "
-                "activation (LeakyReLU, GELU) keeps a gradient in that region."),
+            fix="Every unit of `{op}` {where} is dead on this batch, not just a few: {remedy}."),
         "empty_index": Situation(
             when="an index op (`x[mask]`, index_select, gather, masked_select) selected nothing from the path",
-            message="{count} parameter(s) ({names}) got an exactly-zero gradient: `{op}` at line {line} of {file} "
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient: `{op}` {where} "
                     "selected nothing from their path: its index `{expr}` selects 0 of {selectable}{made}.",
             fix="The index `{expr}`{made_at} selects no position of this batch (labels that are all ignored, a mask "
                 "that matches nothing): fix what builds it; if a batch can have no valid position, skip the term for "
@@ -139,20 +138,33 @@ def _dead_fields(facts: TraceFacts, rec: ZeroOp, params: list[nn.Parameter]) -> 
     bias, at = dead.bias, None
     if bias is not None and id(bias["tensor"]) in facts.names:
         name = facts.name(bias["tensor"])
-        at = set_at(facts.model, name)
+        at = set_at(facts.model, name, facts.tracer.user)
         made = f" (set at line {at['line']}: `{at['code']}`)" if at else ""
         cause = f"; every value of `{name}`{made} is in that region ({bias['min']:.3g} to {bias['max']:.3g})"
-        remedy = f"`{name}`{made} alone puts every unit there: initialise it at 0 or a small positive value"
+        remedy = f"`{name}`{made} alone puts every unit there: initialise it at 0 or a small positive value (a " \
+                 "leaky activation such as LeakyReLU or GELU keeps a gradient in that region)"
     elif rec.op.startswith(("clamp", "clip", "hardtanh", "relu6", "threshold")):
         cause, remedy = "", f"its bounds leave the whole range of its inputs in the dead region ({dead.region}): set " \
                             "them inside the range of the data, or rescale what feeds it"
     else:
-        cause, remedy = "", "every input is in its dead region: normalise what feeds it (BatchNorm, LayerNorm), check " \
-                            "its sign and the init of the layer before, lower the learning rate if the units died in training"
+        cause, remedy = "", "every input is in its dead region: normalise what feeds it (BatchNorm, LayerNorm), " \
+                            "check its sign and the init of the layer before, lower the learning rate if the units " \
+                            "died in training, or use a leaky activation (LeakyReLU, GELU)"
     readers = [facts.name(p) for p in params if id(p) in rec.readers]
     span = f"; inputs from {dead.span[0]:.3g} to {dead.span[1]:.3g}" if dead.span else ""
     return {"dead": dead.dead, "total": dead.total, "region": dead.region, "span": span, "cause": cause,
             "remedy": remedy, "readers": f"; {listed(readers, 3)} read its output, which is all zeros" if readers else ""}, at
+
+
+def _where(facts: TraceFacts, rec: ZeroOp, fields: dict[str, Any]) -> tuple[str, str | None]:
+    """Where the op ran, as text: its user line, and the module whose forward ran it when no user line did."""
+    module = next((n or "(the model)" for n, m in facts.model.named_modules() if m is rec.module), None) \
+        if rec.module is not None else None
+    if fields["line"] is not None:
+        return f"at line {fields['line']} of {fields['file']}", module
+    if module is not None:
+        return f"in module `{module}` ({type(rec.module).__name__})", module
+    return "(no line of the project ran it)", None
 
 
 @GP318.detector
@@ -169,7 +181,7 @@ def zeroed_by_op(facts: TraceFacts) -> Iterator[Finding]:
             "made_at": f" (line {made['line']}, `{made['code']}`)" if made else "",
             "later": _later(src), "number": src.rises[0] if src.rises else None, "inputs": ", ".join(src.inputs),
             "selectable": rec.selectable}
-        evidence = {"op": rec.op, "kind": rec.kind, "zero_operand": src.expr, "shape": rec.shape, "made_at": made,
+        evidence: dict[str, Any] = {"op": rec.op, "kind": rec.kind, "zero_operand": src.expr, "shape": rec.shape, "made_at": made,
                     "raised": src.rises[1] if src.rises else None, "computed_from": src.inputs}
         dead, made_dead = _dead_fields(facts, rec, params)
         if rec.dead is not None:
@@ -178,6 +190,8 @@ def zeroed_by_op(facts: TraceFacts) -> Iterator[Finding]:
                             bias=None if rec.dead.bias is None else facts.name(rec.dead.bias["tensor"]), bias_set_at=made_dead)
         if rec.kind == "index":
             evidence.update(selected=0, of=rec.selectable)
+        if rec.kind in ("dead", "index"):
+            fields["where"], evidence["module"] = _where(facts, rec, fields)
         situation = _situation(rec, src)
         # the cause is where the zero operand was made (the mask, the weight); a ramp from 0 is shown where it weighs
         at = made if made is not None and situation not in (None, "scale_ramp", "random_draw") else rec.location
