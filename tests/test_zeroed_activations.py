@@ -107,7 +107,7 @@ async def test_labels_that_are_all_ignored_are_an_empty_selection(client, tmp_pa
     assert f["severity"] == "warning" and f["evidence"]["kind"] == "index"
     assert {"emb.weight", "body.weight", "head.weight"} <= set(f["parameters"])
     assert f["location"]["line"] == _line(case, "keep = labels != IGNORE")  # the line that made the mask
-    assert f["evidence"]["op_location"]["line"] == _line(case, "logits[keep]")
+    assert f["evidence"]["op_location"]["line"] == _line(case, "F.cross_entropy(logits[keep]")
     assert f["evidence"]["selected"] == 0 and f["evidence"]["of"] == 32 and "selects 0 of 32" in f["message"]
     assert not [g for g in findings if g["code"] == "GP306"], findings
 
