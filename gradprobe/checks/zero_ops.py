@@ -144,7 +144,7 @@ class ZeroOpWatch:
     def note(self, name: str, args: Any, kwargs: dict[str, Any], out: Any) -> None:
         """An op on values that require grad ran: kept if it multiplied them by zero (or selected none of them)."""
         if self._dead_outs:
-            self._read_dead(args, kwargs)
+            self._read_dead(args, kwargs, out)
         if name not in ZERO_WATCHED or len(self.ops) >= MAX_RECORDS or not isinstance(out, torch.Tensor) or out.grad_fn is None:
             return
         found = self._zero_operand(name, args, kwargs)
@@ -175,12 +175,19 @@ class ZeroOpWatch:
         rec.env = None
         self.ops.append(rec)
 
-    def _read_dead(self, args: Any, kwargs: dict[str, Any]) -> None:
-        """An op that reads the (all-zero) output of a dead activation: the parameters it combines with it."""
+    def _read_dead(self, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        """An op that reads the (all-zero) output of a dead activation: the parameters it combines with it; an output
+        that is still all zero (a view, a flatten, a dropout of it) is followed as the activation's output."""
         tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
         recs = [hit[1] for t in tensors if (hit := self._dead_outs.get(id(t))) is not None and hit[0] is t]
+        if not recs:
+            return
+        read = {id(t) for t in tensors if id(t) in self.params and self.params[id(t)] is t}
         for rec in recs:
-            rec.readers.update(id(t) for t in tensors if id(t) in self.params and self.params[id(t)] is t)
+            rec.readers.update(read)
+        if not read and isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel() \
+                and len(self._dead_outs) < MAX_RECORDS * 8 and not bool(out.any()):
+            self._dead_outs[id(out)] = (out, recs[0])
 
     @staticmethod
     def _zero_operand(name: str, args: Any, kwargs: dict[str, Any]) -> tuple[str, Any] | None:

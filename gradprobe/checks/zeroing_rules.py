@@ -1,10 +1,14 @@
 """GP318: the op where an exactly-zero gradient became zero, the zero operand, the line that made it, and whether it
-stays zero (a mask that selects nothing) or is a weight ramping up from 0 (information, not a warning).
+stays zero (a mask that selects nothing) or is a weight ramping up from 0 (information, not a warning); an activation
+whose every input was in its dead region (with the bias that put them there and the line that set it), and an index op
+that selected nothing (with the count and the line that made the index).
 
 Written from public threads: a loss multiplied by a mask that is zero everywhere leaves the head it trains with a zero
 gradient (open-mmlab/mmpretrain pull #1426: a task whose samples are all masked out gave the loss 0 and no gradient;
 mila-iqia/blocks issue #952: `(cost * y_mask).sum()`), and a loss weight warmed up from 0 is a common, healthy
-schedule (layumi/Person_reID_baseline_pytorch issue #338: "loss warm-up" instead of an lr warm-up).
+schedule (layumi/Person_reID_baseline_pytorch issue #338: "loss warm-up" instead of an lr warm-up); a bias initialised
+to a large negative value kills every ReLU unit (facebookresearch/dlrm pull #358); a batch whose labels are all the
+ignore index selects nothing (allenai/OLMo-core pull #657, pytorch/pytorch issue #70348).
 The facts are measured during the traced step (checks/zero_ops.py) and read back from the source (checks/zero_expr.py).
 """
 
@@ -27,8 +31,9 @@ KIND_SITUATION = {"random": "random_draw", "dead": "dead_relu", "index": "empty_
 
 GP318: Rule[TraceFacts] = Rule(
     code="GP318", name="zeroed-by-op", severity="warning", rank=35,
-    summary="An exactly-zero gradient, traced to the op that zeroed it: a multiply by an all-zero mask or weight, or a "
-            "`where` whose condition selects nothing (info for a loss weight ramping up from 0).",
+    summary="An exactly-zero gradient, traced to the op that zeroed it: a multiply by an all-zero mask or weight, a "
+            "`where` whose condition selects nothing, an activation dead on every input, an index that selects nothing "
+            "(info for a loss weight ramping up from 0).",
     why="The gradient reaches that op nonzero and leaves it zero: the parameters behind it learn nothing from this "
         "batch; a mask that selects only padding does so at every step, a weight that starts at 0 only until it rises.",
     example="tok_loss = (tok_loss * (1 - mask)).sum()  # mask = (tags == PAD): every position is padding",
