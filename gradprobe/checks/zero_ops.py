@@ -221,7 +221,7 @@ class ZeroOpWatch:
     def _hook(rec: ZeroOp) -> Any:
         def hook(grad_inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...]) -> None:
             # an empty selection gets an empty gradient: reaching it is enough
-            if rec.kind == "index" or any(isinstance(g, torch.Tensor) and bool(g.any()) for g in grad_outputs):
+            if rec.selectable or any(isinstance(g, torch.Tensor) and bool(g.any()) for g in grad_outputs):
                 rec.reached = True
                 rec.zero_slots = tuple(not (isinstance(g, torch.Tensor) and bool(g.any())) for g in grad_inputs)
         return hook
