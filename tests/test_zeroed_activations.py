@@ -98,6 +98,44 @@ async def test_a_clamp_whose_bounds_lie_above_the_data_is_named_at_its_line(clie
     assert f["evidence"]["bias"] is None and "its bounds leave the whole range of its inputs" in f["fix"]
 
 
+HINGE = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+
+    class Embed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(6, 4)
+
+        def forward(self, a, p, n):
+            return self.net(a), self.net(p), self.net(n)
+
+
+    def build_model():
+        return Embed()
+
+
+    def make_inputs():
+        return torch.randn(8, 6), torch.randn(8, 6), torch.randn(8, 6) + 50.0  # negatives far away: easy triplets
+
+
+    def loss_fn(out, batch):
+        a, p, n = out
+        return F.relu((a - p).norm(dim=1) - (a - n).norm(dim=1) + 1.0).mean()
+"""
+
+
+@pytest.mark.anyio
+async def test_a_margin_loss_whose_every_margin_is_met_is_info(client, tmp_path):
+    findings = await _run(client, tmp_path, source=HINGE)
+    f = _one(findings, "GP318")
+    assert f["severity"] == "info" and f["parameters"] == ["net.weight", "net.bias"]
+    assert "every margin is met on this batch" in f["message"] and f["evidence"]["dead"] == f["evidence"]["of"] == 8
+    assert not [g for g in findings if g["severity"] in ("error", "warning")], findings
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("tool", ["trace_grad_path", "diagnose"])
 async def test_labels_that_are_all_ignored_are_an_empty_selection(client, tmp_path, tool):
@@ -114,5 +152,5 @@ async def test_labels_that_are_all_ignored_are_an_empty_selection(client, tmp_pa
 
 def test_the_new_situations_have_their_own_fix():
     doc = catalogue()["GP318"]["situations"]
-    fixes = [doc[s]["fix"] for s in ("dead_relu", "empty_index", "mask", "where")]
+    fixes = [doc[s]["fix"] for s in ("dead_relu", "dead_hinge", "empty_index", "mask", "where")]
     assert len(set(fixes)) == len(fixes)

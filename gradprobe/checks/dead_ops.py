@@ -38,6 +38,7 @@ class DeadRegion:
     span: tuple[float, float] | None = None  # smallest and largest input (None for an in-place op: overwritten)
     bias: dict[str, Any] | None = None  # a bias added into the input that alone lies in the dead region
     bounds: dict[str, float | None] = field(default_factory=dict)
+    summed: bool = False  # the gradient that reached it was one value everywhere: its output is a term of the loss
 
 
 def _number(v: Any) -> float | None:

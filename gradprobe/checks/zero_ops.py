@@ -104,6 +104,14 @@ def _running_module() -> torch.nn.Module | None:
     return None
 
 
+def _uniform(g: Any) -> bool:
+    """Whether a gradient is the same nonzero value everywhere: its value was summed (or averaged) into the loss."""
+    if not isinstance(g, torch.Tensor) or g.numel() == 0:
+        return False
+    first = g.flatten()[0]
+    return bool(first != 0) and bool((g == first).all())
+
+
 def _behind(node: Any, params: Mapping[int, torch.Tensor], seen: set[int]) -> set[int]:
     """The parameters whose AccumulateGrad lies under `node` in the graph."""
     out: set[int] = set()
@@ -224,6 +232,8 @@ class ZeroOpWatch:
             if rec.selectable or any(isinstance(g, torch.Tensor) and bool(g.any()) for g in grad_outputs):
                 rec.reached = True
                 rec.zero_slots = tuple(not (isinstance(g, torch.Tensor) and bool(g.any())) for g in grad_inputs)
+                if rec.dead is not None:
+                    rec.dead.summed = _uniform(grad_outputs[0])
         return hook
 
     def disarm(self) -> None:

@@ -94,6 +94,16 @@ GP318: Rule[TraceFacts] = Rule(
                     "{dead} of its {total} inputs in its dead region ({region}{span}), so it passed no gradient back"
                     "{cause}{readers}.",
             fix="Every unit of `{op}` {where} is dead on this batch, not just a few: {remedy}."),
+        "dead_hinge": Situation(
+            when="the dead activation's output is summed or averaged straight into the loss (a hinge or margin loss) "
+                 "and every one of its terms is 0 on this batch",
+            severity="info",
+            message="{count} parameter(s) ({names}) got an exactly-zero gradient at this step: `{op}` {where} is a "
+                    "term of the loss (the same gradient reached all of it) and had {dead} of its {total} inputs in "
+                    "its dead region ({region}{span}): every margin is met on this batch, so the loss is 0 and trains "
+                    "nothing from it.",
+            fix="Nothing to fix if the margin loss is meant to be 0 once every margin is met; if it is met from the "
+                "first step on, the margin is too small or the pairs too easy (mine harder negatives)."),
         "empty_index": Situation(
             when="an index op (`x[mask]`, index_select, gather, masked_select) selected nothing from the path",
             message="{count} parameter(s) ({names}) got an exactly-zero gradient: `{op}` {where} "
@@ -118,6 +128,8 @@ def zeroed_ids(facts: TraceFacts) -> set[int]:
 
 
 def _situation(rec: ZeroOp, src: ZeroSource) -> str | None:
+    if rec.dead is not None and rec.dead.summed:
+        return "dead_hinge"
     if rec.kind in KIND_SITUATION:
         return KIND_SITUATION[rec.kind]
     if src.expr is None:
