@@ -12,7 +12,8 @@ gradient reached the node and whether the node passed zero on to its inputs, and
 A parameter whose gradient ended exactly zero and lies behind a node that received a nonzero gradient and passed on
 zero was zeroed there. An empty selection passes on an empty gradient: there, the node being reached at all is
 enough. A parameter that reads the output of a dead activation directly (the next layer's weight: its input was all
-zeros) is named with it. Nothing else in the graph is hooked.
+zeros) is named with it; a dead activation that got the same gradient everywhere is a term summed straight into the
+loss (a hinge whose every margin is met). Nothing else in the graph is hooked.
 """
 
 from __future__ import annotations
