@@ -117,26 +117,32 @@ def _bias(x: torch.Tensor, lo: float | None, hi: float | None, strict: bool,
           params: Mapping[int, torch.Tensor]) -> dict[str, Any] | None:
     """A one-dimensional parameter added into `x` (a few graph nodes back) whose every value is in the dead region and
     without which some inputs would leave it: the bias is what made the unit dead (not a bound above the data)."""
-    node, seen, stack = x.grad_fn, set(), [(x.grad_fn, 0)]
+    seen: set[int] = set()
+    stack: list[tuple[Any, int, bool]] = [(x.grad_fn, 0, False)]
     while stack:
-        node, depth = stack.pop()
+        node, depth, by_channel = stack.pop()
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
         var = getattr(node, "variable", None)
         if var is not None and id(var) in params and var.dim() == 1 and var.numel() > 1 \
                 and var.shape[0] in (x.shape[1] if x.dim() > 1 else -1, x.shape[-1]):
-            if bool(_in_dead(var.detach(), lo, hi, strict).all()) and _alive_without(x, var.detach(), lo, hi, strict):
+            if bool(_in_dead(var.detach(), lo, hi, strict).all()) \
+                    and _alive_without(x, var.detach(), lo, hi, strict, by_channel):
                 return {"tensor": var, "min": float(var.min()), "max": float(var.max())}
         if depth < BIAS_DEPTH:
-            stack.extend((nf, depth + 1) for nf, _ in getattr(node, "next_functions", ()))
+            # a convolution (or a norm over channels) adds its bias on dim 1, a linear on the last dim
+            channel = x.dim() > 2 and type(node).__name__.startswith(("Convolution", "CudnnConvolution", "NativeBatchNorm",
+                                                                        "CudnnBatchNorm", "NativeGroupNorm"))
+            stack.extend((nf, depth + 1, channel) for nf, _ in getattr(node, "next_functions", ()))
     return None
 
 
-def _alive_without(x: torch.Tensor, bias: torch.Tensor, lo: float | None, hi: float | None, strict: bool) -> bool:
+def _alive_without(x: torch.Tensor, bias: torch.Tensor, lo: float | None, hi: float | None, strict: bool,
+                   by_channel: bool) -> bool:
     """Whether some input would be out of the dead region with `bias` taken out of it (on the channel dim)."""
     n = bias.shape[0]
-    b = bias if x.shape[-1] == n else bias.reshape(n, *([1] * (x.dim() - 2)))
+    b = bias.reshape(n, *([1] * (x.dim() - 2))) if by_channel or x.shape[-1] != n else bias
     return not bool(_in_dead(x - b, lo, hi, strict).all())
 
 
