@@ -116,6 +116,10 @@ class UserCode:
     def location_of(self, filename: str, line: int, function: str) -> dict[str, Any]:
         return location(filename, line, function)
 
+    def files(self) -> list[str]:
+        """The user's files seen so far (every file a frame of the step ran in and that belongs to the project)."""
+        return [f for f, hit in self._cache.items() if hit and not f.startswith("<")]
+
     def innermost(self, frame: FrameType | None = None, skip: int = 1) -> dict[str, Any] | None:
         """The innermost user frame of the current stack (or of `frame` outward)."""
         f: FrameType | None = frame if frame is not None else sys._getframe(skip)

@@ -11,7 +11,9 @@ at 0, a value that stays 0 means a weight that is 0 for good.
 from __future__ import annotations
 
 import ast
+import inspect
 import linecache
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,11 +21,12 @@ import torch
 
 from gradprobe.checks.torchcompat import untraced
 from gradprobe.checks.zero_ops import ZeroOp
-from gradprobe.userframes import location, statement_start
+from gradprobe.userframes import UserCode, location, statement_start
 
 Loc = dict[str, Any]
 PROBE = (1, 10, 100, 1000)
 PLACEHOLDER = "__gradprobe_probe__"
+INDEX_CALLS = frozenset({"index_select", "gather", "masked_select", "take", "take_along_dim"})
 
 
 @dataclass
@@ -67,11 +70,23 @@ def _matches(value: Any, rec: ZeroOp) -> bool:
     return isinstance(value, torch.Tensor) and list(value.shape) == rec.shape and not bool(value.any())
 
 
+def _indices(n: ast.AST) -> list[ast.expr]:
+    """The index expressions of a subscript (`x[mask]`, `x[:, idx]`) or of an index call's arguments."""
+    if isinstance(n, ast.Subscript):
+        return list(n.slice.elts) if isinstance(n.slice, ast.Tuple) else [n.slice]
+    if isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) in INDEX_CALLS:
+        return [*n.args, *(k.value for k in n.keywords)]
+    return []
+
+
 def _sides(stmt: ast.AST, rec: ZeroOp) -> list[ast.expr]:
-    """The candidate zero operands in the statement: both sides of each multiply, or each `where`'s condition."""
+    """The candidate zero operands in the statement: both sides of each multiply, each `where`'s condition, or each
+    index of a selection."""
     out: list[ast.expr] = []
     for n in ast.walk(stmt):
-        if rec.kind == "where" and isinstance(n, ast.Call) and n.args and \
+        if rec.kind == "index":
+            out += [i for i in _indices(n) if not isinstance(i, (ast.Slice, ast.Constant))]
+        elif rec.kind == "where" and isinstance(n, ast.Call) and n.args and \
                 getattr(n.func, "attr", getattr(n.func, "id", None)) == "where":
             out.append(n.args[0])
         elif rec.kind != "where" and isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult):
@@ -168,7 +183,7 @@ def read_zero(rec: ZeroOp) -> ZeroSource:
     """The zero operand of `rec` in the user's source, where its value was made, and whether a zero scale rises."""
     src = ZeroSource()
     loc, env = rec.location, rec.env
-    tree = _tree(loc["file"]) if loc else None
+    tree = _tree(loc["file"]) if loc and rec.kind != "dead" else None  # a dead activation has no zero operand
     if loc is None or env is None or tree is None:
         return src
     start = statement_start(loc["file"], loc["line"])
@@ -191,3 +206,74 @@ def read_zero(rec: ZeroOp) -> ZeroSource:
         expr = made[1].value if made is not None and isinstance(side, ast.Name) else side
         _ramp(expr, env, src)
     return src
+
+
+
+def _path_text(parts: list[str]) -> str:
+    return "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in parts)
+
+
+def _writes(stmt: ast.stmt, suffix: str, root: str | None) -> bool:
+    """Whether the simple statement writes the parameter reached by `suffix` (`.fc.bias`, `[0].bias`) from `root`
+    (`self`), or from any root when `root` is None: an in-place init (`init.constant_(x, -10)`, `x.data.fill_(-10)`)
+    or an assignment to it or its `.data`."""
+    def names(t: ast.AST) -> bool:
+        text = ast.unparse(t)
+        for tail in ("", ".data"):
+            head = text[: len(text) - len(suffix + tail)] if text.endswith(suffix + tail) else None
+            if head and (head == root if root is not None else head.isidentifier()):
+                return True
+        return False
+
+    if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return any(names(t.value if isinstance(t, ast.Subscript) else t) for t in targets)
+    call = stmt.value if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) else None
+    if call is None or not ast.unparse(call.func).endswith("_"):  # an in-place op: init.constant_, fill_, uniform_
+        return False
+    owner = call.func.value if isinstance(call.func, ast.Attribute) else None
+    return any(names(a) for a in call.args[:1]) or (owner is not None and names(owner))
+
+
+def _last_write(filename: str, tree: ast.AST, suffix: str, root: str | None, first: int = 1) -> Loc | None:
+    hits = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not isinstance(n, (ast.ClassDef, ast.FunctionDef))
+            and _writes(n, suffix, root)]
+    if not hits:
+        return None
+    stmt = max(hits, key=lambda n: n.lineno)
+    func = next((f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                 and f.lineno <= stmt.lineno <= (f.end_lineno or f.lineno)), "<module>")
+    return location(filename, first + stmt.lineno - 1, func)
+
+
+def set_at(model: torch.nn.Module, name: str, user: UserCode) -> Loc | None:
+    """The statement of the user's source that last wrote the parameter `name` (`fc.bias`): in the constructor of the
+    outermost user class that holds it (`nn.init.constant_(self.fc.bias, -10.0)`, which runs after the inner ones), else
+    anywhere in the user's files by its whole path (`model[0].bias.fill_(-100.0)` in a build function)."""
+    parts = name.split(".")
+    owner: Any = model
+    for i in range(len(parts)):
+        found = _written_in(type(owner), _path_text(parts[i:]), user)
+        if found is not None:
+            return found
+        owner = getattr(owner, parts[i], None)
+        if not isinstance(owner, torch.nn.Module):
+            break
+    for filename in user.files():
+        tree = _tree(filename)
+        found = _last_write(filename, tree, _path_text(parts), None) if tree is not None else None
+        if found is not None:
+            return found
+    return None
+
+
+def _written_in(cls: type, suffix: str, user: UserCode) -> Loc | None:
+    try:
+        filename = inspect.getsourcefile(cls)
+        lines, start = inspect.getsourcelines(cls)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    if filename is None or not user.is_user_file(filename):  # a library's own default init holds no surprise
+        return None
+    return _last_write(filename, tree, suffix, "self", start)
