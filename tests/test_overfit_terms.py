@@ -31,6 +31,8 @@ async def test_a_term_whose_head_never_moves_is_named_and_the_healthy_twin_is_cl
     assert healthy["ok"] and not healthy["findings"], healthy["findings"]
     trends = {k: v["trend"] for k, v in healthy["facts"]["overfit_one_batch"]["terms"].items()}
     assert len(trends) == 3 and set(trends.values()) == {"down"}, trends
+    rows = healthy["facts"]["overfit_one_batch"]["terms"]  # each term with its weight: the terms add up to the loss
+    assert abs(sum(v["first"] for k, v in rows.items() if k != "loss") - rows["loss"]["first"]) < 1e-4
 
 
 @pytest.mark.anyio

@@ -9,6 +9,15 @@ the last three losses is at least 10% below the first; it did NOT when it became
 by less, or moves within its noise, is reported as such, with no finding. The trainable parameters that did not move
 are named.
 
+Per loss term (overfit_terms.py: the entries the step or loss_fn returned, else the sum at the graph's root), each
+term's trend is reported, with its line and the trainable tensors its graph reaches. When the total goes down, a term
+is a finding only on a measurement that cannot be healthy training: it stayed exactly the same, or it did not go down
+while none of the tensors it reaches moved (term_stuck, error, naming those tensors); a term that stayed exactly the
+same while all of them moved is info (term_no_gradient: a hinge or a clamp at its floor by design looks the same). A
+term that rises while what it reaches moves is in the facts only: a VAE's KL rising while the reconstruction falls is
+normal early on, so a rising term is part of a finding only when the total fails too. Term example written from
+https://github.com/lucidrains/compressive-transformer-pytorch/issues/5 ("aux_loss does not update any weight").
+
 Written from the public report https://github.com/Ontheway361/antispoof-single-image/issues/12 ("The model loss is
 not decreasing even when I try to overfit batches of data") and the practice of overfitting one batch first
 (https://github.com/victoresque/pytorch-template/pull/69, "add trainer debugging option overfit_single_batch").
@@ -29,6 +38,7 @@ from gradprobe.checks.steps.observe import norms
 from gradprobe.checks.steps.overfit_terms import TermInfo, TermRecord, TermWatch, returned_nodes, slope_t
 from gradprobe.checks.term_split import Reach
 from gradprobe.findings import Finding, Rule, Situation
+from gradprobe.wrappers import compiled_wrapper
 
 DEFAULT_STEPS = 20
 MAX_STEPS = 200
@@ -246,9 +256,11 @@ def overfit_one_batch(loaded: Any, steps: int) -> OverfitFacts:
     terms: dict[str, list[float]] = {}
     split = TermRecord()
     source, error, ran = "none", None, 0
+    # a compiled module runs as it traced: no mode is added around it (its terms are those its step returns)
+    compiled = compiled_wrapper(getattr(loaded, "wrapper", None), loaded.model) is not None
     for _ in range(steps):
         watch, parts = _BackwardLosses(), TermWatch(loaded.user)
-        result = run_step(loaded, optimizer_step=True, observers=(watch, parts))
+        result = run_step(loaded, optimizer_step=True, observers=(watch,) if compiled else (watch, parts))
         if result.failed:
             error = (result.error_traceback or result.loss_problem or "the step failed")[-400:]
             break

@@ -4,7 +4,8 @@ The terms are found as the single-step checks find them, never by name: the entr
 a tuple of scalars), else the entries a `loss_fn` returned that gradprobe summed (checks/loss_parts.py), else the
 additions near the root of the loss that backward() runs on (checks/term_split.py). A light TorchFunctionMode keeps the
 scalar values the step computed by their autograd node, with the user line that computed them, so that a term found in
-the graph has a value at every step. What a term reaches is a walk of its graph to the trainable parameters.
+the graph has a value at every step: its value times the constant factor it enters the loss with (a weight, a sign, a
+division by the batch size), so that the terms add up to the loss and a term's trend is that of its share of it. What a term reaches is a walk of its graph to the trainable parameters.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.autograd.graph import GradientEdge
 from torch.overrides import TorchFunctionMode
 
 from gradprobe.checks.loss_parts import declared
 from gradprobe.checks.steps.facts import at
 from gradprobe.checks.term_split import Reach, split_edges
+from gradprobe.checks.torchcompat import untraced
 
 MAX_BACKWARDS = 4  # backward() calls per step whose loss is split
 
@@ -90,12 +93,26 @@ class TermWatch(TorchFunctionMode):
         found = split_edges(root.grad_fn)
         if found is None:
             return
-        for j, (node, nr) in enumerate(found[0]):
+        factors = _factors(root, found[0])
+        for j, ((node, nr), factor) in enumerate(zip(found[0], factors, strict=True)):
             hit = self.scalars.get(id(node))
-            if hit is not None and nr == 0:
+            if hit is not None and nr == 0 and factor is not None:
                 where = hit[1]
                 line = f" ({at(where)})" if where else ""
-                self.terms[f"{prefix}term {j}{line}"] = StepTerm(float(hit[0].detach().real.float().item()), node, where)
+                value = factor * float(hit[0].detach().real.float().item())
+                self.terms[f"{prefix}term {j}{line}"] = StepTerm(value, node, where)
+
+
+def _factors(root: torch.Tensor, edges: list[tuple[Any, int]]) -> list[float | None]:
+    """The constant factor each term enters the loss with (its sign and weight: d loss / d term along the linear nodes
+    only), so that a term's value is its share of the loss and the terms add up to it."""
+    try:
+        with untraced():
+            grads = torch.autograd.grad(root, [GradientEdge(n, k) for n, k in edges], retain_graph=True,
+                                        allow_unused=True)
+    except Exception:  # a graph autograd.grad cannot take apart: no terms (the user's own backward runs as it would)
+        return [None] * len(edges)
+    return [float(g.detach().real.float().reshape(-1)[0]) if g is not None and g.numel() == 1 else None for g in grads]
 
 
 def returned_nodes(returned: Any, watch: TermWatch) -> dict[str, StepTerm]:
