@@ -5,7 +5,8 @@ a tuple of scalars), else the entries a `loss_fn` returned that gradprobe summed
 additions near the root of the loss that backward() runs on (checks/term_split.py). A light TorchFunctionMode keeps the
 scalar values the step computed by their autograd node, with the user line that computed them, so that a term found in
 the graph has a value at every step: its value times the constant factor it enters the loss with (a weight, a sign, a
-division by the batch size), so that the terms add up to the loss and a term's trend is that of its share of it. What a term reaches is a walk of its graph to the trainable parameters.
+division by the batch size), so that the terms add up to the loss and a term's trend is that of its share of it.
+What a term reaches is a walk of its graph to the trainable parameters.
 """
 
 from __future__ import annotations
