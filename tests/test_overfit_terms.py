@@ -55,3 +55,15 @@ async def test_loss_fn_entries_a_self_target_term_is_info_and_a_rising_trained_t
     (f,) = [f for f in report["findings"] if f["code"] == "GP616"]
     assert f["severity"] == "info" and "same" in f["message"] and "no gradient" in f["message"]
     assert f["location"]["line"] == 19 and "out.detach()" in f["fix"]
+
+
+def test_the_cli_table_has_one_row_per_term():
+    from gradprobe.stepchart import overfit_table
+
+    text = overfit_table({"loss": {"first": 1.5, "last": 1.0, "slope_t": -9.1, "trend": "down"},
+                          "term 1 (m.py:4)": {"first": 0.2, "last": 0.2, "slope_t": 0.0, "trend": "flat", "reaches": 2,
+                                              "reached_not_moved": ["aux.bias", "aux.weight"]}})
+    head, total, term = text.splitlines()
+    assert head.split() == ["term", "first", "last", "slope", "t", "trend", "not", "moved"]
+    assert total.split() == ["loss", "1.5", "1", "-9.1", "down", "-"]
+    assert term.split()[-4:] == ["flat", "2", "of", "2"] and term.strip().startswith("term 1 (m.py:4)")
