@@ -122,11 +122,15 @@ def _run_check(args: argparse.Namespace) -> int:
 
 
 def _print_steps(report: dict) -> None:
-    """The per-group table of the observed steps (lr, grad norm, update ratio per step), when steps ran."""
+    """The per-term table of overfit one batch, and the per-group table of the observed steps (lr, grad norm, update
+    ratio per step), when they ran."""
     from gradprobe.render import clean
-    from gradprobe.stepchart import steps_table
+    from gradprobe.stepchart import overfit_table, steps_table
 
     facts = report.get("facts") or {}
+    terms = (facts.get("overfit_one_batch") or {}).get("terms")
+    if isinstance(terms, dict) and terms:
+        print("\noverfit one batch, per loss term:\n" + clean(overfit_table(terms)))
     steps = facts.get("steps") if isinstance(facts.get("steps"), dict) else facts
     groups = steps.get("param_groups") if isinstance(steps, dict) else None
     if isinstance(groups, list) and groups:

@@ -87,3 +87,19 @@ def steps_table(groups: list[dict[str, Any]]) -> str:
             lr, grad, ratio = (c[k] if k < len(c) else None for c in cols)
             out.append(f"  {k + 1:>4}  {_fmt(lr):>10}  {_fmt(grad):>10}  {_fmt(ratio):>13}")
     return "\n".join(out)
+
+
+def overfit_table(terms: dict[str, dict[str, Any]]) -> str:
+    """Overfit one batch, per loss term (audit_training's facts.overfit_one_batch.terms): first value, mean of the last
+    3, the slope's t statistic, the verdict, and how many of the trainable tensors it reaches did not move."""
+    width = max((len(k) for k in terms), default=4)
+    out = [f"  {'term':<{width}}  {'first':>10}  {'last':>10}  {'slope t':>8}  {'trend':<9}  not moved"]
+    for key, row in terms.items():
+        first, last, t = (row.get(k) for k in ("first", "last", "slope_t"))
+        stuck = f"{len(row['reached_not_moved'])} of {row['reaches']}" if "reaches" in row else "-"
+        out.append(f"  {key:<{width}}  {_num(first):>10}  {_num(last):>10}  {_num(t):>8}  {row.get('trend', '-'):<9}  {stuck}")
+    return "\n".join(out)
+
+
+def _num(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, (int, float)) else str(v if v is not None else "-")
