@@ -37,7 +37,7 @@ model = Denoiser()
 nn.init.normal_(model.decoder.weight, std=1e-3)
 nn.init.zeros_(model.decoder.bias)
 optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-for step in range(args.steps):
+for _ in range(args.steps):
     clean = torch.randn(32, 1024) * 1e-2
     noisy = clean + 1e-3 * torch.randn(32, 1024)
     optimizer.zero_grad()
