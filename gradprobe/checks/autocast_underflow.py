@@ -25,6 +25,9 @@ to fp16 with no GradScaler: gradients can silently underflow to zero"), the AMP 
 gradients of small magnitude flush to zero, so the update for those parameters is lost; gradient scaling prevents
 it) and decoderesearch/SAELens#723 (bfloat16 has fp32's exponent range: nothing underflows, nothing to scale).
 
+On a script target the step diagnose replays runs outside the script's loop, where its autocast and GradScaler are:
+the script's watch (scriptmode/amp.py) records them as the script runs, and `script_underflow` judges from that.
+
 Three stages: `measure` (both reruns, RNG and the model untouched), `run_rules((GP708,), facts)`, rank.
 """
 
@@ -266,8 +269,8 @@ def measure(loaded: Any, watch: AutocastWatch, step_failed: bool) -> UnderflowFa
     if facts.scaled:
         facts.skipped = "a GradScaler scaled the loss: its gradients are not measured against fp32"
     elif not any(e.enabled for e in watch.entered):
-        # entered before the step (a script's own `with torch.autocast` around its replayed step, a caller's): whether
-        # a GradScaler scales that loss was not seen, so nothing is judged
+        # entered before the step (a caller's `with torch.autocast` around it): whether a GradScaler scales that loss
+        # was not seen, so nothing is judged (a script's own step is judged from its run instead: `script_underflow`)
         facts.skipped = "autocast was entered outside the observed step: its loss scaling was not seen"
     elif step_failed or loaded.batch is None:
         facts.skipped = "the step did not finish, or there is no batch to rerun"
