@@ -22,7 +22,7 @@ from gradprobe.checks._step import call_model
 from gradprobe.checks.autocast_underflow import GP708, AutocastWatch, script_underflow
 from gradprobe.report import make_report
 from gradprobe.scriptmode.observe import ModuleCall
-from gradprobe.scriptmode.step import Replay, _call_of, _get
+from gradprobe.scriptmode.step import Replay, _call_of, _get, _method_of
 
 if TYPE_CHECKING:
     from gradprobe.scriptmode.run import ScriptRun
@@ -65,27 +65,35 @@ def amp_report(report: dict[str, Any], watch: AutocastWatch, run: ScriptRun) -> 
     facts = dict(report.get("facts", {}))
     facts.pop("autocast", None)
     kept = [f for f in report["findings"] if f["code"] != GP708.code]
-    call = _call_of(run.watch, rep.model) if rep is not None and rep.batch is not None else None
+    call = None if rep is None else _call_of(run.watch, rep.model) if rep.batch is not None else _method_of(run.watch, rep.model)
     if rep is None or call is None or call.autocast is None:
         if len(kept) == len(report["findings"]) and "autocast" not in report.get("facts", {}):
             return report
         return make_report(report["tool"], kept, _summary_tail(report), **facts)
     why_not = None
-    if call.out_grads:
+    if rep.batch is None:  # the user's method (a training_step) is bound to the model itself: not rerun on a copy
+        step, why_not = None, "the script's step is a method of the model (its training_step): not rerun on copies"
+    elif call.out_grads:
         step = _output_grad_step(rep, call)
     elif rep.loss_fn is not None:
         step = _loss_step(rep)  # no output gradient was kept: the replay's loss (its scale may differ from the script's)
     else:
         step, why_not = None, "the script's loss was not traced to the model's outputs"
     found, afacts = script_underflow(rep.model, step, watch, call.autocast, why_not)
-    afacts["replayed_with"] = "the output gradients of the script's own backward" if call.out_grads else "the replay's loss"
+    if step is not None:
+        afacts["replayed_with"] = ("the output gradients of the script's own backward" if call.out_grads
+                                   else "the replay's loss")
     facts["autocast"] = afacts
     checks = list(facts.get("checks", []))
     facts["checks"] = checks + ["autocast"] if "autocast" not in checks else checks
-    return make_report(report["tool"], kept + found, _summary_tail(report), **facts)
+    return make_report(report["tool"], kept + found, _summary_tail(report, facts["checks"]), **facts)
 
 
-def _summary_tail(report: dict[str, Any]) -> list[str]:
-    """The summary's lines below its head (make_report writes the head again, from the findings)."""
+def _summary_tail(report: dict[str, Any], checks: list[str] | None = None) -> list[str]:
+    """The summary's lines below its head (make_report writes the head again, from the findings); `checks`: the
+    checks that ran, said again."""
     lines = report["summary"].splitlines()[1:]
-    return [ln for ln in lines if not re.match(r"\d+ more error\(s\): ", ln)]
+    out = [ln for ln in lines if not re.match(r"\d+ more error\(s\): ", ln)]
+    if checks:
+        out = [f"Checks run: {', '.join(checks)}." if ln.startswith("Checks run: ") else ln for ln in out]
+    return out
