@@ -90,13 +90,13 @@ async def test_healthy_autocast_models_stay_clean(client, spec, dtype, scaled):
         assert facts["measured"] and max(r["underflow"] for r in facts["worst"]) < facts["underflow_threshold"], facts
 
 
-_SCRIPT_WITH_SCALER = '''
+_SCRIPT_STEP_INSIDE_AUTOCAST = '''
 import torch, torch.nn as nn, torch.nn.functional as F
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(1024, 64), nn.Tanh(), nn.Linear(64, 1024))
 nn.init.normal_(model[2].weight, std=1e-3)
 opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-scaler = torch.amp.GradScaler("cpu")
+scaler = torch.amp.GradScaler("cpu", enabled={scaled})
 for step in range(3):
     clean = torch.randn(32, 1024) * 1e-2
     opt.zero_grad()
@@ -109,10 +109,47 @@ for step in range(3):
 
 
 @pytest.mark.anyio
-async def test_script_whose_step_runs_inside_its_autocast_is_not_judged(client, tmp_path):
-    """A script target's step is replayed inside the script's own autocast block, where its GradScaler ran before the
-    replay: the scaling is not seen, so GP708 judges nothing (this script scales its loss: a finding would be false)."""
-    (tmp_path / "train.py").write_text(_SCRIPT_WITH_SCALER)
+@pytest.mark.parametrize("scaled", [True, False])
+async def test_script_whose_step_runs_inside_its_autocast(client, tmp_path, scaled):
+    """A script target's step is checked inside the script's own autocast block, after its GradScaler ran: the script's
+    watch saw the autocast (its line) and the scale() call as the script ran, so the scaled script stays clean and the
+    same loop with the scaler disabled is reported at its `with torch.autocast` line."""
+    (tmp_path / "train.py").write_text(_SCRIPT_STEP_INSIDE_AUTOCAST.format(scaled=scaled))
     report = await _diagnose(client, {"project_dir": str(tmp_path), "script": "train.py"})
-    assert not [f for f in report["findings"] if f["code"] == "GP708"], report["findings"]
-    assert "outside the observed step" in report["facts"]["autocast"]["skipped"], report["facts"]["autocast"]
+    facts = report["facts"]["autocast"]
+    hits = [f for f in report["findings"] if f["code"] == "GP708"]
+    assert facts["grad_scaler"] is scaled and facts["autocast_line"]["line"] == 11, facts
+    if scaled:
+        assert not hits and "GradScaler scaled" in facts["skipped"], (report["findings"], facts)
+    else:
+        assert [(f["parameters"], f["location"]["line"]) for f in hits] == [(["0.weight"], 11)], report["findings"]
+
+
+_SCRIPT_FORWARD_AUTOCAST = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+class Denoiser(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder, self.decoder = nn.Linear(1024, 64), nn.Linear(64, 1024)
+    def forward(self, noisy):
+        with torch.autocast("cpu", dtype=torch.float16):
+            return self.decoder(torch.tanh(self.encoder(noisy))).float()
+torch.manual_seed(0)
+model = Denoiser()
+nn.init.normal_(model.decoder.weight, std=1e-3)
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+for _ in range(3):
+    clean = torch.randn(32, 1024) * 1e-2
+    loss = F.mse_loss(model(clean + 1e-3 * torch.randn(32, 1024)), clean)
+    opt.zero_grad(); loss.backward(); opt.step()
+'''
+
+
+@pytest.mark.anyio
+async def test_script_whose_model_enters_autocast_in_its_forward(client, tmp_path):
+    """The autocast is entered inside the model's forward, not around the script's call: still seen, at its line."""
+    (tmp_path / "train.py").write_text(_SCRIPT_FORWARD_AUTOCAST)
+    report = await _diagnose(client, {"project_dir": str(tmp_path), "script": "train.py"})
+    hits = [(f["parameters"], f["location"]["line"]) for f in report["findings"] if f["code"] == "GP708"]
+    assert hits == [(["encoder.weight"], 8)], report["findings"]
+    assert report["facts"]["autocast"]["replayed_with"] == "the output gradients of the script's own backward"

@@ -25,6 +25,9 @@ to fp16 with no GradScaler: gradients can silently underflow to zero"), the AMP 
 gradients of small magnitude flush to zero, so the update for those parameters is lost; gradient scaling prevents
 it) and decoderesearch/SAELens#723 (bfloat16 has fp32's exponent range: nothing underflows, nothing to scale).
 
+On a script target the step diagnose replays runs outside the script's loop, where its autocast and GradScaler are:
+the script's watch (scriptmode/amp.py) records them as the script runs, and `script_underflow` judges from that.
+
 Three stages: `measure` (both reruns, RNG and the model untouched), `run_rules((GP708,), facts)`, rank.
 """
 
@@ -125,12 +128,21 @@ def detect_underflow(facts: UnderflowFacts) -> Iterator[Finding]:
                         worst=worst.underflow, ratio=worst.norm_ratio if worst.norm_ratio is not None else 0.0)
 
 
+def autocast_state() -> tuple[str, str] | None:
+    """(device, dtype) of the autocast enabled here and now, if any."""
+    for dev in _DEVICES:
+        if torch.is_autocast_enabled(dev):
+            return dev, str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+    return None
+
+
 class AutocastWatch:
     """The autocasts the step enters, whether a module of the model ran under one, and the GradScaler's scale()."""
 
-    def __init__(self, model: nn.Module, user: Any):
+    def __init__(self, model: nn.Module | None, user: Any):
+        """`model` None: a script's watch (scriptmode/amp.py), where the forward's autocast is read at the model's call."""
         self.user = user
-        self.modules = {id(m) for m in model.modules()}
+        self.modules = {id(m) for m in model.modules()} if model is not None else set()
         self.entered: list[Entered] = []
         self.forward: tuple[str, str] | None = None  # (device, dtype) autocast was enabled for in a module's forward
         self.call = 0  # ScalerWatch reads its observer's step number
@@ -150,19 +162,16 @@ class AutocastWatch:
         return __enter__
 
     def _pre_hook(self, module: nn.Module, args: Any) -> None:
-        if self.forward is not None or id(module) not in self.modules:
-            return
-        for dev in _DEVICES:
-            if torch.is_autocast_enabled(dev):
-                self.forward = (dev, str(torch.get_autocast_dtype(dev)).replace("torch.", ""))
-                return
+        if self.forward is None and id(module) in self.modules:
+            self.forward = autocast_state()
 
     def __enter__(self) -> AutocastWatch:
         cls = autocast_mode.autocast
         old = cls.__dict__["__enter__"]
         cls.__enter__ = self._enter(old)  # type: ignore[method-assign]
         self._stack.callback(setattr, cls, "__enter__", old)
-        self._stack.callback(torch.nn.modules.module.register_module_forward_pre_hook(self._pre_hook).remove)
+        if self.modules:
+            self._stack.callback(torch.nn.modules.module.register_module_forward_pre_hook(self._pre_hook).remove)
         self._stack.enter_context(self.scaler)
         return self
 
@@ -196,10 +205,27 @@ class _ForcedOff:
         autocast_mode.autocast.__enter__ = self._old  # type: ignore[method-assign]
 
 
-def _grads(loaded: Any, fp32: bool) -> list[torch.Tensor | None]:
-    """Each trainable parameter's gradient from the step run on a copy of the model (an lr=0 optimizer for a
-    train_step), on a fixed seed; what the backward accumulated, read before any zero_grad."""
-    model = copy.deepcopy(loaded.model)
+def _loaded_step(loaded: Any) -> Callable[[nn.Module], None]:
+    """The user's step on a copy of the model: their train_step (with an lr=0 optimizer), or forward + loss + backward."""
+
+    def step(model: nn.Module) -> None:
+        if loaded.train_step is not None:
+            loaded.train_step(model, loaded.batch, torch.optim.SGD(model.parameters(), lr=0.0))
+            return
+        loss = compute_loss(loaded.loss_fn, call_model(model, loaded.batch), loaded.batch)
+        if loss is None or loss.numel() != 1 or not loss.requires_grad:
+            raise ValueError("no scalar loss that requires grad")
+        loss.reshape(()).backward()
+
+    return step
+
+
+def _grads(model: nn.Module, step: Callable[[nn.Module], None], fp32: bool,
+           under: tuple[str, str] | None = None) -> list[torch.Tensor | None]:
+    """Each trainable parameter's gradient from `step` run on a copy of `model`, on a fixed seed; what the backward
+    accumulated, read before any zero_grad. fp32: every autocast forced off; else under `under` (device, dtype) when
+    given (a script's step, replayed outside the script's own `with torch.autocast`)."""
+    model = copy.deepcopy(model)
     params = [p for p in model.parameters() if p.requires_grad]
     got: dict[int, torch.Tensor] = {}
     hooks = [p.register_post_accumulate_grad_hook(lambda q: got.__setitem__(id(q), q.grad.detach().float().clone()))
@@ -212,13 +238,9 @@ def _grads(loaded: Any, fp32: bool) -> list[torch.Tensor | None]:
                 stack.enter_context(torch.autocast("cpu", enabled=False))  # one the caller entered around the step
                 if torch.cuda.is_available():
                     stack.enter_context(torch.autocast("cuda", enabled=False))
-            if loaded.train_step is not None:
-                loaded.train_step(model, loaded.batch, torch.optim.SGD(model.parameters(), lr=0.0))
-            else:
-                loss = compute_loss(loaded.loss_fn, call_model(model, loaded.batch), loaded.batch)
-                if loss is None or loss.numel() != 1 or not loss.requires_grad:
-                    raise ValueError("no scalar loss that requires grad")
-                loss.reshape(()).backward()
+            elif under is not None:
+                stack.enter_context(torch.autocast(under[0], dtype=getattr(torch, under[1])))
+            step(model)
     finally:
         for h in hooks:
             h.remove()
@@ -247,8 +269,8 @@ def measure(loaded: Any, watch: AutocastWatch, step_failed: bool) -> UnderflowFa
     if facts.scaled:
         facts.skipped = "a GradScaler scaled the loss: its gradients are not measured against fp32"
     elif not any(e.enabled for e in watch.entered):
-        # entered before the step (a script's own `with torch.autocast` around its replayed step, a caller's): whether
-        # a GradScaler scales that loss was not seen, so nothing is judged
+        # entered before the step (a caller's `with torch.autocast` around it): whether a GradScaler scales that loss
+        # was not seen, so nothing is judged (a script's own step is judged from its run instead: `script_underflow`)
         facts.skipped = "autocast was entered outside the observed step: its loss scaling was not seen"
     elif step_failed or loaded.batch is None:
         facts.skipped = "the step did not finish, or there is no batch to rerun"
@@ -256,14 +278,38 @@ def measure(loaded: Any, watch: AutocastWatch, step_failed: bool) -> UnderflowFa
         facts.skipped = "the model is too large for copies"
     if facts.skipped is not None:
         return facts
-    named = [n for n, p in loaded.model.named_parameters() if p.requires_grad]
+    _rerun(facts, loaded.model, _loaded_step(loaded), None)
+    return facts
+
+
+def _rerun(facts: UnderflowFacts, model: nn.Module, step: Callable[[nn.Module], None], under: tuple[str, str] | None) -> None:
+    """The step under autocast and in fp32 on copies; each parameter's underflow into facts (a failure: skipped)."""
+    named = [n for n, p in model.named_parameters() if p.requires_grad]
     try:
-        amp, ref = _grads(loaded, fp32=False), _grads(loaded, fp32=True)
+        amp, ref = _grads(model, step, fp32=False, under=under), _grads(model, step, fp32=True)
     except Exception as exc:  # the real step already ran: a failing rerun only skips the measure
         facts.skipped = f"{type(exc).__name__}: {str(exc)[:300]}"
-        return facts
+        return
     facts.params = [r for n, a, f in zip(named, amp, ref, strict=True) if (r := _compare(n, a, f)) is not None]
-    return facts
+
+
+def script_underflow(model: nn.Module, step: Callable[[nn.Module], None] | None, watch: AutocastWatch,
+                     forward: tuple[str, str], why_not: str | None = None) -> tuple[list[Finding], dict[str, Any]]:
+    """GP708 on a script's own first step: `forward` is the (device, dtype) of the autocast the script's call of the
+    model ran under, `watch` saw the script's autocasts and GradScaler up to that step; `step` runs the replayed step
+    on a copy of the model (None: it cannot be rerun, `why_not` says why)."""
+    watch.forward = forward
+    facts = UnderflowFacts(device=forward[0], dtype=forward[1], location=watch.site(),
+                           scaled=bool(watch.scaler.facts.scaled))
+    if facts.scaled:
+        facts.skipped = "a GradScaler scaled the loss: its gradients are not measured against fp32"
+    elif step is None:
+        facts.skipped = why_not or "the script's step cannot be rerun on a copy of the model"
+    elif sum(p.numel() for p in model.parameters()) > _MAX_COPY:
+        facts.skipped = "the model is too large for copies"
+    else:
+        _rerun(facts, model, step, forward)
+    return run_rules((GP708,), facts), facts.as_dict()
 
 
 def underflow_findings(loaded: Any, watch: AutocastWatch, step_failed: bool) -> tuple[list[Finding], dict[str, Any] | None]:

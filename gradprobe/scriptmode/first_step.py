@@ -31,6 +31,7 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
 
     from gradprobe.loading import BuildRecord, BuildRecorder, seed_everything
     from gradprobe.scriptmode.observe import StepWatch
+    from gradprobe.scriptmode.amp import amp_report
     from gradprobe.scriptmode.run import run_script
     from gradprobe.userframes import UserCode
 
@@ -39,6 +40,7 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
         from gradprobe.scriptmode.audit import run_audit_job
 
         return run_audit_job(target, options, progress, diagnose=tool == "diagnose")
+    from gradprobe.checks.autocast_underflow import AutocastWatch
     from gradprobe.checks.steps.observe import StepObserver
 
     project_dir = os.path.realpath(target["project_dir"])
@@ -48,16 +50,20 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
     watch = StepWatch(user)
     first = StepObserver(None, user, None)  # the script's own first step as it runs: what wrote its gradients
     first.snapshot = first.probe_grads = False  # no copy of the parameters, the script's tensors untouched
+    amp = AutocastWatch(None, user)  # the script's own autocasts and GradScaler.scale() calls up to its step (GP708)
+    watch.amp = tool == "diagnose"
     t0 = time.monotonic()
     recorder = BuildRecorder(user, record)
     state = _State()
 
     def finish(run: ScriptRun) -> ToolError | dict[str, Any]:
         first.__exit__(None, None, None)
+        amp.__exit__(None, None, None)
         try:
             report = _check_step(tool, target, options, progress, run, record)
             if tool == "diagnose" and not isinstance(report, ToolError):
                 report = _watched_first_step(report, first, run)
+                report = amp_report(report, amp, run)
         except Exception as exc:  # ours; never let it reach the script's own `except`, never blame the script
             report = left_out(tool, exc, "gradprobe's checks of the script's step")
         if not isinstance(report, ToolError):
@@ -86,7 +92,7 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
 
     watch.on_stuck = on_stuck
     watch.on_capture = on_capture
-    with recorder, first:
+    with recorder, first, amp:
         run = run_script(target, watch, progress, lambda r: setattr(state, "run", r))
     return state.report if state.report is not None else finish(run)
 
@@ -150,7 +156,7 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
     if cap is None:
         return no_step_report(tool, run, target)
     progress(Phase.REPLAYING)
-    rep = replay(watch, watch.user)
+    rep = run.replayed = replay(watch, watch.user)
     if rep is None:
         return no_step_report(tool, run, target)
     torch.set_grad_enabled(True)

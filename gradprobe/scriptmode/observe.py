@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gradprobe.checks.autocast_underflow import autocast_state
 from gradprobe.userframes import UserCode
 
 PHASES = ("imports and setup (no module built yet)", "a module built", "an optimizer created",
@@ -63,6 +64,8 @@ class ModuleCall:
     method: Any = None  # the user's bound method that made the call (e.g. a training_step), if any
     method_args: tuple = ()
     method_kwargs: dict = field(default_factory=dict)
+    autocast: tuple[str, str] | None = None  # (device, dtype) of the autocast the call ran under (amp watch only)
+    out_grads: dict[tuple, torch.Tensor] = field(default_factory=dict)  # output path -> the gradient backward sent it
 
 
 @dataclass
@@ -108,6 +111,8 @@ class StepWatch:
         self.forward_error: tuple[BaseException, dict | None] | None = None
         self.lr_zero_step: tuple[list[float], dict | None] | None = None  # a first step at lr 0, let through
         self.passive = False  # True: capture no step here (audit_training's watch counts the steps and stops the script)
+        self.amp = False  # True: note the autocast each top-level call ran under, and its output's gradients (GP708)
+        self._amp_call: ModuleCall | None = None  # the top-level call running now (amp watch only)
 
     # ---- how far the script got ---------------------------------------------------------
     def reached(self, phase: int) -> None:
@@ -137,6 +142,15 @@ class StepWatch:
 
         handle = register_optimizer_step_pre_hook(self._pre_step)
         self._undo.append(handle)
+        if self.amp:
+            self._undo.append(nn.modules.module.register_module_forward_pre_hook(self._amp_pre))
+
+    def _amp_pre(self, module: nn.Module, args: Any) -> None:
+        """The autocast a module of the current top-level call runs under (a `with` around the call, or one its
+        forward entered)."""
+        rec = self._amp_call
+        if rec is not None and rec.autocast is None and self.depth > 0 and threading.get_ident() == self.main:
+            rec.autocast = autocast_state()
 
     def _patch_module_call(self) -> None:
         watch = self
@@ -153,6 +167,7 @@ class StepWatch:
                 watch.seq += 1
                 rec = ModuleCall(module, args, kwargs, watch.seq, watch.user.innermost(skip=2))
                 watch._note_method(rec, sys._getframe(1))
+                watch._amp_call = rec if watch.amp else None
             watch.depth += 1
             try:
                 out = orig_call(module, *args, **kwargs)
@@ -162,9 +177,13 @@ class StepWatch:
                 raise
             finally:
                 watch.depth -= 1
+                if top:
+                    watch._amp_call = None
             if rec is not None:
                 rec.output = out
                 watch.calls[id(module)] = rec
+                if rec.autocast is not None:
+                    _keep_output_grads(rec)
             return out
 
         nn.Module.__call__ = call  # type: ignore[method-assign]
@@ -306,6 +325,24 @@ class StepWatch:
         self.stopping = True
         if in_script and self.on_capture is not None:
             self.on_capture()
+
+
+def _keep_output_grads(rec: ModuleCall) -> None:
+    """Keep the gradient the script's own backward sends to each floating output of this call (a copy in float32):
+    the replay backpropagates the same vector through the model, so its gradients have the script's magnitude."""
+
+    def walk(o: Any, path: tuple, depth: int) -> None:
+        if isinstance(o, torch.Tensor):
+            if o.requires_grad and o.is_floating_point():
+                o.register_hook(lambda g, _p=path: rec.out_grads.__setitem__(_p, g.detach().float().clone()))
+        elif isinstance(o, dict) and depth < 6:
+            for k, v in o.items():
+                walk(v, path + (k,), depth + 1)
+        elif isinstance(o, (tuple, list)) and depth < 6:
+            for i, v in enumerate(o):
+                walk(v, path + (i,), depth + 1)
+
+    walk(rec.output, (), 0)
 
 
 def _lrs(opt: torch.optim.Optimizer | None) -> list[float]:

@@ -24,6 +24,7 @@ from gradprobe.report import make_report
 from gradprobe.sandbox.failures import script_no_step
 from gradprobe.sandbox.protocol import Phase
 from gradprobe.scriptmode.observe import StepWatch, StopScript
+from gradprobe.scriptmode.step import Replay
 
 # the script gets this share of the call's timeout; the rest is for the checks on its step
 SCRIPT_SHARE = 0.7
@@ -58,6 +59,7 @@ class ScriptRun:
         self.exit_code: Any = None
         self.seconds = 0.0
         self.t0 = time.monotonic()
+        self.replayed: Replay | None = None  # the step the checks replayed (scriptmode/step.py), once built
 
     def restore(self) -> None:
         """Stop the timer and the observers (the checks run next)."""
