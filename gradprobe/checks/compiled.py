@@ -121,13 +121,14 @@ def _names(diffs: list[GradDiff], mark: bool = False) -> str:
 def _explained(facts: CompiledFacts, why: Why, diffs: list[GradDiff], ev: dict[str, Any]) -> Iterator[Finding]:
     """The findings an explanation accounts for: a stale graph (all of `diffs`), or parameters no graph reads."""
     if why.fresh_agrees:
-        common = {"parameters": [d.name for d in diffs], "evidence": ev, "wrapper": facts.wrapper,
-                  "count": len(diffs), "names": _names(diffs, mark=True)}
+        params, names = [d.name for d in diffs], _names(diffs, mark=True)
         if why.hook is not None:
-            yield GP701.finding("stale-hook", location=why.hook["location"], kind=why.hook["kind"],
-                                hook=why.hook["function"], module=why.hook["module"], **common)
+            yield GP701.finding("stale-hook", parameters=params, location=why.hook["location"], evidence=ev,
+                                wrapper=facts.wrapper, count=len(diffs), names=names, kind=why.hook["kind"],
+                                hook=why.hook["function"], module=why.hook["module"])
         else:
-            yield GP701.finding("stale", **common)
+            yield GP701.finding("stale", parameters=params, evidence=ev, wrapper=facts.wrapper, count=len(diffs),
+                                names=names)
         return
     unread = [d for d in diffs if d.name in why.unread]
     if unread:

@@ -17,9 +17,10 @@ cache: a second backend makes dynamo add an entry, not replace one.
 from __future__ import annotations
 
 import re
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -123,15 +124,14 @@ class _ParamUse(TorchFunctionMode):
 
     def __init__(self, watched: dict[int, str], user: UserCode) -> None:
         super().__init__()
-        self.watched, self.user, self.first = watched, user, {}  # type: dict[int, str], UserCode, dict[str, Frame]
+        self.watched, self.user = watched, user
+        self.first: dict[str, Frame] = {}
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         for a in (*args, *kwargs.values()):
             name = self.watched.get(id(a)) if isinstance(a, torch.Tensor) else None
             if name is not None and name not in self.first:
-                import traceback
-
                 f = _pick([(s.filename, int(s.lineno or 0), s.name) for s in traceback.extract_stack()], self.user)
                 if f is not None:
                     self.first[name] = f
@@ -150,7 +150,7 @@ def explain(eager: nn.Module, named: dict[str, nn.Parameter], fresh_grads: Calla
             eager_run: Callable[[], Any], agrees: Callable[[list[Any]], bool], user: UserCode) -> Why:
     """Trace `eager` afresh with the recording backend; `fresh_grads(module)` runs the step, `agrees` judges it."""
     rec = Recorded()
-    fresh = torch.compile(eager, backend=rec.backend)
+    fresh = cast(nn.Module, torch.compile(eager, backend=rec.backend))
     why = Why(fresh_agrees=agrees(fresh_grads(fresh)))
     why.graphs = len(rec.graphs)
     why.breaks = _breaks(rec, user)
