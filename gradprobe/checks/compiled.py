@@ -27,12 +27,15 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import call_model, compute_loss
-from gradprobe.checks.compiled_why import Why, explain
+from gradprobe.checks.compiled_why import Why, explain, user_backend
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.userframes import UserCode
 from gradprobe.wrappers import compiled_wrapper
 
 RTOL = 1e-3  # relative L2 difference of a gradient beyond which compiled and eager disagree (fp32, aot_eager: ~1e-7)
+# a gradient that is zero by the maths (a key's bias under softmax) comes out as rounding noise in both runs: its
+# difference is measured against this fraction of the largest eager gradient norm, not against its own noise
+FLOOR = 1e-5
 _SEED = 1234
 
 
@@ -100,6 +103,16 @@ GP701: Rule[CompiledFacts] = Rule(
                     "guard on.",
             fix="Make every change to the model (hooks, attributes set behind nn.Module's back, swapped tensors) before "
                 "the first call of the compiled module, or call torch._dynamo.reset() after the change."),
+        "op": Situation(
+            when="a fresh trace with the same backend differs too, and one op of its graphs is the first the backend "
+                 "computes differently from the same graph run in eager",
+            message="The compiled module ({wrapper}) gives {count} parameter(s) a gradient that is missing or differs "
+                    "from eager on the same batch and seed ({names}; largest relative difference {worst:.3g}, "
+                    "tolerance {tol:g}), and a fresh trace with the same backend does the same. Run op by op, graph "
+                    "{graph} of {graphs} first differs from the backend's compiled version at `{op}`, this line.",
+            fix="The backend computes this op differently from eager: compare it with backend=\"aot_eager\", keep the "
+                "op out of the compiled region (torch.compiler.disable on a function around it), or report the op "
+                "to PyTorch (or to the backend's author) with this line."),
         "unread": Situation(
             when="eager uses the parameters at a line of the user's code, and no graph dynamo captures reads them",
             message="The compiled module ({wrapper}) gives {count} parameter(s) a gradient that is missing or differs "
@@ -135,6 +148,11 @@ def _explained(facts: CompiledFacts, why: Why, diffs: list[GradDiff], ev: dict[s
         yield GP701.finding("unread", parameters=[d.name for d in unread], location=why.unread[unread[0].name],
                             evidence=ev, wrapper=facts.wrapper, count=len(unread), names=_names(unread, mark=True),
                             param=unread[0].name, graphs=why.graphs, breaks=len(why.breaks))
+    if why.op is not None and why.op["location"] is not None and not unread:
+        worst = max(d.rel_diff if d.rel_diff is not None else 1.0 for d in diffs)
+        yield GP701.finding("op", parameters=[d.name for d in diffs], location=why.op["location"], evidence=ev,
+                            wrapper=facts.wrapper, count=len(diffs), names=_names(diffs, mark=True), worst=worst,
+                            tol=RTOL, graph=why.op["graph"], graphs=why.graphs, op=why.op["op"])
 
 
 @GP701.detector
@@ -193,7 +211,7 @@ def _norm(g: torch.Tensor | None) -> float | None:
     return None if g is None else float(g.norm())
 
 
-def _compare(name: str, ge: torch.Tensor | None, gc: torch.Tensor | None) -> GradDiff | None:
+def _compare(name: str, ge: torch.Tensor | None, gc: torch.Tensor | None, floor: float = 0.0) -> GradDiff | None:
     ne, nc = _norm(ge), _norm(gc)
     if ge is None and gc is None:
         return None
@@ -201,12 +219,16 @@ def _compare(name: str, ge: torch.Tensor | None, gc: torch.Tensor | None) -> Gra
         return GradDiff(name, "missing", ne, None, None) if ne else None
     if ge is None:
         return GradDiff(name, "extra", None, nc, None) if nc else None
-    rel = float((gc - ge).norm()) / max(ne or 0.0, 1e-12)
+    rel = float((gc - ge).norm()) / max(ne or 0.0, floor, 1e-12)
     if (ne or 0.0) < 1e-12 and (nc or 0.0) < 1e-12:
         return None
     if not math.isfinite(rel) or rel > RTOL:
         return GradDiff(name, "missing" if (nc or 0.0) == 0.0 and (ne or 0.0) > 0 else "differs", ne, nc, rel)
     return None
+
+
+def _floor(ge: list[torch.Tensor | None]) -> float:
+    return FLOOR * max((float(g.norm()) for g in ge if g is not None), default=0.0)
 
 
 def measure(loaded: Any) -> CompiledFacts | None:
@@ -228,27 +250,30 @@ def measure(loaded: Any) -> CompiledFacts | None:
         facts.skipped = f"{type(exc).__name__}: {str(exc)[:300]}"
         return facts
     facts.compared = len(named)
-    facts.diffs = [d for (n, _), e, c in zip(named, ge, gc, strict=True) if (d := _compare(n, e, c)) is not None]
+    floor = _floor(ge)
+    facts.diffs = [d for (n, _), e, c in zip(named, ge, gc, strict=True) if (d := _compare(n, e, c, floor)) is not None]
     if facts.of("missing") or facts.of("differs"):
-        _explain(facts, loaded, eager, named, ge)
+        _explain(facts, loaded, wrapper, named, ge)
     return facts
 
 
-def _explain(facts: CompiledFacts, loaded: Any, eager: nn.Module, named: list[tuple[str, nn.Parameter]],
+def _explain(facts: CompiledFacts, loaded: Any, wrapper: nn.Module, named: list[tuple[str, nn.Parameter]],
              ge: list[torch.Tensor | None]) -> None:
     """facts.why: a fresh trace of `eager` compared with eager on the parameters named (compiled_why.py)."""
+    eager = cast(nn.Module, wrapper._orig_mod)
     params = [p for _, p in named]
     at = {n: i for i, (n, _) in enumerate(named)}
     names = [d.name for d in facts.diffs if d.status in ("missing", "differs")]
 
     def agrees(gf: list[torch.Tensor | None]) -> bool:
-        return all(_compare(n, ge[at[n]], gf[at[n]]) is None for n in names)
+        return all(_compare(n, ge[at[n]], gf[at[n]], _floor(ge)) is None for n in names)
 
     user = getattr(loaded, "user", None) or UserCode(None)
     try:
         facts.why = explain(eager, {n: p for n, p in named if n in names},
                             lambda m: _grads(m, eager, params, loaded.batch, loaded.loss_fn),
-                            lambda: _grads(eager, eager, params, loaded.batch, loaded.loss_fn), agrees, user)
+                            lambda: _grads(eager, eager, params, loaded.batch, loaded.loss_fn), agrees, user,
+                            user_backend(wrapper))
     except Exception as exc:  # the comparison stands without its explanation
         facts.why_failed = f"not explained: {type(exc).__name__}: {str(exc)[:300]}"
 

@@ -11,11 +11,17 @@ cache: a second backend makes dynamo add an entry, not replace one.
   not guard on (hooks: `torch._dynamo.config.skip_nnmodule_hook_guards`, pytorch/pytorch#117758, #115750). A hook
   whose code the fresh graph holds is named, with the hook's line.
 - The fresh trace differs too: the line where eager uses a parameter the compiled graphs never read (a branch on
-  `torch.compiler.is_compiling()`, a value captured at trace time), and the graph breaks with their reasons.
+  `torch.compiler.is_compiling()`, a value captured at trace time), and the graph breaks with their reasons; where
+  every parameter is read, the first op whose value or gradient the backend computes differently from the same
+  graph run in eager (compiled_ops.py), with its line.
+
+The fresh trace uses the backend the user's module was compiled with, so a backend's own difference is not taken
+for a stale graph.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 import traceback
 from collections.abc import Callable, Iterator
@@ -26,6 +32,7 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
+from gradprobe.checks.compiled_ops import Backend, first_differing_op
 from gradprobe.userframes import UserCode, location
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
@@ -39,13 +46,25 @@ Frame = tuple[str, int, str]  # file, line, function
 class Recorded:
     """What the recording backend saw: each graph with the tensors it was first called with."""
 
+    compiler: Backend
     graphs: list[tuple[torch.fx.GraphModule, list[Any]]] = field(default_factory=list)
 
     def backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        from torch._dynamo.backends.debugging import aot_eager
+        self.graphs.append((copy.deepcopy(gm), list(example_inputs)))  # a backend's passes may rewrite `gm` in place
+        return self.compiler(gm, example_inputs)
 
-        self.graphs.append((gm, list(example_inputs)))
-        return aot_eager(gm, example_inputs)
+
+def user_backend(wrapper: nn.Module) -> Backend:
+    """The backend the user's compiled module was built with (dynamo keeps it behind its frame callbacks);
+    aot_eager when it cannot be found (script mode compiles afresh with aot_eager anyway)."""
+    from torch._dynamo.backends.debugging import aot_eager
+
+    obj = getattr(getattr(wrapper, "dynamo_ctx", None), "callback", None)
+    for _ in range(6):
+        if obj is None or not type(obj).__module__.startswith("torch._dynamo.convert_frame"):
+            break
+        obj = getattr(obj, "_torchdynamo_orig_backend", None)
+    return cast(Backend, obj) if callable(obj) else aot_eager
 
 
 @dataclass
@@ -57,10 +76,11 @@ class Why:
     unread: dict[str, dict[str, Any]] = field(default_factory=dict)  # parameter -> where eager uses it; no graph reads it
     breaks: list[dict[str, Any]] = field(default_factory=list)  # {"reason", "location"} per graph break, in order
     graphs: int = 0
+    op: dict[str, Any] | None = None  # {"op", "graph", "location"}: the first op the backend computes differently
 
     def as_dict(self) -> dict[str, Any]:
         return {"fresh_trace_agrees": self.fresh_agrees, "graphs": self.graphs, "hook": self.hook,
-                "unread_by_graph": self.unread, "graph_breaks": self.breaks[:10]}
+                "unread_by_graph": self.unread, "graph_breaks": self.breaks[:10], "first_differing_op": self.op}
 
 
 def _frames(stack_trace: str | None) -> list[Frame]:
@@ -147,9 +167,11 @@ def eager_uses(run: Callable[[], Any], watched: dict[int, str], user: UserCode) 
 
 
 def explain(eager: nn.Module, named: dict[str, nn.Parameter], fresh_grads: Callable[[nn.Module], list[Any]],
-            eager_run: Callable[[], Any], agrees: Callable[[list[Any]], bool], user: UserCode) -> Why:
-    """Trace `eager` afresh with the recording backend; `fresh_grads(module)` runs the step, `agrees` judges it."""
-    rec = Recorded()
+            eager_run: Callable[[], Any], agrees: Callable[[list[Any]], bool], user: UserCode,
+            backend: Backend) -> Why:
+    """Trace `eager` afresh with `backend` behind the recorder; `fresh_grads(module)` runs the step, `agrees` judges
+    it against eager's gradients."""
+    rec = Recorded(backend)
     fresh = cast(nn.Module, torch.compile(eager, backend=rec.backend))
     why = Why(fresh_agrees=agrees(fresh_grads(fresh)))
     why.graphs = len(rec.graphs)
@@ -161,4 +183,17 @@ def explain(eager: nn.Module, named: dict[str, nn.Parameter], fresh_grads: Calla
     unread = {id(p): n for n, p in named.items() if id(p) not in read}
     if unread:
         why.unread = {n: location(*f) for n, f in eager_uses(eager_run, unread, user).items()}
+    if not why.unread:
+        why.op = _first_op(rec, backend, user)
     return why
+
+
+def _first_op(rec: Recorded, backend: Backend, user: UserCode) -> dict[str, Any] | None:
+    found = first_differing_op(rec.graphs, backend)
+    if found is None:
+        return None
+    i, node = found
+    f = _pick(_frames(node.meta.get("stack_trace")), user)
+    target = node.target
+    op = getattr(target, "__name__", None) or str(target)
+    return {"op": op, "graph": i + 1, "location": location(*f) if f else None}
