@@ -38,7 +38,7 @@ def _run(fn: Callable[..., Any], inputs: list[Any]) -> list[torch.Tensor]:
     wrt = [t for t in ins if isinstance(t, torch.Tensor) and t.requires_grad]
     grads: list[torch.Tensor] = []
     if diff and wrt:
-        loss = sum((o.float() * torch.randn(o.shape, generator=gen)).sum() for o in diff)
+        loss = torch.stack([(o.float() * torch.randn(o.shape, generator=gen)).sum() for o in diff]).sum()
         got = torch.autograd.grad(loss, wrt, allow_unused=True)
         grads = [g.detach().float() if g is not None else torch.zeros(t.shape) for g, t in zip(got, wrt, strict=True)]
     return [o.detach().float() for o in outs] + grads
