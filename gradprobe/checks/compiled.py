@@ -7,9 +7,10 @@ can compute a different derivative (#183602). Eager is the reference: a paramete
 is missing, or differs beyond a tolerance, is named. The compiled module runs as the user built it (its own
 backend); nothing is recompiled, so what it traced earlier is what is compared.
 
-When parameters are named, `compiled_why.explain` says why where dynamo's output can: a fresh trace that agrees
-with eager (the user's graph is stale: the hook it lacks is named, at the hook's line), or the line where eager uses
-a parameter that no captured graph reads, with the graph breaks of the fresh trace.
+When parameters are named, `compiled_why.explain` says why where dynamo's output can, from a fresh trace with the
+module's own backend: it agrees with eager (the user's graph is stale: the hook it lacks is named, at the hook's
+line); or eager uses a parameter at a line that no captured graph reads (with the fresh trace's graph breaks); or
+the first op the backend computes differently from the same graph run op by op in eager (compiled_ops.py).
 
 Three stages: `measure` runs both steps (RNG and buffers restored around each) and the explanation,
 `run_rules((GP701,), facts)`, and the caller ranks.
