@@ -90,3 +90,32 @@ def test_library_entry_unwraps_a_compiled_model():
     _no_error_or_warning(report)
     _names_unprefixed(report)
     assert report["facts"]["compiled"]["compared"] == 4
+
+
+def test_library_explanation_lists_graph_breaks():
+    """In-process: a parameter behind an is_compiling() branch after a graph break (a print) is named at eager's line,
+    and the fresh trace's graph break is listed with dynamo's reason and the user's line."""
+    import torch
+    import torch.nn as nn
+
+    from gradprobe.checks.diagnosis import diagnose
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.t = nn.Linear(4, 8), nn.Linear(8, 2), nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, x):
+            h = torch.tanh(self.a(x))
+            print("hidden", h.shape)  # a graph break
+            if not torch.compiler.is_compiling():
+                h = h * self.t
+            return self.b(h)
+
+    report = diagnose(torch.compile(Net(), backend="aot_eager"), batch=torch.randn(3, 4))
+    why = report["facts"]["compiled"]["why"]
+    assert why["unread_by_graph"]["t"]["code"] == "h = h * self.t", why
+    (brk,) = why["graph_breaks"]
+    assert brk["location"]["code"].startswith("print(") and "print" in brk["reason"], brk
+    unread = [f for f in report["findings"] if f["code"] == "GP701" and f["parameters"] == ["t"]]
+    assert unread and "1 graph break(s)" in unread[0]["message"], report["findings"]

@@ -48,9 +48,11 @@ class Recorded:
 
     compiler: Backend
     graphs: list[tuple[torch.fx.GraphModule, list[Any]]] = field(default_factory=list)
+    reasons: list[Any] = field(default_factory=list)  # dynamo's GraphCompileReason of each graph
 
     def backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         self.graphs.append((copy.deepcopy(gm), list(example_inputs)))  # a backend's passes may rewrite `gm` in place
+        self.reasons.append(getattr(gm, "compile_subgraph_reason", None))  # (a deep copy drops it)
         return self.compiler(gm, example_inputs)
 
 
@@ -129,8 +131,7 @@ def _read_by_graphs(rec: Recorded) -> set[int]:
 
 def _breaks(rec: Recorded, user: UserCode) -> list[dict[str, Any]]:
     out = []
-    for gm, _ in rec.graphs:
-        reason = getattr(gm, "compile_subgraph_reason", None)
+    for reason in rec.reasons:
         if reason is None or not getattr(reason, "graph_break", False):
             continue
         stack = [(f.filename, int(f.lineno or 0), f.name) for f in getattr(reason, "user_stack", []) or []]
