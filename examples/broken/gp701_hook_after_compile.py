@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-EXPECT = {"tool": "diagnose", "codes": ["GP701"], "culprits": ["encoder.gate"]}
+EXPECT = {"tool": "diagnose", "codes": ["GP701"], "culprits": ["encoder.gate"], "line": 37}
 
 
 class Encoder(nn.Module):

@@ -7,8 +7,13 @@ can compute a different derivative (#183602). Eager is the reference: a paramete
 is missing, or differs beyond a tolerance, is named. The compiled module runs as the user built it (its own
 backend); nothing is recompiled, so what it traced earlier is what is compared.
 
-Three stages: `measure` runs both steps (RNG and buffers restored around each), `run_rules((GP701,), facts)`,
-and the caller ranks.
+When parameters are named, `compiled_why.explain` says why where dynamo's output can, from a fresh trace with the
+module's own backend: it agrees with eager (the user's graph is stale: the hook it lacks is named, at the hook's
+line); or eager uses a parameter at a line that no captured graph reads (with the fresh trace's graph breaks); or
+the first op the backend computes differently from the same graph run op by op in eager (compiled_ops.py).
+
+Three stages: `measure` runs both steps (RNG and buffers restored around each) and the explanation,
+`run_rules((GP701,), facts)`, and the caller ranks.
 """
 
 from __future__ import annotations
@@ -23,10 +28,15 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks._step import call_model, compute_loss
+from gradprobe.checks.compiled_why import Why, explain, user_backend
 from gradprobe.findings import Finding, Rule, Situation, run_rules
+from gradprobe.userframes import UserCode
 from gradprobe.wrappers import compiled_wrapper
 
 RTOL = 1e-3  # relative L2 difference of a gradient beyond which compiled and eager disagree (fp32, aot_eager: ~1e-7)
+# a gradient that is zero by the maths (a key's bias under softmax) comes out as rounding noise in both runs: its
+# difference is measured against this fraction of the largest eager gradient norm, not against its own noise
+FLOOR = 1e-5
 _SEED = 1234
 
 
@@ -45,13 +55,16 @@ class CompiledFacts:
     compared: int = 0
     diffs: list[GradDiff] = field(default_factory=list)
     skipped: str | None = None
+    why: Why | None = None  # why they differ, where dynamo's output says (compiled_why.py); None when nothing differs
+    why_failed: str | None = None
 
     def of(self, status: str) -> list[GradDiff]:
         return [d for d in self.diffs if d.status == status]
 
     def as_dict(self) -> dict[str, Any]:
         return {"wrapper": self.wrapper, "compared": self.compared, "skipped": self.skipped, "tolerance": RTOL,
-                "differing": [vars(d) for d in self.diffs[:20]]}
+                "differing": [vars(d) for d in self.diffs[:20]],
+                "why": self.why.as_dict() if self.why is not None else self.why_failed}
 
 
 GP701: Rule[CompiledFacts] = Rule(
@@ -75,19 +88,83 @@ GP701: Rule[CompiledFacts] = Rule(
             fix="Something the eager forward does with these parameters was not captured when the graph was traced: a "
                 "hook registered or an attribute changed after the first compiled call (register it before compiling, or "
                 "call torch._dynamo.reset() after the change), or a graph break that detaches."),
+        "stale-hook": Situation(
+            when="a fresh trace of the same module gives eager's gradients, and it runs a hook the module has now",
+            message="The compiled module ({wrapper}) gives {count} parameter(s) a gradient that is missing or differs "
+                    "from eager on the same batch and seed ({names}), while a fresh trace of the same module gives "
+                    "eager's gradients: its graph was traced before the {kind} `{hook}` on {module} was registered. "
+                    "Dynamo does not guard on hooks, so this hook's code (this line) never runs in the compiled graph.",
+            fix="Register the hook before the first call of the compiled module, or call torch._dynamo.reset() after "
+                "registering it so that the next call traces the model again."),
+        "stale": Situation(
+            when="a fresh trace of the same module gives eager's gradients, and no hook explains it",
+            message="The compiled module ({wrapper}) gives {count} parameter(s) a gradient that is missing or differs "
+                    "from eager on the same batch and seed ({names}), while a fresh trace of the same module gives "
+                    "eager's gradients: the graph it runs was traced before a change to the model that dynamo does not "
+                    "guard on.",
+            fix="Make every change to the model (hooks, attributes set behind nn.Module's back, swapped tensors) before "
+                "the first call of the compiled module, or call torch._dynamo.reset() after the change."),
+        "op": Situation(
+            when="a fresh trace with the same backend differs too, and one op of its graphs is the first the backend "
+                 "computes differently from the same graph run in eager",
+            message="The compiled module ({wrapper}) gives {count} parameter(s) a gradient that is missing or differs "
+                    "from eager on the same batch and seed ({names}; largest relative difference {worst:.3g}, "
+                    "tolerance {tol:g}), and a fresh trace with the same backend does the same. Run op by op, graph "
+                    "{graph} of {graphs} first differs from the backend's compiled version at `{op}`, this line.",
+            fix="The backend computes this op differently from eager: compare it with backend=\"aot_eager\", keep the "
+                "op out of the compiled region (torch.compiler.disable on a function around it), or report the op "
+                "to PyTorch (or to the backend's author) with this line."),
+        "unread": Situation(
+            when="eager uses the parameters at a line of the user's code, and no graph dynamo captures reads them",
+            message="The compiled module ({wrapper}) gives {count} parameter(s) a gradient that is missing or differs "
+                    "from eager on the same batch and seed ({names}), and a fresh trace does the same: eager uses "
+                    "{param} at this line, but no graph dynamo captures reads it ({graphs} graph(s), {breaks} graph "
+                    "break(s)). The compiled forward takes another path here.",
+            fix="Look for code that runs differently under compilation at this line: a branch on "
+                "torch.compiler.is_compiling() (or torch._dynamo.is_compiling()), a value computed once when the graph "
+                "was traced; make the compiled path use the parameter as eager does."),
     },
 )
 
 
-def _names(diffs: list[GradDiff]) -> str:
-    shown = ", ".join(d.name for d in diffs[:6])
+def _names(diffs: list[GradDiff], mark: bool = False) -> str:
+    shown = ", ".join(d.name + (" (no gradient)" if mark and d.status == "missing" else "") for d in diffs[:6])
     return shown + (f" and {len(diffs) - 6} more" if len(diffs) > 6 else "")
+
+
+def _explained(facts: CompiledFacts, why: Why, diffs: list[GradDiff], ev: dict[str, Any]) -> Iterator[Finding]:
+    """The findings an explanation accounts for: a stale graph (all of `diffs`), or parameters no graph reads."""
+    if why.fresh_agrees:
+        params, names = [d.name for d in diffs], _names(diffs, mark=True)
+        if why.hook is not None:
+            yield GP701.finding("stale-hook", parameters=params, location=why.hook["location"], evidence=ev,
+                                wrapper=facts.wrapper, count=len(diffs), names=names, kind=why.hook["kind"],
+                                hook=why.hook["function"], module=why.hook["module"])
+        else:
+            yield GP701.finding("stale", parameters=params, evidence=ev, wrapper=facts.wrapper, count=len(diffs),
+                                names=names)
+        return
+    unread = [d for d in diffs if d.name in why.unread]
+    if unread:
+        yield GP701.finding("unread", parameters=[d.name for d in unread], location=why.unread[unread[0].name],
+                            evidence=ev, wrapper=facts.wrapper, count=len(unread), names=_names(unread, mark=True),
+                            param=unread[0].name, graphs=why.graphs, breaks=len(why.breaks))
+    if why.op is not None and why.op["location"] is not None and not unread:
+        worst = max(d.rel_diff if d.rel_diff is not None else 1.0 for d in diffs)
+        yield GP701.finding("op", parameters=[d.name for d in diffs], location=why.op["location"], evidence=ev,
+                            wrapper=facts.wrapper, count=len(diffs), names=_names(diffs, mark=True), worst=worst,
+                            tol=RTOL, graph=why.op["graph"], graphs=why.graphs, op=why.op["op"])
 
 
 @GP701.detector
 def detect_compiled_differs(facts: CompiledFacts) -> Iterator[Finding]:
     missing, differs = facts.of("missing"), facts.of("differs")
     ev = facts.as_dict()
+    if facts.why is not None and (missing or differs):
+        done = list(_explained(facts, facts.why, missing + differs, ev))
+        yield from done
+        named = {n for f in done for n in f["parameters"]}
+        missing, differs = [d for d in missing if d.name not in named], [d for d in differs if d.name not in named]
     if missing:
         yield GP701.finding("missing", parameters=[d.name for d in missing], evidence=ev, wrapper=facts.wrapper,
                             count=len(missing), names=_names(missing))
@@ -135,7 +212,7 @@ def _norm(g: torch.Tensor | None) -> float | None:
     return None if g is None else float(g.norm())
 
 
-def _compare(name: str, ge: torch.Tensor | None, gc: torch.Tensor | None) -> GradDiff | None:
+def _compare(name: str, ge: torch.Tensor | None, gc: torch.Tensor | None, floor: float = 0.0) -> GradDiff | None:
     ne, nc = _norm(ge), _norm(gc)
     if ge is None and gc is None:
         return None
@@ -143,12 +220,16 @@ def _compare(name: str, ge: torch.Tensor | None, gc: torch.Tensor | None) -> Gra
         return GradDiff(name, "missing", ne, None, None) if ne else None
     if ge is None:
         return GradDiff(name, "extra", None, nc, None) if nc else None
-    rel = float((gc - ge).norm()) / max(ne or 0.0, 1e-12)
+    rel = float((gc - ge).norm()) / max(ne or 0.0, floor, 1e-12)
     if (ne or 0.0) < 1e-12 and (nc or 0.0) < 1e-12:
         return None
     if not math.isfinite(rel) or rel > RTOL:
         return GradDiff(name, "missing" if (nc or 0.0) == 0.0 and (ne or 0.0) > 0 else "differs", ne, nc, rel)
     return None
+
+
+def _floor(ge: list[torch.Tensor | None]) -> float:
+    return FLOOR * max((float(g.norm()) for g in ge if g is not None), default=0.0)
 
 
 def measure(loaded: Any) -> CompiledFacts | None:
@@ -170,8 +251,32 @@ def measure(loaded: Any) -> CompiledFacts | None:
         facts.skipped = f"{type(exc).__name__}: {str(exc)[:300]}"
         return facts
     facts.compared = len(named)
-    facts.diffs = [d for (n, _), e, c in zip(named, ge, gc, strict=True) if (d := _compare(n, e, c)) is not None]
+    floor = _floor(ge)
+    facts.diffs = [d for (n, _), e, c in zip(named, ge, gc, strict=True) if (d := _compare(n, e, c, floor)) is not None]
+    if facts.of("missing") or facts.of("differs"):
+        _explain(facts, loaded, wrapper, named, ge)
     return facts
+
+
+def _explain(facts: CompiledFacts, loaded: Any, wrapper: nn.Module, named: list[tuple[str, nn.Parameter]],
+             ge: list[torch.Tensor | None]) -> None:
+    """facts.why: a fresh trace of `eager` compared with eager on the parameters named (compiled_why.py)."""
+    eager = cast(nn.Module, wrapper._orig_mod)
+    params = [p for _, p in named]
+    at = {n: i for i, (n, _) in enumerate(named)}
+    names = [d.name for d in facts.diffs if d.status in ("missing", "differs")]
+
+    def agrees(gf: list[torch.Tensor | None]) -> bool:
+        return all(_compare(n, ge[at[n]], gf[at[n]], _floor(ge)) is None for n in names)
+
+    user = getattr(loaded, "user", None) or UserCode(None)
+    try:
+        facts.why = explain(eager, {n: p for n, p in named if n in names},
+                            lambda m: _grads(m, eager, params, loaded.batch, loaded.loss_fn),
+                            lambda: _grads(eager, eager, params, loaded.batch, loaded.loss_fn), agrees, user,
+                            user_backend(wrapper))
+    except Exception as exc:  # the comparison stands without its explanation
+        facts.why_failed = f"not explained: {type(exc).__name__}: {str(exc)[:300]}"
 
 
 def compiled_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any] | None]:
