@@ -40,9 +40,11 @@ def test_example_through_library(path):
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("path", [p for p in PATHS if not example_expect(p).get("options")], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in PATHS if not example_expect(p).get("options")
+                                  and example_expect(p)["tool"] != "diagnose"], ids=lambda p: p.stem)
 async def test_example_through_diagnose(client, path):
-    """diagnose finds the same root cause as the specific tool (warnings and infos may be folded)."""
+    """diagnose finds the same root cause as the specific tool (warnings and infos may be folded). An example whose
+    own tool is diagnose is checked whole, with its line, by test_example_through_mcp: not run a second time here."""
     expect = example_expect(path)
     if expect.get("severity") in ("warning", "info"):
         pytest.skip("diagnose folds consequences; warnings and infos are covered by the specific tool")
