@@ -3,8 +3,9 @@ before and at its first optimizer step (gradprobe/scriptmode/rankwatch.py), comp
 
 - GP703 a parameter that took part in the loss on some ranks only (the user's line that called it on those ranks);
 - GP704 parameters that differ across ranks, or will after the step: the first one named, with the measured cause
-  (the ranks started from different weights; their gradients differ because nothing averaged them; DDP's `no_sync()`
-  was still in force at the step);
+  and its line (the ranks started from different weights: the line that built the parameter, when its checksums
+  already differed at the first forward; their gradients differ because nothing averaged them: the script's own
+  all-reduce; DDP's `no_sync()` was still in force at the step: the `with model.no_sync():` line);
 - GP705 gradients all-reduced with SUM and not divided by the world size (the all-reduced gradient equals the sum of
   the ranks' gradients measured before the all-reduce);
 - GP706 a rank waiting in a collective the others never joined, until the script's share of the call's timeout;
@@ -126,6 +127,13 @@ GP704: Rule[RankFacts] = Rule(
         "weights when built), or broadcast them yourself (`for p in model.parameters(): dist.broadcast(p.data, 0)`), "
         "or seed identically before building the model.",
     situations={
+        "changed": Situation(
+            when="the weights were equal when the model was first called, and differed at the first optimizer.step()",
+            message="{name} differed across ranks when the first optimizer.step() ran ({values}; {count} parameter(s) "
+                    "differ), though it was equal on every rank when the model was first called: something between "
+                    "the forward and the step changed it on some ranks only.",
+            fix="Look between the forward and optimizer.step() for code that writes parameters on some ranks only (a "
+                "rank- or data-dependent in-place update, a load on one rank), and make every rank do the same."),
         "not_averaged": Situation(
             when="the weights were equal but the gradients differ and nothing averaged them",
             message="{name} was equal on every rank at the first optimizer.step() but its gradient differed ({grads}; "
@@ -159,27 +167,48 @@ def _values(rows: dict[int, dict[str, Any]], key: str) -> str:
     return ", ".join(f"rank {r}: {rows[r][key]:.6g}" if rows[r][key] is not None else f"rank {r}: none" for r in rows)
 
 
+def _differ(rows: dict[str, dict[int, dict[str, Any]]], key: str) -> list[str]:
+    return [n for n, rr in rows.items() if not all(_close(rr[r][key], rr[min(rr)][key]) for r in rr)]
+
+
+def _first_reduce(rows: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any] | None:
+    """The line of the script's own all-reduce of a gradient (the first parameter's that has one)."""
+    return next((row["reduced"]["location"] for rr in rows.values() for row in rr.values()
+                 if (row.get("reduced") or {}).get("location")), None)
+
+
 @GP704.detector
 def detect_ranks_diverge(facts: RankFacts) -> Iterator[Finding]:
+    """Where the first difference arose: the values at the first forward already differ (the line that built the
+    parameter), they differ at the step only (the step), or the gradients differ (the script's all-reduce or the
+    `with model.no_sync():` line, else the step)."""
     obs = facts.observations
     if len(obs) < 2:
         return
     rows = _plain_rows(obs)
     first = obs[min(obs)]
     step = first.get("step_location")
-    differ = [n for n, rr in rows.items() if not all(_close(rr[r]["value"], rr[min(rr)]["value"]) for r in rr)]
+    differ = _differ(rows, "value")
     if differ:
         name = differ[0]
-        yield GP704.finding(None, parameters=differ, location=step, evidence={"ranks": sorted(obs)}, name=name,
-                            values=_values(rows[name], "value"), count=len(differ))
+        rr = rows[name]
+        measured = all(rr[r].get("at_forward") is not None for r in rr)
+        at_start = measured and name in _differ({name: rr}, "at_forward")
+        loc = (rr[min(rr)].get("built") or step) if at_start else step
+        evidence = {"ranks": sorted(obs), "at_first_forward": {str(r): rr[r].get("at_forward") for r in rr},
+                    "built_at": rr[min(rr)].get("built"), "step_location": step}
+        yield GP704.finding(None if at_start or not measured else "changed", parameters=differ, location=loc,
+                            evidence=evidence, name=name, values=_values(rr, "value"), count=len(differ))
         return
-    grads = [n for n, rr in rows.items() if not all(_close(rr[r]["grad"], rr[min(rr)]["grad"]) for r in rr)]
+    grads = _differ(rows, "grad")
     if not grads:
         return
     no_sync = any(not d.get("sync", True) for o in obs.values() for d in o.get("ddp") or [])
     name = grads[0]
-    yield GP704.finding("no_sync" if no_sync else "not_averaged", parameters=grads, location=step,
-                        evidence={"ranks": sorted(obs)}, name=name, grads=_values(rows[name], "grad"), count=len(grads))
+    loc = (first.get("no_sync_at") if no_sync else _first_reduce(rows) or first.get("reduce_at")) or step
+    yield GP704.finding("no_sync" if no_sync else "not_averaged", parameters=grads, location=loc,
+                        evidence={"ranks": sorted(obs), "step_location": step}, name=name,
+                        grads=_values(rows[name], "grad"), count=len(grads))
 
 
 GP705: Rule[RankFacts] = Rule(
