@@ -17,6 +17,12 @@ SCRIPTS = ROOT / "examples" / "scripts"
 CASES = [
     ("ddp", "train.py", 2, {"codes": [], "healthy": True}, 90),
     ("fsdp2", "train.py", 2, {"codes": [], "healthy": True, "absent": ["GP301", "GP201", "GP311"]}, 90),
+    ("fsdp2_broken", "optimizer_before_shard.py", 2,
+     {"codes": ["GP202"], "culprits": ["0.weight", "2.bias"], "line": 30, "ranks": [0, 1]}, 90),
+    ("fsdp2_broken", "unused_on_one_rank.py", 2,
+     {"codes": ["GP703"], "culprits": ["aux.weight", "aux.bias"], "line": 40, "ranks": [1], "absent": ["GP112", "GP707"]},
+     90),
+    ("fsdp2_broken", "root_not_sharded.py", 2, {"codes": ["GP704"], "culprits": ["embed.weight", "head.bias"], "line": 56}, 90),
     ("spawn", "train.py", 1, {"codes": [], "healthy": True}, 90),
     ("spawn", "manual_average.py", 1, {"codes": [], "healthy": True, "absent": ["GP703", "GP704", "GP705", "GP706"]}, 90),
     ("spawn", "manual_average.py --scale_loss", 1, {"codes": [], "healthy": True, "absent": ["GP705"]}, 90),
@@ -51,7 +57,7 @@ async def test_ranks_through_mcp(client, case):
     ranks = report["facts"]["ranks"]
     assert ranks["world_size"] == 2, ranks
     assert ranks["how"] == ("torchrun-style" if world_size > 1 else "mp.spawn"), ranks
-    if expect.get("healthy"):
+    if expect.get("healthy") or expect["codes"] == ["GP202"]:
         assert all(r["stepped"] and r["reported"] for r in ranks["ranks"]), ranks
     if expect.get("ranks"):
         hit = next(f for f in report["findings"] if f["code"] in expect["codes"])

@@ -140,6 +140,15 @@ GP704: Rule[RankFacts] = Rule(
                     "{count} gradient(s) differ): nothing averaged the gradients, so the step moves the ranks apart.",
             fix="Average the gradients across ranks before optimizer.step(): wrap the model in "
                 "DistributedDataParallel, or `dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)` for every parameter."),
+        "not_sharded": Situation(
+            when="the model is sharded with FSDP2's fully_shard, and the parameters whose gradients differ are plain "
+                 "tensors no fully_shard call covers",
+            message="{name} was equal on every rank at the first optimizer.step() but its gradient differed ({grads}; "
+                    "{count} gradient(s) differ): it is a plain tensor beside the model's FSDP2-sharded parameters, in "
+                    "no module that fully_shard was applied to, so nothing reduces its gradient and the step moves the "
+                    "ranks apart.",
+            fix="Apply fully_shard to the root module too, after its submodules (or to the module holding {name}), "
+                "before building the optimizer, so that FSDP2 reduces every gradient."),
         "no_sync": Situation(
             when="DistributedDataParallel's no_sync() was still in force when the optimizer stepped",
             message="{name} was equal on every rank at the first optimizer.step() but its gradient differed ({grads}; "
@@ -204,9 +213,12 @@ def detect_ranks_diverge(facts: RankFacts) -> Iterator[Finding]:
     if not grads:
         return
     no_sync = any(not d.get("sync", True) for o in obs.values() for d in o.get("ddp") or [])
+    sharded = first.get("sharded_at") or []  # plain parameters beside FSDP2's: no fully_shard covers them
+    situation = "no_sync" if no_sync else "not_sharded" if sharded else "not_averaged"
     name = grads[0]
-    loc = (first.get("no_sync_at") if no_sync else _first_reduce(rows) or first.get("reduce_at")) or step
-    yield GP704.finding("no_sync" if no_sync else "not_averaged", parameters=grads, location=loc,
+    loc = {"no_sync": first.get("no_sync_at"), "not_sharded": sharded[-1] if sharded else None,
+           "not_averaged": _first_reduce(rows) or first.get("reduce_at")}[situation] or step
+    yield GP704.finding(situation, parameters=grads, location=loc,
                         evidence={"ranks": sorted(obs), "step_location": step}, name=name,
                         grads=_values(rows[name], "grad"), count=len(grads))
 
@@ -313,7 +325,10 @@ def detect_rank_not_checked(facts: RankFacts) -> Iterator[Finding]:
         others = [r for r in everyone if r not in ranks and r not in facts.exited and r not in facts.unfinished
                   and r not in {s.rank for s in facts.stuck}]
         statuses = ", ".join(f"rank {r}: exit status {facts.exited[r]}" for r in ranks if r in facts.exited)
-        yield GP707.finding(situation, evidence={"ranks": ranks}, ranks=_ranks(ranks), others=_ranks(others) or "none",
+        evidence: dict[str, Any] = {"ranks": ranks}
+        if situation == "exited":
+            evidence["exit_status"] = {str(r): facts.exited[r] for r in ranks}
+        yield GP707.finding(situation, evidence=evidence, ranks=_ranks(ranks), others=_ranks(others) or "none",
                             statuses=statuses)
 
 

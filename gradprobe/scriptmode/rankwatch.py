@@ -8,7 +8,8 @@ Installed in each rank process before the script (or the spawned worker's functi
   its line and a checksum of the tensor before it (to tell a sum from an average across ranks);
 - where each parameter was built (the user's line that registered it in its module: a parameter registration hook),
   and a checksum of its value when a module holding it is first called with grad (before any step can move it);
-- the user's line that entered DDP's `no_sync()`;
+- the user's line that entered DDP's `no_sync()`, and the lines that called FSDP2's `fully_shard` (seen as FSDP2
+  registering its forward pre-hook on the module: no import of torch.distributed.fsdp needed);
 - at the first `optimizer.step()` (a global step pre-hook, registered before the step watch's so it runs first):
   per parameter a checksum of its value and of its gradient (DTensors: their local shard, with their placements),
   whether DDP's gradient sync was on (`no_sync()`), and the rank as the process group says.
@@ -123,6 +124,7 @@ class RankWatch:
         self.at_forward: dict[int, float | None] = {}  # id(param) -> its checksum when first called with grad
         self.no_sync_at: dict[str, Any] | None = None  # the user's line that last entered DDP's no_sync()
         self.reduce_at: dict[str, Any] | None = None  # the user's line of the script's first all_reduce
+        self.sharded_at: list[dict[str, Any]] = []  # the user's lines that called fully_shard, in order
         self.taken = False
         self._undo: list[Any] = []
 
@@ -137,6 +139,22 @@ class RankWatch:
         self._patch_backward()
         self._patch_collectives()
         self._patch_no_sync()
+        self._patch_pre_hooks()
+
+    def _patch_pre_hooks(self) -> None:
+        orig = nn.Module.register_forward_pre_hook
+        watch = self
+
+        def register_forward_pre_hook(module: nn.Module, hook: Any, *args: Any, **kwargs: Any) -> Any:
+            owner = type(getattr(hook, "__self__", None))
+            if owner.__module__.startswith("torch.distributed.fsdp") and not watch.taken:
+                loc = watch.user.innermost(skip=2)
+                if loc is not None and loc not in watch.sharded_at:
+                    watch.sharded_at.append(loc)
+            return orig(module, hook, *args, **kwargs)
+
+        nn.Module.register_forward_pre_hook = register_forward_pre_hook  # type: ignore[method-assign,assignment]
+        self._undo.append((nn.Module, "register_forward_pre_hook", orig))
 
     def _param_registered(self, module: nn.Module, name: str, param: torch.Tensor | None) -> None:
         if param is not None and not self.taken and id(param) not in self.built:
@@ -222,6 +240,7 @@ class RankWatch:
 
     def used_snapshot(self) -> dict[str, Any]:
         """Every parameter of the model(s) in the loss's graph, and for those in it the line that called their module."""
+        from gradprobe.sharded import unsharded_to_sharded
         from gradprobe.wrappers import clean_name, unwrap_library
 
         names: list[str] = []
@@ -232,13 +251,15 @@ class RankWatch:
             model, _ = unwrap_library(root)
             owned = {id(p): id(m) for m in model.modules() for p in m._parameters.values() if p is not None}
             named = list(model.named_parameters())
-            if not any(id(p) in self.used for _, p in named):
+            # FSDP2: the graph's leaves are the unsharded parameters its forward swapped in for the sharded ones
+            took_part = self.used | {id(sh) for uid, sh in unsharded_to_sharded(model).items() if uid in self.used}
+            if not any(id(p) in took_part for _, p in named):
                 continue
             for raw, p in named:
                 n = clean_name(raw)
                 names.append(n)
                 params.append(p)
-                if id(p) in self.used:
+                if id(p) in took_part:
                     used[n] = self.sites.get(owned.get(id(p), -1))
         ddps = [m for m in roots if _is_ddp(m)]
         return {"index": self.index, "params": names, "used": used, "ddp": bool(ddps),
@@ -315,7 +336,7 @@ class RankWatch:
             "world_size": dist.get_world_size() if initialized else None,
             "step_location": self.user.innermost(skip=3),
             "loss_scaled_by_world": self.loss_scaled_by_world,
-            "no_sync_at": self.no_sync_at, "reduce_at": self.reduce_at,
+            "no_sync_at": self.no_sync_at, "reduce_at": self.reduce_at, "sharded_at": self.sharded_at,
             "ddp": [{"sync": self.ddp_sync_at_last_forward is not False,
                      "find_unused": bool(getattr(d, "find_unused_parameters", False))} for d in ddps],
             "params": rows,

@@ -1,8 +1,9 @@
 """A torchrun-style FSDP2 script (`fully_shard`, gloo on CPU) that builds its optimizer BEFORE sharding the model:
 fully_shard replaces every parameter by a new DTensor parameter, so the optimizer holds the old, plain tensors, which
-never get a gradient, and the model never trains. From https://github.com/pytorch/pytorch/issues/149205 (FSDP2: the
-optimizer must be created after fully_shard, "the parameters are replaced by DTensors") and the FSDP2 tutorial's
-order (shard first, then build the optimizer).
+never get a gradient, and the model never trains. From https://github.com/pytorch/pytorch/issues/149205 (FSDP2
+parameters not updating: "the parameters captured by the optimizer seem to differ from those in the training loop")
+and https://github.com/mosaicml/composer/pull/3822 (after fully_shard, the optimizer's params must be pointed at the
+DTensors).
 
     torchrun --nproc_per_node=2 optimizer_before_shard.py --steps 5
 """

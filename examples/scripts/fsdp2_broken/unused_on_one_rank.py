@@ -1,7 +1,8 @@
 """A torchrun-style FSDP2 script (`fully_shard`, gloo on CPU) whose auxiliary head runs on rank 0 only: the head is
 sharded with the root, so its gradient reduce-scatter runs on rank 0 alone (rank 1's shard gets no gradient), and
-the ranks hold different halves of a head that only rank 0 trains. From
-https://github.com/pytorch/pytorch/issues/136007 (FSDP2 with parameters unused on some ranks) and
+the ranks hold different halves of a head that only rank 0 trains (here rank 1 dies in that reduce-scatter). From
+https://github.com/pytorch/pytorch/pull/170667 (FSDP with "different ranks using different parameters due to model
+architecture or control flow" fails in the gradient reduce-scatter; fixes pytorch/pytorch#158719) and
 https://github.com/Yuanhy1997/SeqDiffuSeq/issues/25 (a rank-dependent branch that skips parameters).
 
     torchrun --nproc_per_node=2 unused_on_one_rank.py --steps 5
