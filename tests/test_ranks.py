@@ -43,12 +43,21 @@ def _id(case) -> str:
     return f"{case[0]}/{case[1]}@{case[2]}"
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-async def test_ranks_through_mcp(client, case):
+# Lightning (strategy ddp, devices 2) and accelerate (its own DDP on CPU, gloo) under world_size 2, with their own
+# arguments; each rank runs the framework's own setup (the torchrun-style environment is what both read)
+FRAMEWORKS = [
+    ("accelerate", "train.py --epochs=1", 2, {"codes": [], "healthy": True}, 120),
+    ("accelerate_broken", "train.py --epochs=1", 2, {"codes": ["GP303"], "culprits": ["prompt_emb"], "line": 18}, 120),
+    ("lightning_broken", "train.py --fast_dev_run=1 --devices 2 --strategy ddp", 2,
+     {"codes": ["GP201"], "culprits": ["head.weight", "head.bias"], "line": 24, "ranks": [0, 1], "absent": ["GP707"]},
+     240),
+]
+
+
+async def _run(client, case, args: list[str]) -> dict:
     project, command, world_size, expect, timeout_s = case
     script, *extra = command.split()
-    target = {"project_dir": str(SCRIPTS / project), "script": script, "args": ["--steps", "2", *extra],
+    target = {"project_dir": str(SCRIPTS / project), "script": script, "args": [*args, *extra],
               "timeout_s": timeout_s, "world_size": world_size}
     result = await client.call_tool("diagnose", {"target": target})
     assert not result.is_error, result.content
@@ -62,6 +71,22 @@ async def test_ranks_through_mcp(client, case):
     if expect.get("ranks"):
         hit = next(f for f in report["findings"] if f["code"] in expect["codes"])
         assert hit["evidence"]["ranks"] == expect["ranks"], hit["evidence"]
+    return report
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+async def test_ranks_through_mcp(client, case):
+    await _run(client, case, ["--steps", "2"])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", FRAMEWORKS, ids=[_id(c) for c in FRAMEWORKS])
+async def test_frameworks_at_two_ranks(client, case):
+    report = await _run(client, case, [])
+    if case[0] == "accelerate_broken":  # DDP's reduction stalls on the parameters that got no gradient
+        hit = next(f for f in report["findings"] if f["code"] == "GP704")
+        assert hit["evidence"]["no_gradient"][:1] == ["prompt_emb"], hit["evidence"]
 
 
 @pytest.mark.anyio

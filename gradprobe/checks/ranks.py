@@ -149,6 +149,17 @@ GP704: Rule[RankFacts] = Rule(
                     "ranks apart.",
             fix="Apply fully_shard to the root module too, after its submodules (or to the module holding {name}), "
                 "before building the optimizer, so that FSDP2 reduces every gradient."),
+        "ddp_stalled": Situation(
+            when="the model is wrapped in DistributedDataParallel (find_unused_parameters=False) and some of its "
+                 "trainable parameters got no gradient in the backward",
+            message="{name} was equal on every rank at the first optimizer.step() but its gradient differed ({grads}; "
+                    "{count} gradient(s) differ): {stalled_count} trainable parameter(s) of the DistributedDataParallel "
+                    "model ({stalled}) got no gradient in the backward, and DDP all-reduces a bucket only once every "
+                    "parameter in it has one, so its gradient reduction never finished and the step moves the ranks "
+                    "apart (the next iteration raises \"Expected to have finished reduction in the prior iteration\").",
+            fix="Make {stalled} take part in the loss (see the finding that says why they get no gradient), or freeze "
+                "them (requires_grad_(False)) before wrapping the model in DistributedDataParallel; if skipping them is "
+                "intended, pass find_unused_parameters=True."),
         "no_sync": Situation(
             when="DistributedDataParallel's no_sync() was still in force when the optimizer stepped",
             message="{name} was equal on every rank at the first optimizer.step() but its gradient differed ({grads}; "
@@ -212,15 +223,21 @@ def detect_ranks_diverge(facts: RankFacts) -> Iterator[Finding]:
     grads = _differ(rows, "grad")
     if not grads:
         return
-    no_sync = any(not d.get("sync", True) for o in obs.values() for d in o.get("ddp") or [])
+    ddps = [d for o in obs.values() for d in o.get("ddp") or []]
+    no_sync = any(not d.get("sync", True) for d in ddps)
+    # DDP (find_unused_parameters=False) reduces a bucket once every parameter in it has a gradient
+    stalled = [n for n, rr in rows.items() if any(rr[r].get("requires_grad") and rr[r]["grad"] is None for r in rr)]
+    stalled = stalled if ddps and not any(d.get("find_unused") for d in ddps) else []
     sharded = first.get("sharded_at") or []  # plain parameters beside FSDP2's: no fully_shard covers them
-    situation = "no_sync" if no_sync else "not_sharded" if sharded else "not_averaged"
+    situation = ("no_sync" if no_sync else "ddp_stalled" if stalled else "not_sharded" if sharded
+                 else "not_averaged")
     name = grads[0]
-    loc = {"no_sync": first.get("no_sync_at"), "not_sharded": sharded[-1] if sharded else None,
+    loc = {"no_sync": first.get("no_sync_at"), "not_sharded": sharded[-1] if sharded else None, "ddp_stalled": None,
            "not_averaged": _first_reduce(rows) or first.get("reduce_at")}[situation] or step
     yield GP704.finding(situation, parameters=grads, location=loc,
-                        evidence={"ranks": sorted(obs), "step_location": step}, name=name,
-                        grads=_values(rows[name], "grad"), count=len(grads))
+                        evidence={"ranks": sorted(obs), "step_location": step, "no_gradient": stalled}, name=name,
+                        grads=_values(rows[name], "grad"), count=len(grads), stalled=_names(stalled),
+                        stalled_count=len(stalled))
 
 
 GP705: Rule[RankFacts] = Rule(

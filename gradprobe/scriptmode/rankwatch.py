@@ -326,6 +326,7 @@ class RankWatch:
             red = self.reduced.get(id(p.grad)) if p.grad is not None else None
             owner = owners.get(id(p))
             rows.append({"name": names.get(id(p), f"param[{i}]"), "shape": list(p.shape), "placements": placements,
+                         "requires_grad": bool(p.requires_grad),
                          "value": checksum(p), "grad": checksum(p.grad), "used": id(p) in self.used,
                          "site": self.sites.get(owner) if owner is not None else None, "reduced": red,
                          "at_forward": self.at_forward.get(id(p)), "built": self.built_at(p)})
