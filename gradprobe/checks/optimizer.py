@@ -111,12 +111,13 @@ GP202: Rule[CoverageFacts] = Rule(
         # optimizer built before fully_shard: https://github.com/pytorch/pytorch/issues/149205 (FSDP2 parameters not
         # updating; "the parameters captured by the optimizer seem to differ"), https://github.com/mosaicml/composer/pull/3822
         "sharded": Situation(
-            when="FSDP2's fully_shard replaced them with sharded DTensor parameters after the optimizer was built",
+            when="the model was sharded after the optimizer was built: FSDP2's fully_shard or a tensor-parallel plan "
+                 "(parallelize_module) replaced them with DTensor parameters",
             message="{optimizer} holds {count} tensor(s) that are not the model's current parameters; they were {names} "
-                    "(by shape and order), which fully_shard has since replaced with sharded DTensor parameters: the "
-                    "optimizer steps tensors that get no gradient, and the model never trains.",
-            fix="Build the optimizer after fully_shard(...) (shard every submodule and the root first), so that "
-                "model.parameters() yields the sharded DTensor parameters."),
+                    "(by shape and order), which sharding (fully_shard or parallelize_module) has since replaced with "
+                    "DTensor parameters: the optimizer steps tensors that get no gradient, and the model never trains.",
+            fix="Build the optimizer after sharding the model (after every fully_shard(...) or parallelize_module(...) "
+                "call), so that model.parameters() yields the DTensor parameters."),
         "replaced_top_level": Situation(
             when="the replaced parameters are named, and sit on the model itself (no submodule to reload)",
             message="{optimizer} holds {count} tensor(s) that are not the model's current parameters; they were {names} "
@@ -269,7 +270,7 @@ def _pair_stale(facts: CoverageFacts, stale: list[torch.Tensor], missing: Sequen
             pool.remove(match)
         facts.stale.append({"shape": list(t.shape), "likely_was": match[0] if match else None})
     replaced = [g["likely_was"] for g in facts.stale if g["likely_was"]]
-    # fully_shard (FSDP2) swaps each parameter for a sharded DTensor of the same (global) shape
+    # fully_shard (FSDP2) and parallelize_module swap each parameter for a DTensor of the same (global) shape
     now = dict(missing)
     facts.sharded = bool(replaced) and all(_is_dtensor(now[n]) for n in replaced) and not any(map(_is_dtensor, stale))
     # a parameter set on its module after the optimizer was built replaced one too, whatever its shape
