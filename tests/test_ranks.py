@@ -32,6 +32,7 @@ CASES = [
     ("ddp_nosync", "train.py", 2, {"codes": ["GP704"], "culprits": ["0.weight"], "ranks": [0, 1], "line": 31}, 90),
     ("spawn_broken", "sum_not_divided.py", 1, {"codes": ["GP705"], "culprits": ["0.weight", "2.weight"], "line": 33}, 90),
     ("spawn_broken", "not_broadcast.py", 1, {"codes": ["GP704"], "culprits": ["0.weight", "2.bias"], "line": 24}, 90),
+    ("spawn_broken", "load_after_wrap.py", 1, {"codes": ["GP704"], "culprits": ["0.weight", "2.bias"], "line": 26}, 90),
     ("spawn_broken", "averages_some.py", 1,
      {"codes": ["GP704"], "culprits": ["head.weight", "head.bias"], "absent": ["GP705"], "line": 42}, 90),
     ("spawn_broken", "collective_on_one_rank.py", 1, {"codes": ["GP706"], "culprits": [], "line": 34, "ranks": [0]}, 90),

@@ -127,6 +127,15 @@ GP704: Rule[RankFacts] = Rule(
         "weights when built), or broadcast them yourself (`for p in model.parameters(): dist.broadcast(p.data, 0)`), "
         "or seed identically before building the model.",
     situations={
+        "after_wrap": Situation(
+            when="DistributedDataParallel broadcast equal weights when it was built, and they differed across ranks "
+                 "when the model was first called",
+            message="{name} differed across ranks when the first optimizer.step() ran ({values}; {count} parameter(s) "
+                    "differ), though DistributedDataParallel made it equal on every rank when it was built at "
+                    "{wrap_line}: code between that line and the first forward changed it on some ranks only.",
+            fix="Do what changes the weights (a checkpoint load, a re-initialisation) before wrapping the model in "
+                "DistributedDataParallel at {wrap_line}, or on every rank; DDP broadcasts rank 0's weights only when "
+                "it is built."),
         "changed": Situation(
             when="the weights were equal when the model was first called, and differed at the first optimizer.step()",
             message="{name} differed across ranks when the first optimizer.step() ran ({values}; {count} parameter(s) "
@@ -214,11 +223,15 @@ def detect_ranks_diverge(facts: RankFacts) -> Iterator[Finding]:
         rr = rows[name]
         measured = all(rr[r].get("at_forward") is not None for r in rr)
         at_start = measured and name in _differ({name: rr}, "at_forward")
-        loc = (rr[min(rr)].get("built") or step) if at_start else step
+        # DDP broadcast rank 0's weights when it was built: equal then, a later line changed them on some ranks
+        wrapped = all(rr[r].get("at_wrap") is not None for r in rr) and name not in _differ({name: rr}, "at_wrap")
+        situation = ("after_wrap" if at_start and wrapped else None if at_start or not measured else "changed")
+        wrap_loc = rr[min(rr)].get("wrapped_at")
+        loc = {None: rr[min(rr)].get("built"), "after_wrap": wrap_loc, "changed": None}[situation] or step
         evidence = {"ranks": sorted(obs), "at_first_forward": {str(r): rr[r].get("at_forward") for r in rr},
                     "built_at": rr[min(rr)].get("built"), "step_location": step}
-        yield GP704.finding(None if at_start or not measured else "changed", parameters=differ, location=loc,
-                            evidence=evidence, name=name, values=_values(rr, "value"), count=len(differ))
+        yield GP704.finding(situation, parameters=differ, location=loc, evidence=evidence, name=name,
+                            values=_values(rr, "value"), count=len(differ), wrap_line=_line(wrap_loc))
         return
     grads = _differ(rows, "grad")
     if not grads:

@@ -122,6 +122,7 @@ class RankWatch:
         self.reduced: dict[int, dict[str, Any]] = {}  # id(tensor) -> its last all_reduce by the script
         self.built: dict[int, tuple[weakref.ref[torch.Tensor], dict[str, Any] | None]] = {}  # id(param) -> its line
         self.at_forward: dict[int, float | None] = {}  # id(param) -> its checksum when first called with grad
+        self.at_wrap: dict[int, tuple[float | None, dict[str, Any] | None]] = {}  # id(param) -> after DDP's broadcast
         self.no_sync_at: dict[str, Any] | None = None  # the user's line that last entered DDP's no_sync()
         self.reduce_at: dict[str, Any] | None = None  # the user's line of the script's first all_reduce
         self.sharded_at: list[dict[str, Any]] = []  # the user's lines that called fully_shard, in order
@@ -168,10 +169,23 @@ class RankWatch:
         return hit[1] if hit is not None and hit[0]() is p else None
 
     def _patch_no_sync(self) -> None:
+        """DDP's no_sync() (its line), and DDP's construction (its line, and each parameter's checksum right after
+        DDP broadcast rank 0's weights)."""
         from torch.nn.parallel import DistributedDataParallel
 
         orig = DistributedDataParallel.no_sync
+        orig_init = DistributedDataParallel.__init__
         watch = self
+
+        def init(ddp: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
+            orig_init(ddp, *args, **kwargs)
+            if not watch.taken:
+                loc = watch.user.innermost(skip=2)
+                for p in ddp.parameters():
+                    watch.at_wrap[id(p)] = (checksum(p), loc)
+
+        DistributedDataParallel.__init__ = init  # type: ignore[method-assign,assignment]
+        self._undo.append((DistributedDataParallel, "__init__", orig_init))
 
         def no_sync(ddp: DistributedDataParallel) -> Any:
             if not watch.taken:
@@ -329,7 +343,9 @@ class RankWatch:
                          "requires_grad": bool(p.requires_grad),
                          "value": checksum(p), "grad": checksum(p.grad), "used": id(p) in self.used,
                          "site": self.sites.get(owner) if owner is not None else None, "reduced": red,
-                         "at_forward": self.at_forward.get(id(p)), "built": self.built_at(p)})
+                         "at_forward": self.at_forward.get(id(p)), "built": self.built_at(p),
+                         "at_wrap": self.at_wrap.get(id(p), (None, None))[0],
+                         "wrapped_at": self.at_wrap.get(id(p), (None, None))[1]})
         initialized = dist.is_available() and dist.is_initialized()
         return {
             "index": self.index, "pid": os.getpid(),
