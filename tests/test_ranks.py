@@ -17,12 +17,24 @@ SCRIPTS = ROOT / "examples" / "scripts"
 CASES = [
     ("ddp", "train.py", 2, {"codes": [], "healthy": True}, 90),
     ("fsdp2", "train.py", 2, {"codes": [], "healthy": True, "absent": ["GP301", "GP201", "GP311"]}, 90),
+    ("fsdp2_broken", "optimizer_before_shard.py", 2,
+     {"codes": ["GP202"], "culprits": ["0.weight", "2.bias"], "line": 30, "ranks": [0, 1]}, 90),
+    ("fsdp2_broken", "unused_on_one_rank.py", 2,
+     {"codes": ["GP703"], "culprits": ["aux.weight", "aux.bias"], "line": 40, "ranks": [1], "absent": ["GP112", "GP707"]},
+     90),
+    ("fsdp2_broken", "root_not_sharded.py", 2, {"codes": ["GP704"], "culprits": ["embed.weight", "head.bias"], "line": 56}, 90),
+    ("fsdp2", "tensor_parallel.py", 2, {"codes": [], "healthy": True, "absent": ["GP201", "GP202", "GP704"]}, 90),
+    ("fsdp2_broken", "tp_optimizer_before.py", 2,
+     {"codes": ["GP202"], "culprits": ["up.weight", "down.bias"], "line": 39, "ranks": [0, 1]}, 90),
     ("spawn", "train.py", 1, {"codes": [], "healthy": True}, 90),
     ("spawn", "manual_average.py", 1, {"codes": [], "healthy": True, "absent": ["GP703", "GP704", "GP705", "GP706"]}, 90),
     ("spawn", "manual_average.py --scale_loss", 1, {"codes": [], "healthy": True, "absent": ["GP705"]}, 90),
-    ("ddp_nosync", "train.py", 2, {"codes": ["GP704"], "culprits": ["0.weight"], "ranks": [0, 1]}, 90),
+    ("ddp_nosync", "train.py", 2, {"codes": ["GP704"], "culprits": ["0.weight"], "ranks": [0, 1], "line": 31}, 90),
     ("spawn_broken", "sum_not_divided.py", 1, {"codes": ["GP705"], "culprits": ["0.weight", "2.weight"], "line": 33}, 90),
-    ("spawn_broken", "not_broadcast.py", 1, {"codes": ["GP704"], "culprits": ["0.weight", "2.bias"]}, 90),
+    ("spawn_broken", "not_broadcast.py", 1, {"codes": ["GP704"], "culprits": ["0.weight", "2.bias"], "line": 24}, 90),
+    ("spawn_broken", "load_after_wrap.py", 1, {"codes": ["GP704"], "culprits": ["0.weight", "2.bias"], "line": 26}, 90),
+    ("spawn_broken", "averages_some.py", 1,
+     {"codes": ["GP704"], "culprits": ["head.weight", "head.bias"], "absent": ["GP705"], "line": 42}, 90),
     ("spawn_broken", "collective_on_one_rank.py", 1, {"codes": ["GP706"], "culprits": [], "line": 34, "ranks": [0]}, 90),
     ("spawn_broken", "unused_on_one_rank.py", 1,
      {"codes": ["GP703"], "culprits": ["aux.weight", "aux.bias"], "line": 32, "ranks": [1]}, 90),
@@ -35,12 +47,21 @@ def _id(case) -> str:
     return f"{case[0]}/{case[1]}@{case[2]}"
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-async def test_ranks_through_mcp(client, case):
+# Lightning (strategy ddp, devices 2) and accelerate (its own DDP on CPU, gloo) under world_size 2, with their own
+# arguments; each rank runs the framework's own setup (the torchrun-style environment is what both read)
+FRAMEWORKS = [
+    ("accelerate", "train.py --epochs=1", 2, {"codes": [], "healthy": True}, 120),
+    ("accelerate_broken", "train.py --epochs=1", 2, {"codes": ["GP303"], "culprits": ["prompt_emb"], "line": 18}, 120),
+    ("lightning_broken", "train.py --fast_dev_run=1 --devices 2 --strategy ddp", 2,
+     {"codes": ["GP201"], "culprits": ["head.weight", "head.bias"], "line": 24, "ranks": [0, 1], "absent": ["GP707"]},
+     240),
+]
+
+
+async def _run(client, case, args: list[str]) -> dict:
     project, command, world_size, expect, timeout_s = case
     script, *extra = command.split()
-    target = {"project_dir": str(SCRIPTS / project), "script": script, "args": ["--steps", "2", *extra],
+    target = {"project_dir": str(SCRIPTS / project), "script": script, "args": [*args, *extra],
               "timeout_s": timeout_s, "world_size": world_size}
     result = await client.call_tool("diagnose", {"target": target})
     assert not result.is_error, result.content
@@ -49,11 +70,27 @@ async def test_ranks_through_mcp(client, case):
     ranks = report["facts"]["ranks"]
     assert ranks["world_size"] == 2, ranks
     assert ranks["how"] == ("torchrun-style" if world_size > 1 else "mp.spawn"), ranks
-    if expect.get("healthy"):
+    if expect.get("healthy") or expect["codes"] == ["GP202"]:
         assert all(r["stepped"] and r["reported"] for r in ranks["ranks"]), ranks
     if expect.get("ranks"):
         hit = next(f for f in report["findings"] if f["code"] in expect["codes"])
         assert hit["evidence"]["ranks"] == expect["ranks"], hit["evidence"]
+    return report
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+async def test_ranks_through_mcp(client, case):
+    await _run(client, case, ["--steps", "2"])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", FRAMEWORKS, ids=[_id(c) for c in FRAMEWORKS])
+async def test_frameworks_at_two_ranks(client, case):
+    report = await _run(client, case, [])
+    if case[0] == "accelerate_broken":  # DDP's reduction stalls on the parameters that got no gradient
+        hit = next(f for f in report["findings"] if f["code"] == "GP704")
+        assert hit["evidence"]["no_gradient"][:1] == ["prompt_emb"], hit["evidence"]
 
 
 @pytest.mark.anyio

@@ -108,6 +108,16 @@ GP202: Rule[CoverageFacts] = Rule(
                     "(rebuilt, deep-copied, reloaded or resized).",
             fix="Load the new weights into the existing module ({loads}) instead of assigning a new one, or build the "
                 "optimizer after the replacement."),
+        # optimizer built before fully_shard: https://github.com/pytorch/pytorch/issues/149205 (FSDP2 parameters not
+        # updating; "the parameters captured by the optimizer seem to differ"), https://github.com/mosaicml/composer/pull/3822
+        "sharded": Situation(
+            when="the model was sharded after the optimizer was built: FSDP2's fully_shard or a tensor-parallel plan "
+                 "(parallelize_module) replaced them with DTensor parameters",
+            message="{optimizer} holds {count} tensor(s) that are not the model's current parameters; they were {names} "
+                    "(by shape and order), which sharding (fully_shard or parallelize_module) has since replaced with "
+                    "DTensor parameters: the optimizer steps tensors that get no gradient, and the model never trains.",
+            fix="Build the optimizer after sharding the model (after every fully_shard(...) or parallelize_module(...) "
+                "call), so that model.parameters() yields the DTensor parameters."),
         "replaced_top_level": Situation(
             when="the replaced parameters are named, and sit on the model itself (no submodule to reload)",
             message="{optimizer} holds {count} tensor(s) that are not the model's current parameters; they were {names} "
@@ -246,6 +256,10 @@ def _frozen_site(record: BuildRecord | None, tensors: list[torch.Tensor]) -> Loc
 
 # ---- measure ----------------------------------------------------------------------------------------------------
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return hasattr(t, "placements") and callable(getattr(t, "to_local", None))
+
+
 def _pair_stale(facts: CoverageFacts, stale: list[torch.Tensor], missing: Sequence[tuple[str, torch.Tensor]],
                 record: BuildRecord | None, model: nn.Module, seq: int | None) -> set[str]:
     """Pair each stale tensor with the missing parameter it most likely was: same shape, same order."""
@@ -256,6 +270,9 @@ def _pair_stale(facts: CoverageFacts, stale: list[torch.Tensor], missing: Sequen
             pool.remove(match)
         facts.stale.append({"shape": list(t.shape), "likely_was": match[0] if match else None})
     replaced = [g["likely_was"] for g in facts.stale if g["likely_was"]]
+    # fully_shard (FSDP2) and parallelize_module swap each parameter for a DTensor of the same (global) shape
+    now = dict(missing)
+    facts.sharded = bool(replaced) and all(_is_dtensor(now[n]) for n in replaced) and not any(map(_is_dtensor, stale))
     # a parameter set on its module after the optimizer was built replaced one too, whatever its shape
     # (a crop or resize that makes a new, smaller Parameter)
     if seq is not None:
@@ -316,6 +333,8 @@ def _gp202_situation(facts: CoverageFacts, loads: list[str]) -> str | None:
         return "during_step" if facts.replaced else "during_step_unnamed"
     if not facts.replaced:
         return None
+    if facts.sharded:
+        return "sharded"
     return "replaced" if loads else "replaced_top_level"
 
 

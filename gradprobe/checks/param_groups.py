@@ -122,6 +122,7 @@ class CoverageFacts:
     frozen_at: Loc | None = None
     nonleaf: list[str] = field(default_factory=list)
     during_step: bool = False  # measured again after a step that replaced parameters
+    sharded: bool = False  # the stale tensors are plain, the parameters they were DTensors (fully_shard, parallelize_module)
     lr_sources: dict[int, LrSource] = field(default_factory=dict)  # group -> why its lr is 0, where known
 
 

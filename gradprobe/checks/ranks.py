@@ -3,8 +3,9 @@ before and at its first optimizer step (gradprobe/scriptmode/rankwatch.py), comp
 
 - GP703 a parameter that took part in the loss on some ranks only (the user's line that called it on those ranks);
 - GP704 parameters that differ across ranks, or will after the step: the first one named, with the measured cause
-  (the ranks started from different weights; their gradients differ because nothing averaged them; DDP's `no_sync()`
-  was still in force at the step);
+  and its line (the ranks started from different weights: the line that built the parameter, when its checksums
+  already differed at the first forward; their gradients differ because nothing averaged them: the script's own
+  all-reduce; DDP's `no_sync()` was still in force at the step: the `with model.no_sync():` line);
 - GP705 gradients all-reduced with SUM and not divided by the world size (the all-reduced gradient equals the sum of
   the ranks' gradients measured before the all-reduce);
 - GP706 a rank waiting in a collective the others never joined, until the script's share of the call's timeout;
@@ -126,12 +127,48 @@ GP704: Rule[RankFacts] = Rule(
         "weights when built), or broadcast them yourself (`for p in model.parameters(): dist.broadcast(p.data, 0)`), "
         "or seed identically before building the model.",
     situations={
+        "after_wrap": Situation(
+            when="DistributedDataParallel broadcast equal weights when it was built, and they differed across ranks "
+                 "when the model was first called",
+            message="{name} differed across ranks when the first optimizer.step() ran ({values}; {count} parameter(s) "
+                    "differ), though DistributedDataParallel made it equal on every rank when it was built at "
+                    "{wrap_line}: code between that line and the first forward changed it on some ranks only.",
+            fix="Do what changes the weights (a checkpoint load, a re-initialisation) before wrapping the model in "
+                "DistributedDataParallel at {wrap_line}, or on every rank; DDP broadcasts rank 0's weights only when "
+                "it is built."),
+        "changed": Situation(
+            when="the weights were equal when the model was first called, and differed at the first optimizer.step()",
+            message="{name} differed across ranks when the first optimizer.step() ran ({values}; {count} parameter(s) "
+                    "differ), though it was equal on every rank when the model was first called: something between "
+                    "the forward and the step changed it on some ranks only.",
+            fix="Look between the forward and optimizer.step() for code that writes parameters on some ranks only (a "
+                "rank- or data-dependent in-place update, a load on one rank), and make every rank do the same."),
         "not_averaged": Situation(
             when="the weights were equal but the gradients differ and nothing averaged them",
             message="{name} was equal on every rank at the first optimizer.step() but its gradient differed ({grads}; "
                     "{count} gradient(s) differ): nothing averaged the gradients, so the step moves the ranks apart.",
             fix="Average the gradients across ranks before optimizer.step(): wrap the model in "
                 "DistributedDataParallel, or `dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)` for every parameter."),
+        "not_sharded": Situation(
+            when="the model is sharded with FSDP2's fully_shard, and the parameters whose gradients differ are plain "
+                 "tensors no fully_shard call covers",
+            message="{name} was equal on every rank at the first optimizer.step() but its gradient differed ({grads}; "
+                    "{count} gradient(s) differ): it is a plain tensor beside the model's FSDP2-sharded parameters, in "
+                    "no module that fully_shard was applied to, so nothing reduces its gradient and the step moves the "
+                    "ranks apart.",
+            fix="Apply fully_shard to the root module too, after its submodules (or to the module holding {name}), "
+                "before building the optimizer, so that FSDP2 reduces every gradient."),
+        "ddp_stalled": Situation(
+            when="the model is wrapped in DistributedDataParallel (find_unused_parameters=False) and some of its "
+                 "trainable parameters got no gradient in the backward",
+            message="{name} was equal on every rank at the first optimizer.step() but its gradient differed ({grads}; "
+                    "{count} gradient(s) differ): {stalled_count} trainable parameter(s) of the DistributedDataParallel "
+                    "model ({stalled}) got no gradient in the backward, and DDP all-reduces a bucket only once every "
+                    "parameter in it has one, so its gradient reduction never finished and the step moves the ranks "
+                    "apart (the next iteration raises \"Expected to have finished reduction in the prior iteration\").",
+            fix="Make {stalled} take part in the loss (see the finding that says why they get no gradient), or freeze "
+                "them (requires_grad_(False)) before wrapping the model in DistributedDataParallel; if skipping them is "
+                "intended, pass find_unused_parameters=True."),
         "no_sync": Situation(
             when="DistributedDataParallel's no_sync() was still in force when the optimizer stepped",
             message="{name} was equal on every rank at the first optimizer.step() but its gradient differed ({grads}; "
@@ -159,27 +196,61 @@ def _values(rows: dict[int, dict[str, Any]], key: str) -> str:
     return ", ".join(f"rank {r}: {rows[r][key]:.6g}" if rows[r][key] is not None else f"rank {r}: none" for r in rows)
 
 
+def _differ(rows: dict[str, dict[int, dict[str, Any]]], key: str) -> list[str]:
+    return [n for n, rr in rows.items() if not all(_close(rr[r][key], rr[min(rr)][key]) for r in rr)]
+
+
+def _first_reduce(rows: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any] | None:
+    """The line of the script's own all-reduce of a gradient (the first parameter's that has one)."""
+    return next((row["reduced"]["location"] for rr in rows.values() for row in rr.values()
+                 if (row.get("reduced") or {}).get("location")), None)
+
+
 @GP704.detector
 def detect_ranks_diverge(facts: RankFacts) -> Iterator[Finding]:
+    """Where the first difference arose: the values at the first forward already differ (the line that built the
+    parameter), they differ at the step only (the step), or the gradients differ (the script's all-reduce or the
+    `with model.no_sync():` line, else the step)."""
     obs = facts.observations
     if len(obs) < 2:
         return
     rows = _plain_rows(obs)
     first = obs[min(obs)]
     step = first.get("step_location")
-    differ = [n for n, rr in rows.items() if not all(_close(rr[r]["value"], rr[min(rr)]["value"]) for r in rr)]
+    differ = _differ(rows, "value")
     if differ:
         name = differ[0]
-        yield GP704.finding(None, parameters=differ, location=step, evidence={"ranks": sorted(obs)}, name=name,
-                            values=_values(rows[name], "value"), count=len(differ))
+        rr = rows[name]
+        measured = all(rr[r].get("at_forward") is not None for r in rr)
+        at_start = measured and name in _differ({name: rr}, "at_forward")
+        # DDP broadcast rank 0's weights when it was built: equal then, a later line changed them on some ranks
+        wrapped = all(rr[r].get("at_wrap") is not None for r in rr) and name not in _differ({name: rr}, "at_wrap")
+        situation = ("after_wrap" if at_start and wrapped else None if at_start or not measured else "changed")
+        wrap_loc = rr[min(rr)].get("wrapped_at")
+        loc = {None: rr[min(rr)].get("built"), "after_wrap": wrap_loc, "changed": None}[situation] or step
+        evidence = {"ranks": sorted(obs), "at_first_forward": {str(r): rr[r].get("at_forward") for r in rr},
+                    "built_at": rr[min(rr)].get("built"), "step_location": step}
+        yield GP704.finding(situation, parameters=differ, location=loc, evidence=evidence, name=name,
+                            values=_values(rr, "value"), count=len(differ), wrap_line=_line(wrap_loc))
         return
-    grads = [n for n, rr in rows.items() if not all(_close(rr[r]["grad"], rr[min(rr)]["grad"]) for r in rr)]
+    grads = _differ(rows, "grad")
     if not grads:
         return
-    no_sync = any(not d.get("sync", True) for o in obs.values() for d in o.get("ddp") or [])
+    ddps = [d for o in obs.values() for d in o.get("ddp") or []]
+    no_sync = any(not d.get("sync", True) for d in ddps)
+    # DDP (find_unused_parameters=False) reduces a bucket once every parameter in it has a gradient
+    stalled = [n for n, rr in rows.items() if any(rr[r].get("requires_grad") and rr[r]["grad"] is None for r in rr)]
+    stalled = stalled if ddps and not any(d.get("find_unused") for d in ddps) else []
+    sharded = first.get("sharded_at") or []  # plain parameters beside FSDP2's: no fully_shard covers them
+    situation = ("no_sync" if no_sync else "ddp_stalled" if stalled else "not_sharded" if sharded
+                 else "not_averaged")
     name = grads[0]
-    yield GP704.finding("no_sync" if no_sync else "not_averaged", parameters=grads, location=step,
-                        evidence={"ranks": sorted(obs)}, name=name, grads=_values(rows[name], "grad"), count=len(grads))
+    loc = {"no_sync": first.get("no_sync_at"), "not_sharded": sharded[-1] if sharded else None, "ddp_stalled": None,
+           "not_averaged": _first_reduce(rows) or first.get("reduce_at")}[situation] or step
+    yield GP704.finding(situation, parameters=grads, location=loc,
+                        evidence={"ranks": sorted(obs), "step_location": step, "no_gradient": stalled}, name=name,
+                        grads=_values(rows[name], "grad"), count=len(grads), stalled=_names(stalled),
+                        stalled_count=len(stalled))
 
 
 GP705: Rule[RankFacts] = Rule(
@@ -284,7 +355,10 @@ def detect_rank_not_checked(facts: RankFacts) -> Iterator[Finding]:
         others = [r for r in everyone if r not in ranks and r not in facts.exited and r not in facts.unfinished
                   and r not in {s.rank for s in facts.stuck}]
         statuses = ", ".join(f"rank {r}: exit status {facts.exited[r]}" for r in ranks if r in facts.exited)
-        yield GP707.finding(situation, evidence={"ranks": ranks}, ranks=_ranks(ranks), others=_ranks(others) or "none",
+        evidence: dict[str, Any] = {"ranks": ranks}
+        if situation == "exited":
+            evidence["exit_status"] = {str(r): facts.exited[r] for r in ranks}
+        yield GP707.finding(situation, evidence=evidence, ranks=_ranks(ranks), others=_ranks(others) or "none",
                             statuses=statuses)
 
 

@@ -7,7 +7,8 @@ import json
 import os
 from typing import Any
 
-from gradprobe.checks.ranks import RANK_RULES, RankFacts, StuckRank
+from gradprobe.checks.ranks import GP703, GP706, GP707, RANK_RULES, RankFacts, StuckRank
+from gradprobe.sandbox.failures import GP112
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
 from gradprobe.sandbox.protocol import ToolError
@@ -46,6 +47,27 @@ def merge_findings(reports: dict[int, dict[str, Any]]) -> list[Finding]:
     return out
 
 
+def fold_consequences(across: list[Finding], per_rank: list[Finding]) -> list[Finding]:
+    """A parameter used on some ranks only (an error) or a hang breaks the ranks' collectives: a rank whose backward
+    then failed in one (GP112, raised in a backward pass) or that died without a report (GP707) shows the effect,
+    not a cause of its own. Those go into the cause's evidence (`consequences`) rather than beside it."""
+    cause = next((f for f in across if f["code"] in (GP703.code, GP706.code) and f["severity"] == "error"), None)
+    if cause is None:
+        return per_rank + across
+
+    def effect(f: Finding) -> bool:
+        ev = f.get("evidence") or {}
+        if f["code"] == GP112.code:
+            return ev.get("ended") == "raised" and "backward" in str(ev.get("furthest_phase") or "")
+        return f["code"] == GP707.code and "exit_status" in ev
+
+    folded = [f for f in per_rank + across if f is not cause and effect(f)]
+    if folded:
+        cause["evidence"] = {**(cause.get("evidence") or {}), "consequences": [
+            {"code": f["code"], "ranks": (f.get("evidence") or {}).get("ranks"), "message": f["message"]} for f in folded]}
+    return [f for f in per_rank + across if not any(f is g for g in folded)]
+
+
 def _stuck(outcome: RankOutcome, labels: dict[int, int], user: UserCode) -> list[StuckRank]:
     out = []
     for i in outcome.stuck:
@@ -72,7 +94,7 @@ def merge_ranks(tool: str, target: dict[str, Any], outcome: RankOutcome, how: st
                       reached={labels[i]: (o or {}).get("step_location") for i, o in obs.items() if o},
                       unfinished=[labels[i] for i in outcome.unfinished],
                       exited={labels[i]: code for i, code in outcome.exits.items() if results[i] is None})
-    findings = merge_findings(reports) + run_rules(RANK_RULES, facts)
+    findings = fold_consequences(run_rules(RANK_RULES, facts), merge_findings(reports))
     first = reports[min(reports)] if reports else {}
     ranks_facts = [{"rank": labels[i], "index": i, "reported": results[i] is not None,
                     "stepped": obs[i] is not None, "exit_code": outcome.exits.get(i),

@@ -6,9 +6,14 @@ Installed in each rank process before the script (or the spawned worker's functi
   parameters took part in the loss on this rank), and the user line that called each module (the branch taken);
 - `torch.distributed`'s collectives the script calls itself: an all-reduce of a parameter's gradient, with its op,
   its line and a checksum of the tensor before it (to tell a sum from an average across ranks);
+- where each parameter was built (the user's line that registered it in its module: a parameter registration hook),
+  and a checksum of its value when a module holding it is first called with grad (before any step can move it);
+- the user's line that entered DDP's `no_sync()`, and the lines that called FSDP2's `fully_shard` (seen as FSDP2
+  registering its forward pre-hook on the module: no import of torch.distributed.fsdp needed);
 - at the first `optimizer.step()` (a global step pre-hook, registered before the step watch's so it runs first):
   per parameter a checksum of its value and of its gradient (DTensors: their local shard, with their placements),
   whether DDP's gradient sync was on (`no_sync()`), and the rank as the process group says.
+The checks compare the checksums at the first forward with those at the step to tell where a difference arose.
 The snapshot is written to `obs<index>.json` in the call's rank folder before the checks run on the step.
 """
 
@@ -18,6 +23,7 @@ import gc
 import json
 import os
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -114,18 +120,80 @@ class RankWatch:
         self.ddp_sync_at_last_forward: bool | None = None
         self.loss_scaled_by_world = False  # a loss divided by the world size before backward (a SUM is then an average)
         self.reduced: dict[int, dict[str, Any]] = {}  # id(tensor) -> its last all_reduce by the script
+        self.built: dict[int, tuple[weakref.ref[torch.Tensor], dict[str, Any] | None]] = {}  # id(param) -> its line
+        self.at_forward: dict[int, float | None] = {}  # id(param) -> its checksum when first called with grad
+        self.at_wrap: dict[int, tuple[float | None, dict[str, Any] | None]] = {}  # id(param) -> after DDP's broadcast
+        self.no_sync_at: dict[str, Any] | None = None  # the user's line that last entered DDP's no_sync()
+        self.reduce_at: dict[str, Any] | None = None  # the user's line of the script's first all_reduce
+        self.sharded_at: list[dict[str, Any]] = []  # the user's lines that called fully_shard, in order
         self.taken = False
         self._undo: list[Any] = []
 
     # ---- the observers ------------------------------------------------------------------------------------
     def install(self) -> None:
-        from torch.nn.modules.module import register_module_forward_pre_hook
+        from torch.nn.modules.module import register_module_forward_pre_hook, register_module_parameter_registration_hook
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self._undo.append(register_module_forward_pre_hook(self._module_called))
         self._undo.append(register_optimizer_step_pre_hook(self._pre_step))
+        self._undo.append(register_module_parameter_registration_hook(self._param_registered))
         self._patch_backward()
         self._patch_collectives()
+        self._patch_no_sync()
+        self._patch_pre_hooks()
+
+    def _patch_pre_hooks(self) -> None:
+        orig = nn.Module.register_forward_pre_hook
+        watch = self
+
+        def register_forward_pre_hook(module: nn.Module, hook: Any, *args: Any, **kwargs: Any) -> Any:
+            owner = type(getattr(hook, "__self__", None))
+            if owner.__module__.startswith("torch.distributed.fsdp") and not watch.taken:
+                loc = watch.user.innermost(skip=2)
+                if loc is not None and loc not in watch.sharded_at:
+                    watch.sharded_at.append(loc)
+            return orig(module, hook, *args, **kwargs)
+
+        nn.Module.register_forward_pre_hook = register_forward_pre_hook  # type: ignore[method-assign,assignment]
+        self._undo.append((nn.Module, "register_forward_pre_hook", orig))
+
+    def _param_registered(self, module: nn.Module, name: str, param: torch.Tensor | None) -> None:
+        if param is not None and not self.taken and id(param) not in self.built:
+            try:
+                self.built[id(param)] = (weakref.ref(param), self.user.innermost(skip=2))
+            except TypeError:  # not weak-referenceable
+                pass
+
+    def built_at(self, p: torch.Tensor) -> dict[str, Any] | None:
+        hit = self.built.get(id(p))
+        return hit[1] if hit is not None and hit[0]() is p else None
+
+    def _patch_no_sync(self) -> None:
+        """DDP's no_sync() (its line), and DDP's construction (its line, and each parameter's checksum right after
+        DDP broadcast rank 0's weights)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        orig = DistributedDataParallel.no_sync
+        orig_init = DistributedDataParallel.__init__
+        watch = self
+
+        def init(ddp: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
+            orig_init(ddp, *args, **kwargs)
+            if not watch.taken:
+                loc = watch.user.innermost(skip=2)
+                for p in ddp.parameters():
+                    watch.at_wrap[id(p)] = (checksum(p), loc)
+
+        DistributedDataParallel.__init__ = init  # type: ignore[method-assign,assignment]
+        self._undo.append((DistributedDataParallel, "__init__", orig_init))
+
+        def no_sync(ddp: DistributedDataParallel) -> Any:
+            if not watch.taken:
+                watch.no_sync_at = watch.user.innermost(skip=2)
+            return orig(ddp)
+
+        DistributedDataParallel.no_sync = no_sync  # type: ignore[method-assign,assignment]
+        self._undo.append((DistributedDataParallel, "no_sync", orig))
 
     def uninstall(self) -> None:
         undo(self._undo)
@@ -139,6 +207,9 @@ class RankWatch:
                 self._ddp_types.add(type(module))
                 self.ddp_sync_at_last_forward = bool(getattr(module, "require_backward_grad_sync", True))
             self.modules[id(module)] = module
+            for p in module.parameters():
+                if id(p) not in self.at_forward:
+                    self.at_forward[id(p)] = checksum(p)
             loc = self.user.innermost(skip=2)
             if loc is not None:
                 self.sites[id(module)] = loc
@@ -183,6 +254,7 @@ class RankWatch:
 
     def used_snapshot(self) -> dict[str, Any]:
         """Every parameter of the model(s) in the loss's graph, and for those in it the line that called their module."""
+        from gradprobe.sharded import unsharded_to_sharded
         from gradprobe.wrappers import clean_name, unwrap_library
 
         names: list[str] = []
@@ -193,13 +265,15 @@ class RankWatch:
             model, _ = unwrap_library(root)
             owned = {id(p): id(m) for m in model.modules() for p in m._parameters.values() if p is not None}
             named = list(model.named_parameters())
-            if not any(id(p) in self.used for _, p in named):
+            # FSDP2: the graph's leaves are the unsharded parameters its forward swapped in for the sharded ones
+            took_part = self.used | {id(sh) for uid, sh in unsharded_to_sharded(model).items() if uid in self.used}
+            if not any(id(p) in took_part for _, p in named):
                 continue
             for raw, p in named:
                 n = clean_name(raw)
                 names.append(n)
                 params.append(p)
-                if id(p) in self.used:
+                if id(p) in took_part:
                     used[n] = self.sites.get(owned.get(id(p), -1))
         ddps = [m for m in roots if _is_ddp(m)]
         return {"index": self.index, "params": names, "used": used, "ddp": bool(ddps),
@@ -218,8 +292,10 @@ class RankWatch:
         def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if not watch.taken and isinstance(tensor, torch.Tensor):
                 op = kwargs.get("op", args[0] if args else dist.ReduceOp.SUM)
+                loc = watch.user.innermost(skip=2)
                 watch.reduced[id(tensor)] = {"op": str(op).rsplit(".", 1)[-1], "before": checksum(tensor),
-                                             "location": watch.user.innermost(skip=2)}
+                                             "location": loc}
+                watch.reduce_at = watch.reduce_at or loc
             return orig(tensor, *args, **kwargs)
 
         dist.all_reduce = all_reduce
@@ -264,8 +340,12 @@ class RankWatch:
             red = self.reduced.get(id(p.grad)) if p.grad is not None else None
             owner = owners.get(id(p))
             rows.append({"name": names.get(id(p), f"param[{i}]"), "shape": list(p.shape), "placements": placements,
+                         "requires_grad": bool(p.requires_grad),
                          "value": checksum(p), "grad": checksum(p.grad), "used": id(p) in self.used,
-                         "site": self.sites.get(owner) if owner is not None else None, "reduced": red})
+                         "site": self.sites.get(owner) if owner is not None else None, "reduced": red,
+                         "at_forward": self.at_forward.get(id(p)), "built": self.built_at(p),
+                         "at_wrap": self.at_wrap.get(id(p), (None, None))[0],
+                         "wrapped_at": self.at_wrap.get(id(p), (None, None))[1]})
         initialized = dist.is_available() and dist.is_initialized()
         return {
             "index": self.index, "pid": os.getpid(),
@@ -273,6 +353,7 @@ class RankWatch:
             "world_size": dist.get_world_size() if initialized else None,
             "step_location": self.user.innermost(skip=3),
             "loss_scaled_by_world": self.loss_scaled_by_world,
+            "no_sync_at": self.no_sync_at, "reduce_at": self.reduce_at, "sharded_at": self.sharded_at,
             "ddp": [{"sync": self.ddp_sync_at_last_forward is not False,
                      "find_unused": bool(getattr(d, "find_unused_parameters", False))} for d in ddps],
             "params": rows,

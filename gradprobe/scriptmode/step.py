@@ -103,6 +103,8 @@ def outermost_modules() -> list[nn.Module]:
 def choose_model(watch: StepWatch, in_opt: set[int], in_graph: set[int], user: UserCode) -> tuple[nn.Module | None, dict]:
     """The outermost module holding most of the optimizer's parameters, then of the loss graph's
     leaves; ties go to the one called last, then to the smaller one."""
+    from gradprobe.sharded import unsharded_to_sharded  # FSDP2: the graph's leaves are the unsharded parameters
+
     last_call = {mid: c.seq for mid, c in watch.calls.items()}
     best, best_key = None, None
     seen: set[int] = set()
@@ -112,7 +114,7 @@ def choose_model(watch: StepWatch, in_opt: set[int], in_graph: set[int], user: U
             continue
         seen.add(id(m))
         ids = {id(p) for p in _params(m)}
-        opt_score, graph_score = len(ids & in_opt), len(ids & in_graph)
+        opt_score, graph_score = len(ids & in_opt), len((ids | set(unsharded_to_sharded(m))) & in_graph)
         if opt_score == 0 and graph_score == 0:
             continue
         called = max(last_call.get(id(root), 0), last_call.get(id(m), 0))
