@@ -43,7 +43,7 @@ def norms(tensors: Sequence[torch.Tensor]) -> list[float]:
     for idx in groups.values():
         ts = [tensors[i].detach() for i in idx]
         try:
-            values = torch.stack([n.float() for n in torch._foreach_norm(ts)]).tolist()
+            values = torch.stack(torch._foreach_norm(ts)).float().tolist()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse or odd layouts: one at a time
             values = [float(t.coalesce().values().norm() if t.is_sparse else t.float().norm()) for t in ts]
         for i, v in zip(idx, values, strict=True):
