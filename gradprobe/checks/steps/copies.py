@@ -39,6 +39,17 @@ def _sources(t: Any, params: dict[int, torch.Size]) -> frozenset[int]:
     return getattr(t, _SRC, frozenset())
 
 
+def _union(args: tuple, kwargs: dict | None, params: dict[int, torch.Size]) -> frozenset[int]:
+    """The parameters the tensor arguments of one op derive from."""
+    found: frozenset[int] = frozenset()
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(a, torch.Tensor):
+            s = _sources(a, params)
+            if s:
+                found = found | s if found else s
+    return found
+
+
 def _tag(out: Any, srcs: frozenset[int], params: dict[int, torch.Size]) -> None:
     if not srcs or type(out) is not torch.Tensor or id(out) in params:
         return
@@ -80,9 +91,10 @@ class UpdateWatch(TorchFunctionMode):
             if args and isinstance(args[0], (list, tuple)):
                 self._per_index(args, out)
             elif isinstance(out, torch.Tensor):
-                srcs = frozenset().union(*(_sources(a, self.shapes) for a in (*args, *(kwargs or {}).values())))
-                self._note(srcs, out.shape)
-                _tag(out, srcs, self.shapes)
+                srcs = _union(args, kwargs, self.shapes)
+                if srcs:  # none: nothing to note or tag (the common case, kept cheap: this runs for every op)
+                    self._note(srcs, out.shape)
+                    _tag(out, srcs, self.shapes)
         except Exception:  # the user's op ran; only the measurement is given up
             pass
         return out

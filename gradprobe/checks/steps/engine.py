@@ -7,6 +7,7 @@ kept, and what wrote them: copies.py) -> `run_rules(RULES, facts)` -> rank (by e
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from typing import Any
 
@@ -148,13 +149,16 @@ class _Run:
         copies = self._ema_copies(moved_last)
         n_steps = len(self.observer.opt_steps)
         self.observer.call = self.owners.call = k
-        v0, watch = versions(params.values()), UpdateWatch(params.values())
-        with self.after_step, watch:
+        # the update watch intercepts every torch call of the step: after the first call, only while an EMA copy was
+        # paired (its pairs are all it is read for, _measured_updates)
+        watch = UpdateWatch(params.values()) if k == 0 or self.ema else None
+        v0 = versions(params.values())
+        with self.after_step, watch if watch is not None else contextlib.nullcontext():
             result = run_step(self.loaded, optimizer_step=True)
             self.observer.close_window()  # the grad-write window a step leaves open (a skipped step): inside the watch
         v1 = versions(params.values())
         self.writes.append({pid: v1[pid] - v for pid, v in v0.items()})
-        self.combined.append(watch.combined)
+        self.combined.append(watch.combined if watch is not None else set())
         kept = self.after_step.kept()
         for copy in self.trained:
             copy.kept += [kept[pid] for pid in copy.params if pid in kept]

@@ -43,7 +43,7 @@ def norms(tensors: Sequence[torch.Tensor]) -> list[float]:
     for idx in groups.values():
         ts = [tensors[i].detach() for i in idx]
         try:
-            values = torch.stack([n.float() for n in torch._foreach_norm(ts)]).tolist()
+            values = torch.stack(torch._foreach_norm(ts)).float().tolist()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse or odd layouts: one at a time
             values = [float(t.coalesce().values().norm() if t.is_sparse else t.float().norm()) for t in ts]
         for i, v in zip(idx, values, strict=True):
@@ -54,10 +54,10 @@ def norms(tensors: Sequence[torch.Tensor]) -> list[float]:
 def grad_norms(params: Iterable[torch.Tensor]) -> dict[int, float | None]:
     """id(param) -> norm of its .grad (None when it has none)."""
     ps = list(params)
-    with_grad = [p for p in ps if p.grad is not None]
-    values = norms([p.grad for p in with_grad if p.grad is not None])
+    pairs = [(p, g) for p, g in ((p, p.grad) for p in ps) if g is not None]  # .grad read once per parameter
+    values = norms([g for _, g in pairs])
     out: dict[int, float | None] = {id(p): None for p in ps}
-    out.update({id(p): v for p, v in zip(with_grad, values, strict=True)})
+    out.update({id(p): v for (p, _), v in zip(pairs, values, strict=True)})
     return out
 
 
@@ -144,11 +144,11 @@ class StepObserver:
     def note_write(self, pid: int, op: str) -> None:
         self.writes.setdefault(pid, []).append((self.user.innermost(sys._getframe(2)), op))
 
-    def _open_window(self) -> None:
+    def _open_window(self, tracked: list[torch.Tensor]) -> None:
         if self.window is not None:
             return
         ptrs = {}
-        for p in self.tracked():
+        for p in tracked:
             g = p.grad
             if g is not None and not g.is_sparse and not g.is_meta:
                 ptrs[g.data_ptr()] = id(p)
@@ -181,11 +181,12 @@ class StepObserver:
         return self.user.innermost(sys._getframe(3))
 
     def _after_backward(self) -> None:
-        self.after_backward = grad_norms(self.tracked())
+        tracked = self.tracked()  # once per backward: the norms and the window's pointers
+        self.after_backward = grad_norms(tracked)
         if self.backwards:
             self.backwards[-1].after_norm = math.sqrt(sum(v * v for v in self.after_backward.values() if v))
         self.writes = {}
-        self._open_window()
+        self._open_window(tracked)
 
     def _wrap_backward(self, orig: Callable[..., Any], first_is_loss: bool) -> Callable[..., Any]:
         observer = self
