@@ -160,6 +160,9 @@ DIAGNOSE = [
     ("steps_accelerate", ["--epochs=1"], "accelerate", {"codes": [], "healthy": True, "absent": ["GP605", "GP000"]}),
     ("steps_callback_broken", ["--steps=3"], None, {"codes": ["GP605"], "culprits": ["head.weight"], "line": 34}),
     ("steps_callback", ["--steps=3"], None, {"codes": [], "healthy": True, "absent": ["GP605", "GP000"]}),
+    # Lightning runs backward and on_before_optimizer_step inside optimizer.step(closure): the step as it stood after it
+    ("lightning_clip_broken", ["--max_steps=3"], "lightning", {"codes": ["GP605"], "culprits": ["head.weight"], "line": 36}),
+    ("lightning_clip", ["--max_steps=3"], "lightning", {"codes": [], "healthy": True, "absent": ["GP605", "GP000"]}),
 ]
 
 
