@@ -25,6 +25,19 @@ CASES = [
     ("lightning", ["--fast_dev_run=8"], "lightning", {"codes": [], "healthy": True}),
     ("lightning_broken", ["--fast_dev_run=8"], "lightning",
      {"codes": ["GP606"], "culprits": ["head.weight", "head.bias"]}),
+    # bugs a user can still make where the framework owns the loop (issue 28)
+    ("lightning_clip", ["--max_steps=8"], "lightning", {"codes": [], "healthy": True, "absent": ["GP605"]}),
+    ("lightning_clip_broken", ["--max_steps=8"], "lightning",
+     {"codes": ["GP605"], "culprits": ["head.weight", "head.bias"], "line": 36}),
+    ("lightning_eval", ["--max_steps=8"], "lightning", {"codes": [], "healthy": True, "absent": ["GP610"]}),
+    ("lightning_eval_broken", ["--max_steps=8"], "lightning",
+     {"codes": ["GP610"], "culprits": [], "line": 36, "severity": "warning"}),
+    ("lightning_late_head", ["--max_steps=8"], "lightning", {"codes": [], "healthy": True, "absent": ["GP606"]}),
+    ("lightning_late_head_broken", ["--max_steps=8"], "lightning",
+     {"codes": ["GP606"], "culprits": ["head.weight", "head.bias"], "line": 32}),
+    ("hf_trainer_lr", ["--max_steps=8"], "transformers", {"codes": [], "healthy": True, "absent": ["GP603"]}),
+    ("hf_trainer_lr_broken", ["--max_steps=8"], "transformers",
+     {"codes": ["GP603"], "culprits": ["backbone.0.weight"], "line": 50}),
     ("steps_accelerate", ["--epochs=1"], "accelerate", {"codes": [], "healthy": True}),
     ("steps_accelerate_broken", ["--epochs=1"], "accelerate",
      {"codes": ["GP605"], "culprits": ["0.weight", "2.weight"], "line": 35}),
@@ -150,6 +163,9 @@ DIAGNOSE = [
     ("steps_accelerate", ["--epochs=1"], "accelerate", {"codes": [], "healthy": True, "absent": ["GP605", "GP000"]}),
     ("steps_callback_broken", ["--steps=3"], None, {"codes": ["GP605"], "culprits": ["head.weight"], "line": 34}),
     ("steps_callback", ["--steps=3"], None, {"codes": [], "healthy": True, "absent": ["GP605", "GP000"]}),
+    # Lightning runs backward and on_before_optimizer_step inside optimizer.step(closure): the step as it stood after it
+    ("lightning_clip_broken", ["--max_steps=3"], "lightning", {"codes": ["GP605"], "culprits": ["head.weight"], "line": 36}),
+    ("lightning_clip", ["--max_steps=3"], "lightning", {"codes": [], "healthy": True, "absent": ["GP605", "GP000"]}),
 ]
 
 

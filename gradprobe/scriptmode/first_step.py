@@ -15,6 +15,7 @@ from gradprobe.outcomes import GP100
 from gradprobe.sandbox.protocol import Phase, Result, ToolError, json_safe
 
 if TYPE_CHECKING:
+    from gradprobe.checks.steps.observe import StepObserver
     from gradprobe.loading import BuildRecord
     from gradprobe.scriptmode.run import ScriptRun
 
@@ -57,6 +58,7 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
     state = _State()
 
     def finish(run: ScriptRun) -> ToolError | dict[str, Any]:
+        _step_after_closure(first, run)
         first.__exit__(None, None, None)
         amp.__exit__(None, None, None)
         try:
@@ -95,6 +97,24 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
     with recorder, first, amp:
         run = run_script(target, watch, progress, lambda r: setattr(state, "run", r))
     return state.report if state.report is not None else finish(run)
+
+
+def _step_after_closure(first: StepObserver, run: ScriptRun) -> None:
+    """A step given a closure (Lightning: forward, backward and on_before_optimizer_step run inside
+    `optimizer.step(closure)`) was recorded by the step pre-hook when step() was entered, before its backward: record
+    it again as it stands after the closure, when the step was captured, so that a gradient the closure's hooks wrote
+    (a clip to zero) is seen with its line."""
+    cap = run.watch.capture if run is not None else None
+    if cap is None or not cap.closure or cap.optimizer is None or not first.opt_steps:
+        return
+    opt = cap.optimizer
+    if first.opt_steps[-1].optimizer != id(opt):
+        return
+    first.opt_steps.pop()
+    entered = [i for i, e in enumerate(first.events) if e.kind == "optimizer_step" and e.optimizer == id(opt)]
+    if entered:
+        del first.events[entered[-1]]
+    first._pre_step(opt, (opt,), {})
 
 
 def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> dict[str, Any]:
