@@ -17,6 +17,8 @@ round's new codes (NEW_CODES, and every GP6xx) on a model that trains is counted
     python benchmarks/sweep.py --only peft --limit 20 --jobs 2
     python benchmarks/sweep.py --sample --json                   # the fixed fast sample (the test)
     nice -n 10 python benchmarks/sweep.py --steps 2 --jobs 2     # diagnose with 2 observed training steps
+    python benchmarks/sweep.py --wrap compile --stride 20        # each model compiled (aot_eager) before the step
+    python benchmarks/sweep.py --wrap bf16 --stride 20           # the step under torch.autocast (bf16; fp16-scaler too)
 
 Families: transformers, midtrain (causal LMs diagnosed after one training step already ran), peft,
 diffusers, examples, timm, torchvision (skipped with the reason when they do not import).
@@ -346,8 +348,27 @@ def target_for(spec: dict):
         return Target(project_dir=str(EXAMPLES), model=spec["file"], timeout_s=DIAGNOSE_TIMEOUT_S)
     clean = {k: v for k, v in spec.items() if k not in ("name",)}
     setup = ("from sweep_models import build\n"
-             f"model, inputs, loss_fn, optimizer = build({clean!r})\n")
+             f"model, inputs, loss_fn, optimizer = build({clean!r})\n") + "".join(WRAPS[w] for w in WRAP)
     return Target(project_dir=str(BENCH), setup=setup, timeout_s=DIAGNOSE_TIMEOUT_S)
+
+
+# --wrap: what the target's setup adds after building a model, so the same healthy model is checked compiled, or with
+# its step under autocast (the user's usual forms; ground truth stays the plain fp32 step: a model that trains)
+_STEP = ("def train_step(model, batch, optimizer):\n"
+         "    optimizer.zero_grad()\n"
+         "    with torch.autocast('cpu', dtype={dtype}):\n"
+         "        out = model(**batch) if isinstance(batch, dict) else model(*batch) if isinstance(batch, tuple) "
+         "else model(batch)\n"
+         "        loss = loss_fn(out, batch)\n"
+         "{backward}")
+WRAPS = {
+    "compile": "model = torch.compile(model, backend='aot_eager')\n",
+    "bf16": _STEP.format(dtype="torch.bfloat16", backward=(
+        "    loss.backward()\n    optimizer.step()\n")),
+    "fp16-scaler": "scaler = torch.amp.GradScaler('cpu')\n" + _STEP.format(dtype="torch.float16", backward=(
+        "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n")),
+}
+WRAP: list[str] = []
 
 
 _RAISE_SITES: dict[str, list[str]] = {}
@@ -578,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="also write the JSON results to this file")
     ap.add_argument("--jobs", type=int, default=1, help="models checked at once (default 1)")
     ap.add_argument("--steps", type=int, default=0, help="diagnose with this many observed training steps (default 0)")
+    ap.add_argument("--wrap", choices=sorted(WRAPS), default=None,
+                    help="check each model compiled (aot_eager) or with its step under autocast (not the examples family)")
     ap.add_argument("--sample", action="store_true", help="the fixed fast sample (the test in tests/test_sweep_sample.py)")
     ap.add_argument("--gt-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -585,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
         gt_server()
         return 0
     sys.path.insert(0, str(ROOT))
+    if args.wrap:
+        WRAP.append(args.wrap)
     t0 = time.perf_counter()
     specs: list[dict] = []
     skipped: list[dict] = []
@@ -599,6 +624,8 @@ def main(argv: list[str] | None = None) -> int:
                 specs.append({**s, "name": spec_name(s)})
     else:
         for fam in args.only or FAMILIES:
+            if args.wrap and fam == "examples":
+                continue  # an example file is its own target: nothing to wrap
             got, skip = enumerate_specs(fam)
             if args.match:
                 got = [s for s in got if args.match in s["name"]]
