@@ -87,6 +87,22 @@ async def test_a_scaler_that_skips_every_step_names_the_nonfinite_loss(client):
 
 
 @pytest.mark.anyio
+async def test_a_scaler_backing_off_from_its_initial_scale_is_no_error(client):
+    """Healthy fp16: the GradScaler's first scales overflow float16 and it skips steps while the loss is finite. The
+    one step's NaN/Inf gradients (GP307) and the skipped update (GP207) are info with the scale and the loss; over a
+    few steps GP617 is info (backing off); over enough steps the skips end, and a skipped step is no micro-batch
+    boundary (no GP601 for the zero_grad() of each skipped iteration). Found by the sweep's --wrap fp16-scaler."""
+    report, _ = await call(client, "diagnose", "healthy_fp16_scaler_backs_off.py", steps=3)
+    assert report["ok"] and not [f for f in report["findings"] if f["severity"] != "info"], report["findings"]
+    by = {f["code"]: f for f in report["findings"]}
+    assert by["GP307"]["evidence"]["scale"] > 1 and "finite" in by["GP307"]["message"], by["GP307"]
+    assert "GradScaler skipped optimizer.step()" in by["GP207"]["message"]
+    assert "while the loss was finite" in by["GP617"]["message"] and "steps >=" in by["GP617"]["fix"]
+    longer, _ = await call(client, "diagnose", "healthy_fp16_scaler_backs_off.py", steps=20)
+    assert longer["ok"] and {f["code"] for f in longer["findings"]} <= {"GP307", "GP207"}, longer["findings"]
+
+
+@pytest.mark.anyio
 async def test_one_group_overwritten_each_step_is_gp618(client):
     report, _ = await call(client, "audit_training", "gp618_head_lr_typo.py", steps=4)
     f = next(f for f in report["findings"] if f["code"] == "GP618")

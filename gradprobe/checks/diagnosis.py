@@ -15,6 +15,7 @@ on modules is inspected again (lazy state, parameters replaced on the first call
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,9 @@ from gradprobe.checks import autocast_underflow, compiled, gradcheck, optimizer,
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks.carried_state import carried_graph_findings
 from gradprobe.checks._step import StepResult, param_names
+from gradprobe.checks.gradient_rules import GP307, scaler_overflow
+from gradprobe.checks.param_updates import GP207, NOT_STEPPED, scaler_skipped
+from gradprobe.checks.steps.facts import at
 from gradprobe.checks.grad_recorder import GradRecorder
 from gradprobe.checks.recording import GradTracer
 from gradprobe.flowchart import flow_graph, flow_mermaid
@@ -258,7 +262,27 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     if afacts is not None:
         findings, facts["autocast"] = findings + afindings, afacts
         facts["checks"].append("autocast")
-    return findings, facts
+    return _scaler_backoff(findings, seen.amp), facts
+
+
+def _scaler_backoff(findings: list[Finding], amp: autocast_underflow.AutocastWatch) -> list[Finding]:
+    """A GradScaler multiplied a finite loss: NaN/Inf gradients at its scale (GP307) and the step it then skipped
+    (GP207, not stepped) are how GradScaler backs off at the start of fp16 training, not the user's error."""
+    scaled = amp.scaler.facts.scaled
+    if not scaled or not all(s.value is not None and math.isfinite(s.value) and s.scale for s in scaled):
+        return findings
+    last = scaled[-1]
+    scale, loss = float(last.scale or 0.0), float(last.value or 0.0)
+    if scale <= 1.0:  # at a scale of 1 or less the overflow is the model's own
+        return findings
+    out: list[Finding] = []
+    for f in findings:
+        if f["code"] == GP307.code and f["severity"] == "error":
+            f = scaler_overflow(f, loss, scale, at(last.location))
+        elif f["code"] == GP207.code and f["evidence"].get("reason") == NOT_STEPPED:
+            f = scaler_skipped(f, scale)
+        out.append(f)
+    return out
 
 
 def _after_step(loaded: Any, opt: Any, before: list[Finding]) -> list[Finding]:

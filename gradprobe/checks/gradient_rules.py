@@ -102,6 +102,17 @@ GP307: Rule[TraceFacts] = Rule(
     example="torch.sqrt(x) at x == 0, log(0), division by a zero norm",
     message="{count} parameter(s) got NaN/Inf gradients: {names}.",
     fix="Guard the op at the reported line (clamp, eps, log1p, safe norms).",
+    situations={
+        "scaler_overflow": Situation(
+            when="a GradScaler scaled a finite loss for this backward: the gradients overflowed float16 at its scale, and "
+                 "GradScaler skips the step and halves the scale, as it does at the start of healthy fp16 training",
+            severity="info",
+            message="{count} parameter(s) got NaN/Inf gradients ({names}) from a loss that was finite ({loss}) before "
+                    "the GradScaler multiplied it by {scale:g} at {line}: float16 overflowed at that scale, so the "
+                    "scaler skips this step and halves its scale, as designed.",
+            fix="Nothing to change for this step: audit_training (or diagnose with steps) shows whether the scale "
+                "settles; GP617 is raised if every step is still skipped at a scale of 1 or less."),
+    },
 )
 
 GP311: Rule[TraceFacts] = Rule(
@@ -259,6 +270,14 @@ def nonfinite_gradient(facts: TraceFacts) -> Iterator[Finding]:
         yield GP307.finding(parameters=names, location=facts.step.nonfinite_location,
                             evidence={"anomaly": facts.step.nonfinite_anomaly}, count=len(names),
                             names=listed(names, 6, more=False))
+
+
+def scaler_overflow(f: Finding, loss: float, scale: float, line: str) -> Finding:
+    """GP307 `f` measured again in the light of a GradScaler that scaled a finite loss (diagnose's step saw it)."""
+    names = list(f["parameters"])
+    return GP307.finding("scaler_overflow", parameters=names, location=f["location"],
+                         evidence={**f["evidence"], "loss_before_scaling": loss, "scale": scale}, count=len(names),
+                         names=listed(names, 6, more=False), loss=f"{loss:.4g}", scale=scale, line=line)
 
 
 @GP311.detector

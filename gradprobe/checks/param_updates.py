@@ -53,6 +53,15 @@ GP207: Rule[StuckFacts] = Rule(
             fix="Find the code that runs between backward() and optimizer.step() and writes these parameters' .grad (a "
                 "clip with a threshold of 0, a gradient hook, a callback that calls p.grad.zero_() or sets it to None); "
                 "audit_training, or diagnose with steps, names its line."),
+        "scaler_skipped": Situation(
+            when="a GradScaler skipped optimizer.step() after a finite loss whose scaled gradients overflowed float16 "
+                 "(the scaler then halves its scale: normal at the start of fp16 training)",
+            severity="info",
+            message="{count} parameter(s) had a gradient after backward() but did not change in one real step: the "
+                    "GradScaler skipped optimizer.step() because the gradients overflowed at its scale of {scale:g} "
+                    "(the loss before scaling was finite).",
+            fix="Nothing to change for this step; audit_training (or diagnose with steps) shows whether later steps "
+                "run once the scale has come down."),
         "not_stepped": Situation(
             when="optimizer.step() did not run after backward (or a GradScaler skipped it)",
             message="{count} parameter(s) had a nonzero gradient after backward() but did not change in one real step: "
@@ -193,6 +202,12 @@ def detect_not_updated(facts: StuckFacts) -> Iterator[Finding]:
         situation = _BY_REASON.get(reason) or ("at_line" if at else "zeroed_unseen" if reason == ZEROED_BETWEEN else None)
         yield GP207.finding(situation, count=len(params), reason=reason, **where, where=said,
                             parameters=params, location=at, evidence={"reason": reason, "call_order": facts.events})
+
+
+def scaler_skipped(f: Finding, scale: float) -> Finding:
+    """GP207 `f` (not stepped) measured again: a GradScaler skipped the step after a finite loss overflowed at its scale."""
+    return GP207.finding("scaler_skipped", parameters=list(f["parameters"]), location=f["location"],
+                         evidence={**f["evidence"], "scale": scale}, count=len(f["parameters"]), scale=scale)
 
 
 def stuck_findings(model: nn.Module, optimizer: Any, before: dict[int, torch.Tensor], obs: StepObserver,

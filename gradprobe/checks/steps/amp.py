@@ -39,6 +39,7 @@ class ScaledLoss:
     call: int
     location: dict | None
     value: float | None  # the loss before scaling (None: not a single number)
+    scale: float | None = None  # the scaler's scale that multiplied it
 
 
 @dataclass
@@ -86,6 +87,15 @@ GP617: Rule[AmpFacts] = Rule(
                     "can help (its scale went from {first:.6g} to {last:.6g}).",
             fix="Make the loss at {loss_line} finite (a log or division of 0, an overflow in half precision, nan inputs): "
                 "the GradScaler cannot recover from a loss that is nan before scaling."),
+        "backing_off": Situation(
+            when="the loss was finite at every step and the scale is still above 1: the scaler may still be backing off "
+                 "from its initial scale (it halves at each skip), as it does at the start of healthy fp16 training",
+            severity="info",
+            message="The GradScaler skipped the optimizer step at all {steps} observed steps ({line}) while the loss was "
+                    "finite; its scale went from {first:.6g} to {last:.6g}. The gradients overflow float16 only at these "
+                    "scales so far: a healthy GradScaler skips steps like this until its scale fits.",
+            fix="Nothing to change yet: audit more steps (steps >= {settle}) to see whether the scale settles; if every step "
+                "is still skipped at a scale of 1 or less, the gradients overflow float16 on their own."),
     },
 )
 
@@ -126,8 +136,10 @@ def detect_scaler_skips(facts: AmpFacts) -> Iterator[Finding]:
                             steps=len(steps), line=at(steps[0].location), first=scales[0], last=scales[-1],
                             loss_line=at(bad.location), loss=str(bad.value))
         return
-    yield GP617.finding(location=steps[0].location, evidence=ev, steps=len(steps), line=at(steps[0].location),
-                        first=scales[0], last=scales[-1])
+    finite = bool(facts.scaled) and all(s.value is not None and math.isfinite(s.value) for s in facts.scaled)
+    situation = "backing_off" if finite and scales[-1] > 1.0 else None  # at a scale <= 1 the overflow is the model's
+    yield GP617.finding(situation, location=steps[0].location, evidence=ev, steps=len(steps), line=at(steps[0].location),
+                        first=scales[0], last=scales[-1], settle=len(steps) + max(1, math.ceil(math.log2(scales[-1]))) + 1)
 
 
 AMP_RULES: tuple[Rule[AmpFacts], ...] = (GP615, GP617)
@@ -155,7 +167,12 @@ class ScalerWatch:
                 value = None
                 if isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
                     value = float(outputs.detach().float().item())
-                watch.facts.scaled.append(ScaledLoss(call=watch.observer.call, location=watch._where(2), value=value))
+                out = orig(scaler, outputs)  # the scale is made lazily by the first scale() call
+                scale_t = getattr(scaler, "_scale", None)
+                factor = float(scale_t.item()) if isinstance(scale_t, torch.Tensor) and scale_t.numel() == 1 else None
+                watch.facts.scaled.append(ScaledLoss(call=watch.observer.call, location=watch._where(2), value=value,
+                                                     scale=factor))
+                return out
             return orig(scaler, outputs)
 
         return scale

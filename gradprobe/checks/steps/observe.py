@@ -296,8 +296,11 @@ class StepObserver:
             before = len(observer.opt_steps)
             scale = float(scaler.get_scale()) if scaler.is_enabled() else None
             result = orig(scaler, optimizer, *args, **kwargs)
+            skipped = len(observer.opt_steps) == before
             observer.scaler_steps.append(ScalerStep(call=observer.call, location=observer.where(), scale=scale,
-                                                    skipped=len(observer.opt_steps) == before))
+                                                    skipped=skipped))
+            if skipped:  # a skipped step ends the iteration as a step does: its backward calls feed no later step
+                observer.backwards, observer.zero_grads_between = [], []
             return result
 
         return step
