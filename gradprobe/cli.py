@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, NoReturn
 from gradprobe.tools import TOOLS
 
 if TYPE_CHECKING:
+    from gradprobe.sandbox.runner import Limits
     from gradprobe.server.options import ServeOptions
+    from gradprobe.target import Target
 
 
 def _target_from_args(args: argparse.Namespace) -> dict:
@@ -80,7 +82,6 @@ def _run_check(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from gradprobe.render import clean, render_text
-    from gradprobe.sandbox.call import execute
     from gradprobe.errors import ToolInputError
     from gradprobe.target import Target, explain_validation_error
 
@@ -99,7 +100,7 @@ def _run_check(args: argparse.Namespace) -> int:
     from gradprobe.server.options import default_memory_bytes
 
     try:
-        report = anyio.run(lambda: execute(args.command, target, options, limits=Limits(memory_bytes=default_memory_bytes())))
+        report = anyio.run(lambda: _execute_settled(args.command, target, options, Limits(memory_bytes=default_memory_bytes())))
     except ToolInputError as exc:
         return _fail(args, "bad-target", str(exc), 2)
     except Exception as exc:  # a gradprobe bug: exit 3, never mistaken for a finding (1); JSON with --json
@@ -176,6 +177,16 @@ class _Parser(argparse.ArgumentParser):
             print(json.dumps({"ok": False, "tool": tool, "error": {"kind": "usage", "message": message}}, indent=1))
             sys.exit(2)
         super().error(message)
+
+
+async def _execute_settled(tool: str, target: Target, options: dict, limits: Limits) -> dict:
+    """One call, then what it left running after its reply (the child's exit): the loop closes with nothing watched."""
+    from gradprobe.sandbox.call import execute
+    from gradprobe.sandbox.runner import settle
+
+    report = await execute(tool, target, options, limits=limits)
+    await settle()
+    return report
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -188,6 +188,15 @@ def _close_later(pending: list[asyncio.Future[Any]], transports: list[Any], grac
     task.add_done_callback(_BACKGROUND.discard)
 
 
+async def settle(timeout_s: float = 10.0) -> None:
+    """Wait for what calls left running after their replies (their pipes and the children's exits), at most
+    timeout_s: a one-shot process (the command line) calls this before its event loop closes, so no child is still
+    watched by a closed loop."""
+    pending = list(_BACKGROUND)
+    if pending:
+        await asyncio.wait(pending, timeout=timeout_s)
+
+
 def _reap_later(cgroup: CallCgroup | None, scratch: str, orphan: int | None) -> None:
     """After the reply: wait until the call's cgroup is empty, remove it and the scratch dir, and reap the call's
     pid 1 if its keeper died first (it was reparented to this process, a subreaper)."""
