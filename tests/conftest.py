@@ -71,6 +71,18 @@ def wait_healthy(url: str, proc, what: str = "the HTTP server") -> None:
     raise AssertionError(f"{what} did not start: {tail}")
 
 
+def one_finding(findings: list[dict], code: str) -> dict:
+    """The one finding of `code` (the test fails if there are none or several)."""
+    hits = [f for f in findings if f["code"] == code]
+    assert len(hits) == 1, findings
+    return hits[0]
+
+
+def line_of(path: Path, text: str) -> int:
+    """The number of the first line of `path` that contains `text`."""
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
 def example_expect(path: Path) -> dict:
     tree = ast.parse(path.read_text())
     for node in tree.body:

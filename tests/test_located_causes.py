@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gradprobe.findings import catalogue
+from conftest import one_finding as _one, line_of as _line
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "broken"
 
@@ -25,16 +26,6 @@ async def _run(client, tmp_path: Path, tool: str, example: str | None = None, so
     result = await client.call_tool(tool, {"target": {"project_dir": str(tmp_path), "model": "case.py"}})
     assert not result.is_error, result.content
     return result.structured_content["findings"]
-
-
-def _one(findings: list[dict], code: str) -> dict:
-    hits = [f for f in findings if f["code"] == code]
-    assert len(hits) == 1, findings
-    return hits[0]
-
-
-def _line(path: Path, text: str) -> int:
-    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 
 
 @pytest.mark.anyio

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import line_of as _line
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "broken"
 
@@ -27,10 +28,6 @@ async def _findings(client, tmp_path: Path, tool: str = "diagnose", example: str
 
 def _gp306(report: dict) -> list[dict]:
     return [f for f in report["findings"] if f["code"] == "GP306"]
-
-
-def _line(path: Path, text: str) -> int:
-    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 
 
 @pytest.mark.anyio
