@@ -93,6 +93,15 @@ def compute_loss(loss_fn: Any, out: Any, batch: Any) -> torch.Tensor | None:
     return loss_and_parts(loss_fn, out, batch)[0]
 
 
+def scalar_loss(loss_fn: Any, out: Any, batch: Any) -> torch.Tensor:
+    """The loss of one forward as a 0-d tensor, for a measurement of gradprobe's own (a rerun on copies); raises
+    ValueError when there is no scalar loss that requires grad."""
+    loss = compute_loss(loss_fn, out, batch)
+    if loss is None or loss.numel() != 1 or not loss.requires_grad:
+        raise ValueError("no scalar loss that requires grad")
+    return loss.reshape(())
+
+
 def loss_and_parts(loss_fn: Any, out: Any, batch: Any) -> tuple[Any, LossParts | None]:
     """The loss of one forward, and when loss_fn returned a dict, a tuple or a list, its parts: the total is taken as
     the user's trainer would (checks/loss_parts.py)."""

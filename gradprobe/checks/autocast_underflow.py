@@ -45,7 +45,7 @@ import torch
 import torch.nn as nn
 from torch.amp import autocast_mode
 
-from gradprobe.checks._step import call_model, compute_loss
+from gradprobe.checks._step import call_model, scalar_loss
 from gradprobe.checks.steps.amp import ScalerWatch
 from gradprobe.checks.steps.facts import at
 from gradprobe.findings import Finding, Rule, run_rules
@@ -212,10 +212,7 @@ def _loaded_step(loaded: Any) -> Callable[[nn.Module], None]:
         if loaded.train_step is not None:
             loaded.train_step(model, loaded.batch, torch.optim.SGD(model.parameters(), lr=0.0))
             return
-        loss = compute_loss(loaded.loss_fn, call_model(model, loaded.batch), loaded.batch)
-        if loss is None or loss.numel() != 1 or not loss.requires_grad:
-            raise ValueError("no scalar loss that requires grad")
-        loss.reshape(()).backward()
+        scalar_loss(loaded.loss_fn, call_model(model, loaded.batch), loaded.batch).backward()
 
     return step
 
