@@ -173,7 +173,7 @@ def described(found: DividedTwice, step: OptStep) -> tuple[dict | None, dict[str
                 "losses": [{"multipliers": s.ops, "reduction": s.reduction, "reduced_by": s.stopped_at, "count": s.count,
                             "lines": [at(x) if x else None for x in s.lines]} for s in found.scalings]}
     fields = {"k": found.k, "line": at(bw[0].location), "step_line": at(step.location), "reduction": reduction,
-              "ops": ", ".join(_op_text(v, traced, i) for i, v in enumerate(first.ops)), "mass": found.mass,
+              "ops": ", ".join(_op_text(v, traced, i) for i, v in enumerate(first.ops) if v != 1.0), "mass": found.mass,
               "remove": at(remove) if remove else f"{at(bw[0].location)} or where the loss is computed"}
     return remove or bw[0].location, evidence, fields
 

@@ -69,7 +69,10 @@ LOW, HIGH = 0.75, 1.33
 @GP611.detector
 def detect_divided_twice(facts: AuditFacts) -> Iterator[Finding]:
     fb = facts.full_batch
-    if fb is None or fb.k < 2 or fb.zeroed_inside or fb.ratio is None:
+    if fb is None:  # not measured (script mode, no loss_fn): the losses' graphs
+        yield from _divided_twice_in_graph(facts)
+        return
+    if fb.k < 2 or fb.zeroed_inside or fb.ratio is None:
         return
     if LOW <= fb.ratio * fb.k <= HIGH:
         factor = _factor_text(fb)
@@ -78,10 +81,8 @@ def detect_divided_twice(facts: AuditFacts) -> Iterator[Finding]:
                             ratio=fb.ratio, factor=factor)
 
 
-@GP611.detector
-def detect_divided_twice_in_graph(facts: AuditFacts) -> Iterator[Finding]:
-    if facts.full_batch is not None:  # the full-batch ratio was measured: it decides
-        return
+def _divided_twice_in_graph(facts: AuditFacts) -> Iterator[Finding]:
+    """Without a full-batch gradient: the division by k applied twice, read from the micro-batch losses' graphs."""
     for step in facts.opt_steps:
         found = divided_twice_at(step, facts.scaler_steps)
         if found is not None:
