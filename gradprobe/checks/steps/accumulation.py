@@ -6,6 +6,14 @@ from its top: every multiplication or division by a constant (`loss / accum_step
 other operation, multiplied together. With k micro-batches of equal size whose losses are means, backward over the
 full batch gives their mean gradient; the accumulated one is k x factor times that (1.00 when each loss is divided
 by k, k when none is, 1/k when the division is applied twice).
+
+The observer (observe.py) reads each backward's loss the same way (`loss_scaling`), down to the reduction under the
+constants: a mean gives its elements 1 in all, a sum their number (a `reduction="sum"` loss's count or NLL's total
+weight). factor x count is what that loss weighs of one mean over all it reduced; over the k losses of one optimizer
+step the weights add up to 1.00 when the division by k is applied once (`loss / k` on a mean, a token sum divided by
+the whole batch's token count) and to 1/k when it is applied twice (`divided_twice`: GP611 without a full-batch
+gradient, in script mode). When a step looks so, the next forward runs in anomaly mode (tracebacks only, no nan
+checks) and the next backward's loss gives each scaling operation's line.
 """
 
 from __future__ import annotations
