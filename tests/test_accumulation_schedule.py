@@ -41,3 +41,15 @@ async def test_an_epoch_schedule_stepped_per_batch_is_gp612_with_its_numbers(cli
     assert healthy["ok"] and not healthy["findings"], healthy["findings"]
     assert any(v.startswith("CosineAnnealingLR(T_max=10): not stepped during the watched steps")
                for v in healthy["facts"]["verified"]), healthy["facts"]["verified"]
+
+
+@pytest.mark.anyio
+async def test_divided_twice_in_a_script_is_measured_from_the_losses_graphs(client):
+    scripts = ROOT / "examples" / "scripts"
+    report = await audit(client, {"project_dir": str(scripts / "steps_accum_twice_broken"), "script": "train.py"}, 2)
+    f = next(f for f in report["findings"] if f["code"] == "GP611")
+    assert f["location"]["line"] == 33 and "0.25 (1/4) at train.py:33, 0.25 (1/4) at train.py:28" in f["message"], f
+    assert "weigh 0.25 of one mean over the whole batch" in f["message"] and f["evidence"]["mass"] == 0.25
+    healthy = await audit(client, {"project_dir": str(scripts / "steps_accum_tokens"), "script": "train.py"}, 2)
+    assert healthy["ok"] and not healthy["findings"], healthy["findings"]
+    assert any("the 4 losses weigh 1.000 of one mean" in v for v in healthy["facts"]["verified"]), healthy["facts"]

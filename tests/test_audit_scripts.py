@@ -56,6 +56,11 @@ CASES = [
      {"codes": ["GP212"], "culprits": ["netG.0.weight", "netG.2.bias"], "line": 39, "absent": ["GP602"]}),
     ("steps_eval_mode", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP610"]}),
     ("steps_eval_mode_broken", ["--steps=8"], None, {"codes": ["GP610"], "culprits": [], "line": 27, "severity": "warning"}),
+    # the division by the accumulation steps applied twice, under a framework that divides already (GP611)
+    ("accelerate_accum_twice_broken", ["--epochs=1"], "accelerate", {"codes": ["GP611"], "culprits": [], "line": 37}),
+    ("accelerate_accum_tokens", ["--steps=8"], "accelerate", {"codes": [], "healthy": True, "absent": ["GP611"]}),
+    ("hf_trainer_accum_broken", ["--max_steps=8"], "transformers", {"codes": ["GP611"], "culprits": [], "line": 51}),
+    ("hf_trainer_accum", ["--max_steps=8"], "transformers", {"codes": [], "healthy": True, "absent": ["GP611"]}),
     ("steps_onecycle", [], None, {"codes": [], "healthy": True, "absent": ["GP612"]}),
     ("steps_onecycle_broken", [], None, {"codes": ["GP612"], "culprits": [], "line": 26, "severity": "warning"}),
 ]

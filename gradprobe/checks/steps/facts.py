@@ -22,6 +22,28 @@ class Event:
 
 
 @dataclass
+class LossScaling:
+    """A loss's graph read from its top (accumulation.py `loss_scaling`): the constant multiplications and divisions met
+    before the first other operation, and that operation when it is a reduction whose weight is known."""
+
+    ops: list[float]  # each constant multiplier, from the top (a division by 4 is 0.25)
+    reduction: str | None = None  # "mean" | "sum" | None (the walk ended at something else: a sum of terms, a masked sum)
+    count: float | None = None  # the total weight the reduction gives its elements: 1 for a mean, their number for a sum
+    stopped_at: str | None = None  # the grad_fn name the walk ended at
+    lines: list[dict | None] = field(default_factory=list)  # per op, the user line that computed it (when traced)
+    in_library: list[bool] = field(default_factory=list)  # per traced op: computed inside a library the line called
+
+    @property
+    def factor(self) -> float:
+        return math.prod(self.ops)
+
+    @property
+    def mass(self) -> float | None:
+        """factor x count: the share of one mean over all the elements this loss stands for (1.0: a mean)."""
+        return self.factor * self.count if self.count is not None else None
+
+
+@dataclass
 class BackwardCall:
     call: int
     location: dict | None
@@ -30,6 +52,7 @@ class BackwardCall:
     stale: bool  # gradients left from before the previous optimizer step were still there
     stale_norm: float = 0.0
     after_norm: float = 0.0  # the total gradient norm right after this backward
+    scaling: LossScaling | None = None  # the loss's constant scaling and reduction (None: not a scalar, or not read)
 
 
 @dataclass

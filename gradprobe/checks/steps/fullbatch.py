@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from gradprobe.checks._step import call_model
+from gradprobe.checks.steps.accumulation import described, divided_twice_at
 from gradprobe.checks.steps.facts import AuditFacts, FullBatch, OptStep, at
-from gradprobe.findings import Finding, Rule
+from gradprobe.findings import Finding, Rule, Situation
 
 GP611: Rule[AuditFacts] = Rule(
     code="GP611", name="accumulation-divided-twice", severity="error", rank=40,
@@ -44,6 +45,19 @@ GP611: Rule[AuditFacts] = Rule(
             "{factor} before backward(): the division by {k} is applied twice.",
     fix="Divide each micro-batch loss by the number of accumulation steps once: keep one `/ accum_steps` (at {line} or "
         "where the loss is computed) and remove the other, so that the accumulated gradient equals the full-batch one.",
+    situations={
+        "graph": Situation(
+            when="script mode, or a target without the step's loss (no full-batch gradient): the micro-batch losses' "
+                 "graphs, read at backward(), show the division by k applied twice",
+            message="{k} backward() calls from {line} feed one optimizer step ({step_line}). Read from each loss's "
+                    "graph at backward(): a {reduction} multiplied by {ops}; over the {k} micro-batches the losses "
+                    "weigh {mass:.3g} of one mean over the whole batch (1.00 when the division by {k} is applied "
+                    "once): 1/{k}, the division by {k} is applied twice.",
+            fix="Divide each micro-batch loss by {k} once: remove the division at {remove}, so that the {k} losses add up "
+                "to one mean over the whole batch. A framework that accumulates (accelerate's `accelerator.backward()`, "
+                "the Trainer's `gradient_accumulation_steps`) divides by {k} already: do not divide the loss yourself "
+                "there."),
+    },
 )
 
 FULL_BATCH_RULES: tuple[Rule[AuditFacts], ...] = (GP611,)
@@ -55,13 +69,26 @@ LOW, HIGH = 0.75, 1.33
 @GP611.detector
 def detect_divided_twice(facts: AuditFacts) -> Iterator[Finding]:
     fb = facts.full_batch
-    if fb is None or fb.k < 2 or fb.zeroed_inside or fb.ratio is None:
+    if fb is None:  # not measured (script mode, no loss_fn): the losses' graphs
+        yield from _divided_twice_in_graph(facts)
+        return
+    if fb.k < 2 or fb.zeroed_inside or fb.ratio is None:
         return
     if LOW <= fb.ratio * fb.k <= HIGH:
         factor = _factor_text(fb)
         yield GP611.finding(location=fb.location, evidence=_evidence(fb), k=fb.k, line=at(fb.location),
                             step_line=at(fb.step_location), loss=fb.loss, full=fb.full, accumulated=fb.accumulated,
                             ratio=fb.ratio, factor=factor)
+
+
+def _divided_twice_in_graph(facts: AuditFacts) -> Iterator[Finding]:
+    """Without a full-batch gradient: the division by k applied twice, read from the micro-batch losses' graphs."""
+    for step in facts.opt_steps:
+        found = divided_twice_at(step, facts.scaler_steps)
+        if found is not None:
+            location, evidence, fields = described(found, step)
+            yield GP611.finding("graph", location=location, evidence=evidence, **fields)
+            return
 
 
 def _factor_text(fb: FullBatch) -> str:

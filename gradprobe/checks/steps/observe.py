@@ -25,9 +25,10 @@ import torch.optim.lr_scheduler as lr_scheduler
 import torch.optim.optimizer as optimizer_mod
 from torch.overrides import TorchFunctionMode
 
+from gradprobe.checks.steps.accumulation import divided_twice, loss_scaling
 from gradprobe.checks.steps.facts import (
-    AttachSite, BackwardCall, Event, GradCall, GradChange, GroupStep, ModeCall, OptimizerBuilt, OptStep, ParamStep, ScalerStep,
-    at,
+    AttachSite, BackwardCall, Event, GradCall, GradChange, GroupStep, LossScaling, ModeCall, OptimizerBuilt, OptStep, ParamStep,
+    ScalerStep, at,
 )
 from gradprobe.userframes import UserCode
 
@@ -114,6 +115,10 @@ class StepObserver:
         # here for the full-batch comparison (fullbatch.py), which frees it
         self.keep_accumulating = False
         self.pre_step: tuple[OptStep, list[torch.Tensor], list[torch.Tensor]] | None = None
+        # a step whose losses look divided by k twice: the next forward runs in anomaly mode (its tracebacks only, no
+        # nan checks), and the next backward's loss gives the lines of its scaling operations to these
+        self._trace_for: list[LossScaling] | None = None
+        self._anomaly_prev: tuple[bool, bool] | None = None
         self._depth = 0
         self._stack = ExitStack()
         self.optimizers_seen: dict[int, Any] = {} if optimizer is None else {id(optimizer): optimizer}
@@ -174,8 +179,41 @@ class StepObserver:
         scale = getattr(getattr(loss, "grad_fn", None), "name", lambda: None)()
         stale_norm = math.sqrt(sum(v * v for v in before.values() if v))
         self.backwards.append(BackwardCall(call=self.call, location=self.where_outer(), scaled=scale in _SCALING,
-                                           top=scale, stale=stale, stale_norm=stale_norm))
+                                           top=scale, stale=stale, stale_norm=stale_norm, scaling=self._scaling(loss)))
         self.events.append(Event(self.call, "backward", self.backwards[-1].location))
+
+    def _scaling(self, loss: Any) -> LossScaling | None:
+        """The loss's constant scaling and reduction (accumulation.py); when traced, the lines go to the armed step."""
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.grad_fn is None:
+            return None
+        traced = self._anomaly_prev is not None
+        try:
+            found = loss_scaling(loss, self.user if traced else None)
+        except Exception:  # reading the graph must never break the user's step
+            self.disarm()
+            return None
+        if traced:
+            self.disarm()
+            for armed in self._trace_for or ():
+                if len(armed.ops) == len(found.ops):
+                    armed.lines, armed.in_library = list(found.lines), list(found.in_library)
+        return found
+
+    def _arm(self, step: OptStep) -> None:
+        """The first step whose losses look divided by k twice (a GradScaler's scale, not known here, may be among the
+        multipliers): record the next forward's tracebacks, for the lines of the scaling operations."""
+        if self._trace_for is not None or len(step.backwards) < 2:
+            return
+        ups = [v for b in step.backwards[:1] if b.scaling is not None for v in b.scaling.ops if v > 1]
+        if divided_twice(step.backwards) or (ups and divided_twice(step.backwards, max(ups))):
+            self._trace_for = [b.scaling for b in step.backwards if b.scaling is not None]
+            self._anomaly_prev = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+            torch.set_anomaly_enabled(True, False)
+
+    def disarm(self) -> None:
+        prev, self._anomaly_prev = self._anomaly_prev, None
+        if prev is not None:
+            torch.set_anomaly_enabled(*prev)
 
     def where_outer(self) -> dict | None:
         return self.user.innermost(sys._getframe(3))
@@ -365,6 +403,10 @@ class StepObserver:
         self._dropout_modes(step)
         self.events.append(Event(self.call, "optimizer_step", loc, optimizer=id(opt)))
         self.opt_steps.append(step)
+        try:
+            self._arm(step)
+        except Exception:  # ours: the lines are then not known
+            self.disarm()
         self.backwards, self.zero_grads_between = [], []
         return None
 
@@ -427,6 +469,7 @@ class StepObserver:
 
             self._stack.callback(register_module_forward_pre_hook(lambda module, args: self.close_window()).remove)
         self._stack.callback(self.close_window)
+        self._stack.callback(self.disarm)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

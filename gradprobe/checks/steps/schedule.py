@@ -28,7 +28,10 @@ GP612: Rule[AuditFacts] = Rule(
     why="A scheduler counts scheduler.step() calls, nothing else. CosineAnnealingLR(T_max=epochs) or StepLR(step_size=30) "
         "stepped after every batch runs its whole schedule within the first `period` batches and then restarts or keeps "
         "decaying; OneCycleLR(total_steps=epochs * len(loader)) or T_max=len(loader) stepped once per epoch stays near its "
-        "first value for the whole run. The loss still goes down, only not on the intended schedule.",
+        "first value for the whole run. The loss still goes down, only not on the intended schedule. Measured in script "
+        "mode only, where the DataLoader the steps consume gives the epoch (its len() and the batches each step takes): "
+        "the build_model() form has no epoch by construction (`inputs` returns one batch, the step is called on it "
+        "again and again, and gradprobe's own default step steps the scheduler once per call).",
     example="sched = CosineAnnealingLR(opt, T_max=num_epochs)\nfor x, y in loader: ...; opt.step(); sched.step()  # per batch",
     message="{scheduler}({period_name}={period}) is stepped at every optimizer step ({stepped} scheduler.step() calls at "
             "{line} over {intervals} intervals between the {steps} optimizer steps watched), and one epoch of the "

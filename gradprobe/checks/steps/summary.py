@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from gradprobe.checks.steps.accumulation import mass_text
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, GroupStep, at, listed
 from gradprobe.checks.steps.schedule import schedule_lines
 from gradprobe.findings import Finding
@@ -76,7 +77,8 @@ def verified(facts: AuditFacts, measured: list[str] | None = None) -> list[str]:
         s = multi[0]
         out.append(f"{len(s.backwards)} backward() calls per optimizer step from {at(s.backwards[0].location)}, "
                    f"each loss scaled ({s.backwards[0].top}); gradient at the step "
-                   f"{s.backwards[-1].after_norm / (s.backwards[0].after_norm or 1):.2f}x the first micro-batch's")
+                   f"{s.backwards[-1].after_norm / (s.backwards[0].after_norm or 1):.2f}x the first micro-batch's"
+                   + (mass_text(s, facts.scaler_steps) if facts.full_batch is None else ""))
     out += measured or []
     frozen = [v for v in facts.verdicts.values() if not v.requires_grad]
     if frozen:

@@ -30,7 +30,8 @@ clipping before scaler.unscale_ (GP615), a GradScaler that skips every step (GP6
 whose update is half its weights or more at every step (GP618), every dropout module in eval
 mode while training (GP610), accumulation divided twice: the accumulated gradient 1/k of the
 full-batch one (GP611; facts.full_batch: that ratio per group, measured after the step when
-accumulation is seen and the target has a loss), an LR schedule in epochs stepped per batch or the
+accumulation is seen and the target has a loss; in script mode, read from the micro-batch losses'
+graphs: together they weigh 1/k of one mean), an LR schedule in epochs stepped per batch or the
 reverse (GP612; script mode, from the DataLoader's length).
 When nothing is wrong, facts.verified lists what was measured. `overfit_steps` (opt-in, e.g. 20) then
 runs that many more steps on the same batch and checks that the loss goes down, per loss term
