@@ -320,7 +320,8 @@ def detect_collective_hangs(facts: RankFacts) -> Iterator[Finding]:
               if r not in stuck]
     first = next((s.location for s in facts.stuck if s.location), None)
     yield GP706.finding(None, location=first, evidence={"ranks": sorted(stuck), "stacks": {
-                            str(s.rank): s.stack for s in facts.stuck}},
+                            str(s.rank): s.stack for s in facts.stuck},
+                            "collectives": {str(s.rank): s.collective for s in facts.stuck}},
                         stuck=_ranks(sorted(stuck)), waits="; ".join(waits),
                         others="; ".join(others) or "no rank reached a step", line=_line(first))
 
