@@ -36,7 +36,7 @@ class TinyVLM(nn.Module):
         h = self.embed(input_ids)
         if pixel_values is not None:  # text-only batches skip the image encoder
             h = torch.cat([self.vision(pixel_values), h], dim=1)
-        h = torch.tanh(self.mixer(h))
+        h = torch.tanh(h + self.mixer(h.mean(dim=1, keepdim=True)))  # every text token sees the image tokens
         return self.lm_head(h[:, -input_ids.shape[1]:])
 
 

@@ -76,7 +76,8 @@ def rank_process(tool: str, target: dict[str, Any], options: dict[str, Any], out
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=False)
     torch.set_num_threads(1)  # as torchrun does for several ranks on one machine
     chan = RankChannel(out_dir, index, t0)
-    watch = RankWatch(UserCode(os.path.realpath(target["project_dir"])), out_dir, index)
+    steps = tool == "audit_training" or (tool == "diagnose" and bool(options.get("steps")))  # the run goes on
+    watch = RankWatch(UserCode(os.path.realpath(target["project_dir"])), out_dir, index, release=not steps)
     job_target = dict(target, world_size=1)
     if entry is not None:
         job_target["_entry"] = entry

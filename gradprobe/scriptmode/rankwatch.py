@@ -108,8 +108,9 @@ def _leaf_ids(roots: list[torch.Tensor]) -> set[int]:
 class RankWatch:
     """The observers of one rank (see the module docstring); `install` before the script, `uninstall` after."""
 
-    def __init__(self, user: UserCode, out_dir: str, index: int):
+    def __init__(self, user: UserCode, out_dir: str, index: int, release: bool = True):
         self.user = user
+        self.release = release  # drop DDP's reducer at the first step (False: the run goes on, audit_training's steps)
         self.path = os.path.join(out_dir, f"obs{index}.json")
         self.pre_path = os.path.join(out_dir, f"pre{index}.json")
         self.index = index
@@ -312,7 +313,7 @@ class RankWatch:
             write_json(self.path, {"index": self.index, "error": f"{type(exc).__name__}: {exc}"})
         closure = kwargs.get("closure") or (args[1] if len(args) > 1 else None)
         lrs = [g.get("lr") for g in opt.param_groups]
-        if closure is None and not all(lr == 0 for lr in lrs):  # the step watch captures this step, the script ends
+        if self.release and closure is None and not all(lr == 0 for lr in lrs):  # captured here: the script ends
             self.release_ddp()
         return None
 
