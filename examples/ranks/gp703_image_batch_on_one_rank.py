@@ -19,7 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 EXPECT = {"tool": "diagnose", "world_size": 2, "codes": ["GP703"],
-          "culprits": ["vision.0.weight", "vision.2.bias"], "line": 38, "ranks": [1]}
+          "culprits": ["vision.0.weight", "vision.2.bias"], "line": 39, "ranks": [1],
+          "absent": ["GP704", "GP706", "GP112"]}
 
 VOCAB, D, IMAGE_SHARE = 50, 16, 0.5
 
