@@ -118,6 +118,8 @@ async def test_build_model_form_at_two_ranks(client, path):
         assert hit["evidence"]["ranks"] == expect["ranks"], hit["evidence"]
         # rank 0, left waiting in DDP's all-reduce for the bucket rank 1 never filled, is a consequence
         assert [c["code"] for c in hit["evidence"].get("consequences", [])] in ([], ["GP706"]), hit["evidence"]
+        # the box head ran on both ranks: its output was left out of rank 1's loss (the image tower did not run there)
+        assert ("ran on every rank" in hit["message"]) == ("box" in path.stem), hit["message"]
 
 
 @pytest.mark.anyio

@@ -260,6 +260,7 @@ class RankWatch:
 
         names: list[str] = []
         used: dict[str, Any] = {}
+        called: dict[str, Any] = {}  # parameters whose module was called with grad but that are not in the graph
         params: list[torch.Tensor] = []
         roots = self.roots()
         for root in roots:
@@ -276,8 +277,10 @@ class RankWatch:
                 params.append(p)
                 if id(p) in took_part:
                     used[n] = self.sites.get(owned.get(id(p), -1))
+                elif owned.get(id(p), -1) in self.sites:
+                    called[n] = self.sites[owned[id(p)]]
         ddps = [m for m in roots if _is_ddp(m)]
-        return {"index": self.index, "params": names, "used": used, "ddp": bool(ddps),
+        return {"index": self.index, "params": names, "used": used, "called": called, "ddp": bool(ddps),
                 "find_unused": any(bool(getattr(d, "find_unused_parameters", False)) for d in ddps)}
 
     def _patch_collectives(self) -> None:
