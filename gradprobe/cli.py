@@ -30,7 +30,8 @@ def _target_from_args(args: argparse.Namespace) -> dict:
         return f"{rel}:{name}"
 
     target = {"project_dir": project, "model": ref(args.model) if args.model else rel, "device": args.device,
-              "seed": args.seed, "timeout_s": args.timeout, "setup": args.setup, **_common(args)}
+              "seed": args.seed, "timeout_s": args.timeout, "setup": args.setup, "world_size": args.world_size,
+              **_common(args)}
     for field in ("inputs", "loss", "optimizer", "train_step"):
         target[field] = ref(getattr(args, field))
     if not (args.project_dir or args.file) and args.model and os.path.isabs(args.model):
@@ -299,7 +300,7 @@ def _main(argv: list[str] | None = None) -> None:
         p.add_argument("--device", default="cpu")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--timeout", type=float, default=120.0)
-        p.add_argument("--world-size", type=int, default=None, help="--script/--module: run it as this many ranks (2-4)")
+        p.add_argument("--world-size", type=int, default=None, help="run the target as this many ranks (2-4)")
         p.add_argument("--json", action="store_true", help="print the report as JSON")
         p.add_argument("--no-color", action="store_true")
         p.add_argument("--mermaid", action="store_true", help="also print the Mermaid flowchart (diagnose)")

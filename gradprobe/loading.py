@@ -386,8 +386,10 @@ def _inputs(found: dict[str, Any], meta: bool) -> Any:
     return _call_user("making the inputs", inputs) if callable(inputs) and not isinstance(inputs, torch.Tensor) else inputs
 
 
-def load_target(target: dict[str, Any], progress: Callable[[str], None] = lambda phase: None) -> Loaded:
-    """Import and build everything a target names. Raises TargetError / TargetRefError."""
+def load_target(target: dict[str, Any], progress: Callable[[str], None] = lambda phase: None,
+                batch_seed: int | None = None) -> Loaded:
+    """Import and build everything a target names. Raises TargetError / TargetRefError. `batch_seed`: the seed set
+    again just before the batch is made (a rank of several, scriptmode/modelranks.py: each rank its own batch)."""
     project_dir = os.path.realpath(target["project_dir"])
     user = UserCode(project_dir)
     record = BuildRecord()
@@ -417,6 +419,8 @@ def load_target(target: dict[str, Any], progress: Callable[[str], None] = lambda
         lightning = lightning_defaults(model, found)
         if lightning:
             info["lightning"] = lightning
+    if batch_seed is not None:
+        seed_everything(batch_seed)
     batch = _inputs(found, meta)
     if not meta and device != "cpu":
         model = model.to(device)

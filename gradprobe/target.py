@@ -69,10 +69,13 @@ class Target(BaseModel):
         "Like `script`, for a `python -m` entry point (a dotted module name importable from project_dir)."))
     args: list[str] = Field(default_factory=list, description="The script's command-line arguments (sys.argv[1:]).")
     world_size: int = Field(default=1, ge=1, le=4, description=(
-        "Script targets: run the script as this many ranks on this machine (2 to 4), torchrun-style (RANK, LOCAL_RANK, "
-        "WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT set; gloo on the call's private loopback), all in the same "
-        "sandboxed call; findings are merged and say which ranks they hold on. 1 (the default): one process, and a "
-        "script that starts its own workers with torch.multiprocessing.spawn has them followed."))
+        "Run the target as this many ranks on this machine (2 to 4), torchrun-style (RANK, LOCAL_RANK, WORLD_SIZE, "
+        "MASTER_ADDR=127.0.0.1, MASTER_PORT set; gloo on the call's private loopback), all in the same sandboxed call; "
+        "findings are merged and say which ranks they hold on. A script runs as it would under torchrun. A "
+        "build_model() target: the process group is initialised before build_model(), a model it returns unwrapped is "
+        "wrapped in DistributedDataParallel, and each rank makes its own batch (seed + rank) and runs one training step. "
+        "1 (the default): one process, and a script that starts its own workers with torch.multiprocessing.spawn has "
+        "them followed."))
     timeout_s: float = Field(default=120.0, gt=0, le=3600, description=(
         "Wall-clock limit for the call in the child; past it the child is killed and GP114 is reported."))
     read_paths: list[str] = Field(default_factory=list, description=(
@@ -155,8 +158,8 @@ class Target(BaseModel):
     def _needs_model(self) -> Target:
         if self.script and self.module:
             raise ValueError("give `script` or `module`, not both")
-        if self.world_size > 1 and not (self.script or self.module):
-            raise ValueError("`world_size` applies to a `script`/`module` target")
+        if self.world_size > 1 and self.device == "meta":
+            raise ValueError('`world_size` > 1 runs a training step on every rank: it needs real weights, not device "meta"')
         if (self.script or self.module) and (self.model or self.setup):
             raise ValueError("a `script`/`module` target brings its own model: drop `model`/`setup`")
         if not self.model and not self.setup and not self.script and not self.module:

@@ -1,13 +1,14 @@
 """Several ranks in one sandboxed call, through the real server over stdio: torchrun-style scripts run with
 `world_size: 2` (DDP, FSDP2's fully_shard, DDP under no_sync) and scripts that start their own ranks with
-torch.multiprocessing.spawn, healthy and with one distributed bug each (gloo on CPU, the call's private loopback).
-Findings are merged across ranks and say which ranks they hold on."""
+torch.multiprocessing.spawn, healthy and with one distributed bug each (gloo on CPU, the call's private loopback), and
+build_model() targets at world size 2 (examples/ranks). Findings are merged across ranks and say which ranks they hold
+on."""
 
 from __future__ import annotations
 
 import pytest
 
-from conftest import ROOT, assert_expected
+from conftest import ROOT, assert_expected, example_expect
 
 SCRIPTS = ROOT / "examples" / "scripts"
 
@@ -93,9 +94,38 @@ async def test_frameworks_at_two_ranks(client, case):
         assert hit["evidence"]["no_gradient"][:1] == ["prompt_emb"], hit["evidence"]
 
 
+# build_model() targets at world size 2 (examples/ranks: each file's EXPECT, with the ranks the first hit holds on):
+# gradprobe initialises the process group, wraps a plain model in DDP and gives each rank its own batch
+MODEL_RANKS = sorted((ROOT / "examples" / "ranks").glob("*.py"))
+
+
 @pytest.mark.anyio
-async def test_world_size_needs_a_script(client):
-    target = {"project_dir": str(SCRIPTS / "ddp"), "model": "train.py", "world_size": 2}
-    result = await client.call_tool("diagnose", {"target": target})
+@pytest.mark.parametrize("path", MODEL_RANKS, ids=[p.stem for p in MODEL_RANKS])
+async def test_build_model_form_at_two_ranks(client, path):
+    expect = example_expect(path)
+    target = {"project_dir": str(path.parent), "model": path.name, "world_size": expect["world_size"], "timeout_s": 90}
+    result = await client.call_tool(expect["tool"], {"target": target})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    assert_expected(report, expect, path.name)
+    ranks = report["facts"]["ranks"]
+    assert ranks["how"] == "build_model() form" and ranks["world_size"] == 2, ranks
+    form = report["facts"]["model_form"]
+    assert form["batch_seeds"] == {"0": 0, "1": 1}, form
+    assert form["wrapped"].startswith("as build_model() returned it" if expect.get("healthy") else "by gradprobe"), form
+    if expect.get("ranks"):
+        hit = next(f for f in report["findings"] if f["code"] in expect["codes"])
+        assert hit["evidence"]["ranks"] == expect["ranks"], hit["evidence"]
+        # rank 0, left waiting in DDP's all-reduce for the bucket rank 1 never filled, is a consequence
+        assert [c["code"] for c in hit["evidence"].get("consequences", [])] in ([], ["GP706"]), hit["evidence"]
+        # the box head ran on both ranks: its output was left out of rank 1's loss (the image tower did not run there)
+        assert ("ran on every rank" in hit["message"]) == ("box" in path.stem), hit["message"]
+
+
+@pytest.mark.anyio
+async def test_world_size_needs_real_weights(client):
+    target = {"project_dir": str(ROOT / "examples" / "ranks"), "model": MODEL_RANKS[0].name, "world_size": 2,
+              "device": "meta"}
+    result = await client.call_tool("inspect_parameters", {"target": target})
     text = str(result.content)
-    assert "world_size" in text, text
+    assert result.is_error and "world_size" in text and "meta" in text, text

@@ -26,10 +26,13 @@ _PROJECTION_SEED = 1234
 
 
 def call_model(model: nn.Module, batch: Any) -> Any:
-    """Call the model with a batch: tensor, tuple (args), dict (kwargs) or (args, kwargs) pair."""
+    """Call the model with a batch: tensor, tuple (args), dict (kwargs) or (args, kwargs) pair. A dict's keys are those
+    the forward of the user's module takes (under a library wrapper: DDP's forward takes any)."""
     if isinstance(batch, dict):
+        from gradprobe.wrappers import unwrap_library
+
         try:
-            sig = inspect.signature(model.forward)
+            sig = inspect.signature(unwrap_library(model)[0].forward)
         except (TypeError, ValueError):
             return model(**batch)
         params = sig.parameters.values()

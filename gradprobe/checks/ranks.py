@@ -84,6 +84,16 @@ GP703: Rule[RankFacts] = Rule(
         "multiply its output by 0 on the ranks that skip it so it stays in the graph); if skipping is intended, pass "
         "find_unused_parameters=True to DistributedDataParallel.",
     situations={
+        "dropped": Situation(
+            when="the module holding the parameters was called on every rank, and its output reached the loss on some "
+                 "ranks only (a loss term, or a use of that output, that depends on the rank's data)",
+            message="{count} parameter(s) ({names}) took part in the loss on rank(s) {used_on} but not on rank(s) "
+                    "{unused_on} before the first optimizer.step(): the call at {line} ran on every rank, but its "
+                    "output reached the loss on rank(s) {used_on} only.",
+            fix="Keep the output of the call at {line} in the loss on every rank: where its loss term is skipped (no "
+                "positive targets, an empty mask), add the output multiplied by zero instead (`loss = loss + 0 * "
+                "out.sum()`) so that {names} get a gradient on every rank; if skipping is intended, pass "
+                "find_unused_parameters=True to DistributedDataParallel."),
         "find_unused": Situation(
             when="DDP was built with find_unused_parameters=True (it reduces a zero gradient for the skipped ranks)",
             severity="info",
@@ -108,7 +118,10 @@ def detect_unused_on_some_ranks(facts: RankFacts) -> Iterator[Finding]:
     for (on, off), names in groups.items():
         site = next((used[r]["used"].get(n) for r in on for n in names if used[r]["used"].get(n)), None)
         find_unused = all(used[r].get("find_unused") for r in used) and any(used[r].get("ddp") for r in used)
-        yield GP703.finding("find_unused" if find_unused else None, parameters=names, location=site,
+        # called on the ranks that did not use them too: their output was left out of the loss there
+        dropped = all(n in (used[r].get("called") or {}) for r in off for n in names)
+        situation = "find_unused" if find_unused else "dropped" if dropped else None
+        yield GP703.finding(situation, parameters=names, location=site,
                             evidence={"used_on": list(on), "unused_on": list(off), "ranks": list(off)},
                             count=len(names), names=_names(names), used_on=_ranks(list(on)),
                             unused_on=_ranks(list(off)), line=_line(site))
@@ -320,7 +333,8 @@ def detect_collective_hangs(facts: RankFacts) -> Iterator[Finding]:
               if r not in stuck]
     first = next((s.location for s in facts.stuck if s.location), None)
     yield GP706.finding(None, location=first, evidence={"ranks": sorted(stuck), "stacks": {
-                            str(s.rank): s.stack for s in facts.stuck}},
+                            str(s.rank): s.stack for s in facts.stuck},
+                            "collectives": {str(s.rank): s.collective for s in facts.stuck}},
                         stuck=_ranks(sorted(stuck)), waits="; ".join(waits),
                         others="; ".join(others) or "no rank reached a step", line=_line(first))
 

@@ -31,8 +31,9 @@ def run_job(job: Job | Mapping[str, Any], progress: Progress) -> ToolError | dic
     import tempfile
 
     tempfile.tempdir = None  # a warm worker's fork inherits its cached temp dir: use this call's TMPDIR
-    if job.target.get("script") or job.target.get("module"):
-        from gradprobe.scriptmode.ranks import run_script_ranks  # several ranks, or workers it spawns; else as one
+    if job.target.get("script") or job.target.get("module") or int(job.target.get("world_size") or 1) > 1:
+        # several ranks (a script's, or a build_model() target's), or workers a script spawns; else as one
+        from gradprobe.scriptmode.ranks import run_script_ranks
 
         return _safe(run_script_ranks(spec.name, job.target, job.options, progress))
     return _check_target(spec, job, progress)

@@ -50,8 +50,11 @@ def merge_findings(reports: dict[int, dict[str, Any]]) -> list[Finding]:
 def fold_consequences(across: list[Finding], per_rank: list[Finding]) -> list[Finding]:
     """A parameter used on some ranks only (an error) or a hang breaks the ranks' collectives: a rank whose backward
     then failed in one (GP112, raised in a backward pass) or that died without a report (GP707) shows the effect,
-    not a cause of its own. Those go into the cause's evidence (`consequences`) rather than beside it."""
-    cause = next((f for f in across if f["code"] in (GP703.code, GP706.code) and f["severity"] == "error"), None)
+    not a cause of its own; so do ranks left waiting in DDP's gradient all-reduce (GP706) for the bucket that a rank
+    which did not use a parameter (GP703) never filled. Those go into the cause's evidence (`consequences`) rather
+    than beside it."""
+    cause = next((f for code in (GP703.code, GP706.code) for f in across
+                  if f["code"] == code and f["severity"] == "error"), None)
     if cause is None:
         return per_rank + across
 
@@ -59,6 +62,9 @@ def fold_consequences(across: list[Finding], per_rank: list[Finding]) -> list[Fi
         ev = f.get("evidence") or {}
         if f["code"] == GP112.code:
             return ev.get("ended") == "raised" and "backward" in str(ev.get("furthest_phase") or "")
+        if f["code"] == GP706.code and cause["code"] == GP703.code:
+            waits = [str(c) for c in (ev.get("collectives") or {}).values()]
+            return bool(waits) and all(c.startswith("backward") for c in waits)
         return f["code"] == GP707.code and "exit_status" in ev
 
     folded = [f for f in per_rank + across if f is not cause and effect(f)]

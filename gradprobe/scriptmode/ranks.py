@@ -76,7 +76,8 @@ def rank_process(tool: str, target: dict[str, Any], options: dict[str, Any], out
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=False)
     torch.set_num_threads(1)  # as torchrun does for several ranks on one machine
     chan = RankChannel(out_dir, index, t0)
-    watch = RankWatch(UserCode(os.path.realpath(target["project_dir"])), out_dir, index)
+    steps = tool == "audit_training" or (tool == "diagnose" and bool(options.get("steps")))  # the run goes on
+    watch = RankWatch(UserCode(os.path.realpath(target["project_dir"])), out_dir, index, release=not steps)
     job_target = dict(target, world_size=1)
     if entry is not None:
         job_target["_entry"] = entry
@@ -89,6 +90,10 @@ def rank_process(tool: str, target: dict[str, Any], options: dict[str, Any], out
         report = make_report(tool, [script_internal_error(f"{type(exc).__name__}: {exc}", {})])
     finally:
         watch.uninstall()
+    from gradprobe.scriptmode.modelranks import ModelStep
+
+    if isinstance(entry, ModelStep):  # a build_model() target: its load failure, what the rank did
+        report = entry.finish(tool, report)
     chan.finish(Result(report=report if isinstance(report, ToolError) else json_safe(report)))
 
 
@@ -215,7 +220,10 @@ def run_torchrun_style(tool: str, target: dict[str, Any], options: dict[str, Any
                        progress: Progress) -> ToolError | dict[str, Any]:
     from gradprobe.scriptmode.rankmerge import merge_ranks
 
+    from gradprobe.scriptmode.modelranks import ModelStep
+
     n = int(target.get("world_size") or 1)
+    model_form = not (target.get("script") or target.get("module"))  # a build_model() target: ModelStep is its script
     t0 = _call_t0(progress)
     out_dir = rank_dir()
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(n),
@@ -228,7 +236,7 @@ def run_torchrun_style(tool: str, target: dict[str, Any], options: dict[str, Any
         if pid == 0:
             try:
                 os.environ.update(env, RANK=str(i), LOCAL_RANK=str(i), ROLE_WORLD_SIZE=str(n))
-                rank_process(tool, target, options, out_dir, i, t0)
+                rank_process(tool, target, options, out_dir, i, t0, entry=ModelStep(target) if model_form else None)
             finally:
                 os._exit(70)
         pids.append(pid)
@@ -247,7 +255,7 @@ def run_torchrun_style(tool: str, target: dict[str, Any], options: dict[str, Any
         except ChildProcessError:
             pass
     progress(Phase.CHECKING)
-    return merge_ranks(tool, target, outcome, how="torchrun-style")
+    return merge_ranks(tool, target, outcome, how="build_model() form" if model_form else "torchrun-style")
 
 
 # ---- scripts that spawn their own workers ----------------------------------------------------------------------------
@@ -319,7 +327,8 @@ def _stop(why: str) -> BaseException:
 
 def run_script_ranks(tool: str, target: dict[str, Any], options: dict[str, Any],
                      progress: Progress) -> ToolError | dict[str, Any]:
-    """A script target: several ranks when `world_size` > 1; else the ordinary job, following any workers it spawns."""
+    """A script target: several ranks when `world_size` > 1; else the ordinary job, following any workers it spawns.
+    A build_model() target comes here with `world_size` > 1 only (its ranks run scriptmode/modelranks.py)."""
     from gradprobe.scriptmode.first_step import run_script_job
 
     if int(target.get("world_size") or 1) > 1:

@@ -108,8 +108,9 @@ def _leaf_ids(roots: list[torch.Tensor]) -> set[int]:
 class RankWatch:
     """The observers of one rank (see the module docstring); `install` before the script, `uninstall` after."""
 
-    def __init__(self, user: UserCode, out_dir: str, index: int):
+    def __init__(self, user: UserCode, out_dir: str, index: int, release: bool = True):
         self.user = user
+        self.release = release  # drop DDP's reducer at the first step (False: the run goes on, audit_training's steps)
         self.path = os.path.join(out_dir, f"obs{index}.json")
         self.pre_path = os.path.join(out_dir, f"pre{index}.json")
         self.index = index
@@ -259,6 +260,7 @@ class RankWatch:
 
         names: list[str] = []
         used: dict[str, Any] = {}
+        called: dict[str, Any] = {}  # parameters whose module was called with grad but that are not in the graph
         params: list[torch.Tensor] = []
         roots = self.roots()
         for root in roots:
@@ -275,8 +277,10 @@ class RankWatch:
                 params.append(p)
                 if id(p) in took_part:
                     used[n] = self.sites.get(owned.get(id(p), -1))
+                elif owned.get(id(p), -1) in self.sites:
+                    called[n] = self.sites[owned[id(p)]]
         ddps = [m for m in roots if _is_ddp(m)]
-        return {"index": self.index, "params": names, "used": used, "ddp": bool(ddps),
+        return {"index": self.index, "params": names, "used": used, "called": called, "ddp": bool(ddps),
                 "find_unused": any(bool(getattr(d, "find_unused_parameters", False)) for d in ddps)}
 
     def _patch_collectives(self) -> None:
@@ -312,7 +316,7 @@ class RankWatch:
             write_json(self.path, {"index": self.index, "error": f"{type(exc).__name__}: {exc}"})
         closure = kwargs.get("closure") or (args[1] if len(args) > 1 else None)
         lrs = [g.get("lr") for g in opt.param_groups]
-        if closure is None and not all(lr == 0 for lr in lrs):  # the step watch captures this step, the script ends
+        if self.release and closure is None and not all(lr == 0 for lr in lrs):  # captured here: the script ends
             self.release_ddp()
         return None
 

@@ -104,9 +104,11 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
     watch.install()
     progress(Phase.RUNNING_SCRIPT)
     try:
-        entry = target.get("_entry")  # a worker the script spawned: its function (scriptmode/ranks.py), not a file
+        # a worker the script spawned (its function, scriptmode/ranks.py) or a rank of a build_model() target
+        # (scriptmode/modelranks.py): not a file
+        entry = target.get("_entry")
         if callable(entry):
-            sys.argv = [os.path.join(project_dir, script) if script else module, *args]
+            sys.argv = [os.path.join(project_dir, script) if script else module or str(target.get("model") or ""), *args]
             entry()
         elif script:
             path = os.path.join(project_dir, script)
@@ -152,7 +154,8 @@ def no_step_finding(run: ScriptRun, target: dict[str, Any]) -> Finding:
     from gradprobe.outcomes import resource_limit_finding
 
     watch = run.watch
-    name = target.get("script") or f"-m {target.get('module')}"
+    name = target.get("script") or (f"-m {target.get('module')}" if target.get("module") else
+                                     f"The build_model() form of {target.get('model') or 'the setup code'}")
     phase = watch.phase_name()
     evidence: dict[str, Any] = {"ended": run.ended, "furthest_phase": phase, "script_seconds": round(run.seconds, 2),
                                 "modules_called_with_grad": len(watch.calls), "backward_calls": len(watch.backwards)}
