@@ -29,6 +29,9 @@ CASES = [
     ("spawn", "train.py", 1, {"codes": [], "healthy": True}, 90),
     ("spawn", "manual_average.py", 1, {"codes": [], "healthy": True, "absent": ["GP703", "GP704", "GP705", "GP706"]}, 90),
     ("spawn", "manual_average.py --scale_loss", 1, {"codes": [], "healthy": True, "absent": ["GP705"]}, 90),
+    ("ddp_broken", "local_update.py", 2,
+     {"codes": ["GP704"], "culprits": ["lateral.weight"], "line": 53, "ranks": [0, 1], "absent": ["GP705"]}, 90),
+    ("ddp_broken", "local_update.py --sync", 2, {"codes": [], "healthy": True, "absent": ["GP704", "GP705"]}, 90),
     ("ddp_nosync", "train.py", 2, {"codes": ["GP704"], "culprits": ["0.weight"], "ranks": [0, 1], "line": 31}, 90),
     ("spawn_broken", "sum_not_divided.py", 1, {"codes": ["GP705"], "culprits": ["0.weight", "2.weight"], "line": 33}, 90),
     ("spawn_broken", "not_broadcast.py", 1, {"codes": ["GP704"], "culprits": ["0.weight", "2.bias"], "line": 24}, 90),
@@ -81,7 +84,10 @@ async def _run(client, case, args: list[str]) -> dict:
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
 async def test_ranks_through_mcp(client, case):
-    await _run(client, case, ["--steps", "2"])
+    report = await _run(client, case, ["--steps", "2"])
+    if case[1] == "local_update.py":  # equal at the first forward, written on each rank before the step: `changed`
+        hit = next(f for f in report["findings"] if f["code"] == "GP704")
+        assert "equal on every rank when the model was first called" in hit["message"], hit["message"]
 
 
 @pytest.mark.anyio
