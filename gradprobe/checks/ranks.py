@@ -5,7 +5,9 @@ before and at its first optimizer step (gradprobe/scriptmode/rankwatch.py), comp
 - GP704 parameters that differ across ranks, or will after the step: the first one named, with the measured cause
   and its line (the ranks started from different weights: the line that built the parameter, when its checksums
   already differed at the first forward; their gradients differ because nothing averaged them: the script's own
-  all-reduce; DDP's `no_sync()` was still in force at the step: the `with model.no_sync():` line);
+  all-reduce; DDP's `no_sync()` was still in force at the step: the `with model.no_sync():` line; under FSDP2, whose
+  fully_shard broadcasts nothing, the whole values each rank built differed when fully_shard took them: the line
+  that built the parameter);
 - GP705 gradients all-reduced with SUM and not divided by the world size (the all-reduced gradient equals the sum of
   the ranks' gradients measured before the all-reduce);
 - GP706 a rank waiting in a collective the others never joined, until the script's share of the call's timeout;
@@ -16,7 +18,8 @@ Written from public reports: a rank-dependent branch that leaves parameters out 
 (https://github.com/facebookresearch/detr/issues/544), gradients synced while parameters were never broadcast
 (https://github.com/horovod/horovod/issues/672), an all-reduce sum left undivided
 (https://github.com/hpcaitech/ColossalAI/issues/3044), a collective called on one rank only
-(https://github.com/pytorch/pytorch/issues/54059).
+(https://github.com/pytorch/pytorch/issues/54059), a model seeded per rank before fully_shard
+(https://github.com/pytorch/torchtitan/issues/1777).
 """
 
 from __future__ import annotations

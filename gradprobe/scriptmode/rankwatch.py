@@ -9,7 +9,8 @@ Installed in each rank process before the script (or the spawned worker's functi
 - where each parameter was built (the user's line that registered it in its module: a parameter registration hook),
   and a checksum of its value when a module holding it is first called with grad (before any step can move it);
 - the user's line that entered DDP's `no_sync()`, and the lines that called FSDP2's `fully_shard` (seen as FSDP2
-  registering its forward pre-hook on the module: no import of torch.distributed.fsdp needed);
+  registering its forward pre-hook on the module: no import of torch.distributed.fsdp needed), with a checksum of
+  each plain parameter it is about to shard, whole (FSDP2 broadcasts nothing: each rank keeps a slice of its own);
 - at the first `optimizer.step()` (a global step pre-hook, registered before the step watch's so it runs first):
   per parameter a checksum of its value and of its gradient (DTensors: their local shard, with their placements),
   whether DDP's gradient sync was on (`no_sync()`), and the rank as the process group says.
