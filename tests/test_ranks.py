@@ -24,12 +24,17 @@ CASES = [
      {"codes": ["GP703"], "culprits": ["aux.weight", "aux.bias"], "line": 40, "ranks": [1], "absent": ["GP112", "GP707"]},
      90),
     ("fsdp2_broken", "root_not_sharded.py", 2, {"codes": ["GP704"], "culprits": ["embed.weight", "head.bias"], "line": 56}, 90),
+    ("fsdp2_broken", "seed_per_rank.py", 2,
+     {"codes": ["GP704"], "culprits": ["embed.weight", "ff.0.weight", "head.bias"], "line": 35, "ranks": [0, 1]}, 90),
     ("fsdp2", "tensor_parallel.py", 2, {"codes": [], "healthy": True, "absent": ["GP201", "GP202", "GP704"]}, 90),
     ("fsdp2_broken", "tp_optimizer_before.py", 2,
      {"codes": ["GP202"], "culprits": ["up.weight", "down.bias"], "line": 39, "ranks": [0, 1]}, 90),
     ("spawn", "train.py", 1, {"codes": [], "healthy": True}, 90),
     ("spawn", "manual_average.py", 1, {"codes": [], "healthy": True, "absent": ["GP703", "GP704", "GP705", "GP706"]}, 90),
     ("spawn", "manual_average.py --scale_loss", 1, {"codes": [], "healthy": True, "absent": ["GP705"]}, 90),
+    ("ddp_broken", "local_update.py", 2,
+     {"codes": ["GP704"], "culprits": ["lateral.weight"], "line": 53, "ranks": [0, 1], "absent": ["GP705"]}, 90),
+    ("ddp_broken", "local_update.py --sync", 2, {"codes": [], "healthy": True, "absent": ["GP704", "GP705"]}, 90),
     ("ddp_nosync", "train.py", 2, {"codes": ["GP704"], "culprits": ["0.weight"], "ranks": [0, 1], "line": 31}, 90),
     ("spawn_broken", "sum_not_divided.py", 1, {"codes": ["GP705"], "culprits": ["0.weight", "2.weight"], "line": 33}, 90),
     ("spawn_broken", "not_broadcast.py", 1, {"codes": ["GP704"], "culprits": ["0.weight", "2.bias"], "line": 24}, 90),
@@ -82,7 +87,13 @@ async def _run(client, case, args: list[str]) -> dict:
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
 async def test_ranks_through_mcp(client, case):
-    await _run(client, case, ["--steps", "2"])
+    report = await _run(client, case, ["--steps", "2"])
+    if case[1] == "seed_per_rank.py":  # measured whole on each rank just before fully_shard sharded it
+        hit = next(f for f in report["findings"] if f["code"] == "GP704")
+        assert "when fully_shard sharded it at line 47" in hit["message"], hit["message"]
+    if case[1] == "local_update.py":  # equal at the first forward, written on each rank before the step: `changed`
+        hit = next(f for f in report["findings"] if f["code"] == "GP704")
+        assert "equal on every rank when the model was first called" in hit["message"], hit["message"]
 
 
 @pytest.mark.anyio

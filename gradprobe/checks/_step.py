@@ -14,12 +14,14 @@ from typing import Any, Literal
 
 import torch
 import torch.nn as nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from gradprobe.checks.loss_parts import LossParts, split_returned
 from gradprobe.checks.torchcompat import allocation_failure
 from gradprobe.flowchart import module_of
 
-__all__ = ["StepResult", "attempt_step", "call_model", "compute_loss", "default_loss", "floating_outputs", "module_of",
+__all__ = ["StepResult", "attempt_step", "backward_grads", "call_model",
+           "compute_loss", "default_loss", "floating_outputs", "module_of",
            "param_names", "run_step"]
 
 _PROJECTION_SEED = 1234
@@ -103,6 +105,42 @@ def scalar_loss(loss_fn: Any, out: Any, batch: Any) -> torch.Tensor:
     if loss is None or loss.numel() != 1 or not loss.requires_grad:
         raise ValueError("no scalar loss that requires grad")
     return loss.reshape(())
+
+
+def backward_grads(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+    """Each parameter's gradient as `loss.backward()` would accumulate it into `.grad`, without touching `.grad`
+    (None where the loss does not reach it).
+
+    `torch.autograd.grad(loss, params)` asks for each parameter's current gradient accumulator; a graph can hold an
+    older one for the same tensor, and backward still accumulates into `.grad` through it. A compiled forward that
+    assigns `param.data = ...` does that (aot_eager, torch 2.13: the accumulator in the graph is not the parameter's
+    any more, so autograd.grad returns None where backward gives the gradient). Here every accumulator the graph
+    reaches counts, found by the identity of the tensor it holds."""
+    held: dict[int, list[Any]] = {}
+    seen: set[int] = set()
+    todo = [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        var = getattr(node, "variable", None)
+        if isinstance(var, torch.Tensor):
+            held.setdefault(id(var), []).append(node)
+        todo.extend(child for child, _ in node.next_functions)
+    edges: list[GradientEdge] = []
+    owner: list[int] = []
+    for i, p in enumerate(params):
+        for edge in [GradientEdge(n, 0) for n in held.get(id(p), [])] or [get_gradient_edge(p)]:
+            edges.append(edge)
+            owner.append(i)
+    got = torch.autograd.grad(loss, edges, allow_unused=True)
+    out: list[torch.Tensor | None] = [None] * len(params)
+    for i, g in zip(owner, got, strict=True):
+        if g is not None:
+            prev = out[i]
+            out[i] = g if prev is None else prev + g
+    return out
 
 
 def loss_and_parts(loss_fn: Any, out: Any, batch: Any) -> tuple[Any, LossParts | None]:

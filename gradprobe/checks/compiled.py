@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import call_model, scalar_loss
+from gradprobe.checks._step import backward_grads, call_model, scalar_loss
 from gradprobe.checks.compiled_why import Why, explain, user_backend
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.userframes import UserCode
@@ -199,7 +199,7 @@ def _grads(module: nn.Module, eager: nn.Module, params: list[nn.Parameter], batc
         try:
             with torch.enable_grad():
                 out = call_model(module, _inputs_for(eager, batch))
-                got = torch.autograd.grad(scalar_loss(loss_fn, out, batch), params, allow_unused=True)
+                got = backward_grads(scalar_loss(loss_fn, out, batch), params)
         finally:
             with torch.no_grad():
                 for b, saved in buffers:

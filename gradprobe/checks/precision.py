@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import call_model, scalar_loss
+from gradprobe.checks._step import backward_grads, call_model, scalar_loss
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 
 UNDERFLOW = 0.5  # a parameter losing at least this fraction of its reference gradient entries to zero is an error
@@ -105,7 +105,7 @@ def _grads(model: nn.Module, names: list[str], batch: Any, loss_fn: Any) -> list
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         torch.manual_seed(_SEED)
         out = call_model(model, batch)
-        got = torch.autograd.grad(scalar_loss(loss_fn, out, batch), [params[n] for n in names], allow_unused=True)
+        got = backward_grads(scalar_loss(loss_fn, out, batch), [params[n] for n in names])
     return [None if g is None else g.detach() for g in got]
 
 

@@ -5,7 +5,9 @@ before and at its first optimizer step (gradprobe/scriptmode/rankwatch.py), comp
 - GP704 parameters that differ across ranks, or will after the step: the first one named, with the measured cause
   and its line (the ranks started from different weights: the line that built the parameter, when its checksums
   already differed at the first forward; their gradients differ because nothing averaged them: the script's own
-  all-reduce; DDP's `no_sync()` was still in force at the step: the `with model.no_sync():` line);
+  all-reduce; DDP's `no_sync()` was still in force at the step: the `with model.no_sync():` line; under FSDP2, whose
+  fully_shard broadcasts nothing, the whole values each rank built differed when fully_shard took them: the line
+  that built the parameter);
 - GP705 gradients all-reduced with SUM and not divided by the world size (the all-reduced gradient equals the sum of
   the ranks' gradients measured before the all-reduce);
 - GP706 a rank waiting in a collective the others never joined, until the script's share of the call's timeout;
@@ -16,7 +18,8 @@ Written from public reports: a rank-dependent branch that leaves parameters out 
 (https://github.com/facebookresearch/detr/issues/544), gradients synced while parameters were never broadcast
 (https://github.com/horovod/horovod/issues/672), an all-reduce sum left undivided
 (https://github.com/hpcaitech/ColossalAI/issues/3044), a collective called on one rank only
-(https://github.com/pytorch/pytorch/issues/54059).
+(https://github.com/pytorch/pytorch/issues/54059), a model seeded per rank before fully_shard
+(https://github.com/pytorch/torchtitan/issues/1777).
 """
 
 from __future__ import annotations
@@ -149,6 +152,18 @@ GP704: Rule[RankFacts] = Rule(
             fix="Do what changes the weights (a checkpoint load, a re-initialisation) before wrapping the model in "
                 "DistributedDataParallel at {wrap_line}, or on every rank; DDP broadcasts rank 0's weights only when "
                 "it is built."),
+        "shards_mixed": Situation(
+            when="the model is sharded with FSDP2's fully_shard, and a parameter's whole value differed across ranks "
+                 "just before fully_shard sharded it",
+            message="{name} had a different value on each rank when fully_shard sharded it at {shard_line} ({values}; "
+                    "{count} parameter(s) differ): fully_shard broadcasts nothing, each rank keeps its own slice of "
+                    "what it built, so the model that trains is pieced together from the ranks' different "
+                    "initialisations, a model no rank built (a seed that differs per rank, or a checkpoint loaded on "
+                    "some ranks only, before this line).",
+            fix="Build the model from the same seed on every rank (seed per rank only after fully_shard, for the data "
+                "and dropout), or load the checkpoint on every rank before fully_shard, or after it with "
+                "torch.distributed.checkpoint.state_dict.set_model_state_dict(model, state, "
+                "options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))."),
         "changed": Situation(
             when="the weights were equal when the model was first called, and differed at the first optimizer.step()",
             message="{name} differed across ranks when the first optimizer.step() ran ({values}; {count} parameter(s) "
@@ -219,6 +234,32 @@ def _first_reduce(rows: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any] 
                  if (row.get("reduced") or {}).get("location")), None)
 
 
+def _shard_rows(obs: dict[int, dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """name -> rank -> row, for parameters every rank measured whole just before fully_shard sharded them."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in sorted(obs):
+        for row in obs[r].get("params") or []:
+            if row.get("at_shard") is not None:
+                out.setdefault(row["name"], {})[r] = row
+    return {n: rows for n, rows in out.items() if len(rows) == len(obs)}
+
+
+def _shards_mixed(obs: dict[int, dict[str, Any]]) -> Iterator[Finding]:
+    """FSDP2: parameters whose whole values differed across ranks when fully_shard sharded them (at their build line)."""
+    rows = _shard_rows(obs)
+    differ = _differ(rows, "at_shard")
+    if not differ:
+        return
+    name, first = differ[0], obs[min(obs)]
+    rr = rows[name]
+    shard_line = _line(rr[min(rr)].get("sharded_by"))
+    evidence = {"ranks": sorted(obs), "at_fully_shard": {str(r): rr[r]["at_shard"] for r in rr},
+                "built_at": rr[min(rr)].get("built"), "sharded_by": rr[min(rr)].get("sharded_by")}
+    yield GP704.finding("shards_mixed", parameters=differ, location=rr[min(rr)].get("built") or first.get("step_location"),
+                        evidence=evidence, name=name, values=_values(rr, "at_shard"), count=len(differ),
+                        shard_line=shard_line)
+
+
 @GP704.detector
 def detect_ranks_diverge(facts: RankFacts) -> Iterator[Finding]:
     """Where the first difference arose: the values at the first forward already differ (the line that built the
@@ -226,6 +267,10 @@ def detect_ranks_diverge(facts: RankFacts) -> Iterator[Finding]:
     `with model.no_sync():` line, else the step)."""
     obs = facts.observations
     if len(obs) < 2:
+        return
+    mixed = list(_shards_mixed(obs))
+    if mixed:
+        yield from mixed
         return
     rows = _plain_rows(obs)
     first = obs[min(obs)]

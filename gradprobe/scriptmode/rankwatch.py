@@ -9,7 +9,8 @@ Installed in each rank process before the script (or the spawned worker's functi
 - where each parameter was built (the user's line that registered it in its module: a parameter registration hook),
   and a checksum of its value when a module holding it is first called with grad (before any step can move it);
 - the user's line that entered DDP's `no_sync()`, and the lines that called FSDP2's `fully_shard` (seen as FSDP2
-  registering its forward pre-hook on the module: no import of torch.distributed.fsdp needed);
+  registering its forward pre-hook on the module: no import of torch.distributed.fsdp needed), with a checksum of
+  each plain parameter it is about to shard, whole (FSDP2 broadcasts nothing: each rank keeps a slice of its own);
 - at the first `optimizer.step()` (a global step pre-hook, registered before the step watch's so it runs first):
   per parameter a checksum of its value and of its gradient (DTensors: their local shard, with their placements),
   whether DDP's gradient sync was on (`no_sync()`), and the rank as the process group says.
@@ -127,6 +128,8 @@ class RankWatch:
         self.no_sync_at: dict[str, Any] | None = None  # the user's line that last entered DDP's no_sync()
         self.reduce_at: dict[str, Any] | None = None  # the user's line of the script's first all_reduce
         self.sharded_at: list[dict[str, Any]] = []  # the user's lines that called fully_shard, in order
+        # (id(module), attribute) -> the whole parameter's checksum and build line just before fully_shard sharded it
+        self.at_shard: dict[tuple[int, str], tuple[float | None, dict[str, Any] | None, dict[str, Any] | None]] = {}
         self.taken = False
         self._undo: list[Any] = []
 
@@ -153,10 +156,28 @@ class RankWatch:
                 loc = watch.user.innermost(skip=2)
                 if loc is not None and loc not in watch.sharded_at:
                     watch.sharded_at.append(loc)
+                watch.note_shard(module, loc)
             return orig(module, hook, *args, **kwargs)
 
         nn.Module.register_forward_pre_hook = register_forward_pre_hook  # type: ignore[method-assign,assignment]
         self._undo.append((nn.Module, "register_forward_pre_hook", orig))
+
+    def note_shard(self, module: nn.Module, loc: dict[str, Any] | None) -> None:
+        """Each plain parameter fully_shard is about to shard (it registers its pre-hook first): its checksum whole,
+        local to this rank (FSDP2 broadcasts nothing: each rank keeps its own slice of what it built)."""
+        try:
+            for sub in module.modules():
+                for attr, p in sub._parameters.items():
+                    if p is not None and not hasattr(p, "placements") and not p.is_meta:
+                        self.at_shard.setdefault((id(sub), attr), (checksum(p), self.built_at(p), loc))
+        except Exception:  # ours: the check across ranks loses these parameters, the script's fully_shard goes on
+            pass
+
+    def _shard_sums(self, roots: list[nn.Module]) -> dict[int, tuple[float | None, dict[str, Any] | None,
+                                                                      dict[str, Any] | None]]:
+        """id(parameter now) -> its `at_shard` record (fully_shard replaced the tensor; the module and name stay)."""
+        return {id(p): self.at_shard[(id(sub), attr)] for root in roots for sub in root.modules()
+                for attr, p in sub._parameters.items() if p is not None and (id(sub), attr) in self.at_shard}
 
     def _param_registered(self, module: nn.Module, name: str, param: torch.Tensor | None) -> None:
         if param is not None and not self.taken and id(param) not in self.built:
@@ -339,15 +360,18 @@ class RankWatch:
         owners = _owners(params, roots)
         ddps = [m for m in roots if _is_ddp(m)]
         rows = []
+        at_shard = self._shard_sums(roots) if self.at_shard else {}
         for i, p in enumerate(params):
             _, placements = _local(p)
+            whole, built, sharded_by = at_shard.get(id(p), (None, None, None))
             red = self.reduced.get(id(p.grad)) if p.grad is not None else None
             owner = owners.get(id(p))
             rows.append({"name": names.get(id(p), f"param[{i}]"), "shape": list(p.shape), "placements": placements,
                          "requires_grad": bool(p.requires_grad),
                          "value": checksum(p), "grad": checksum(p.grad), "used": id(p) in self.used,
                          "site": self.sites.get(owner) if owner is not None else None, "reduced": red,
-                         "at_forward": self.at_forward.get(id(p)), "built": self.built_at(p),
+                         "at_forward": self.at_forward.get(id(p)), "built": built or self.built_at(p),
+                         "at_shard": whole, "sharded_by": sharded_by,
                          "at_wrap": self.at_wrap.get(id(p), (None, None))[0],
                          "wrapped_at": self.at_wrap.get(id(p), (None, None))[1]})
         initialized = dist.is_available() and dist.is_initialized()
