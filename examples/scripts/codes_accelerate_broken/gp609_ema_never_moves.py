@@ -51,4 +51,4 @@ for _epoch in range(args.epochs):
         optimizer.step()
         with torch.no_grad():
             for e, p in zip(net.ema_teacher.parameters(), net.student.parameters(), strict=True):
-                e = DECAY * e + (1 - DECAY) * p  # noqa: PLW2901 (the bug: rebinds e, the teacher never changes)
+                e = DECAY * e + (1 - DECAY) * p  # the bug: rebinds e, the teacher never changes

@@ -39,7 +39,7 @@ class LitMeanTeacher(L.LightningModule):
     def on_train_batch_end(self, outputs, batch, batch_idx):
         with torch.no_grad():
             for e, p in zip(self.ema_teacher.parameters(), self.student.parameters(), strict=True):
-                e = DECAY * e + (1 - DECAY) * p  # noqa: PLW2901 (the bug: rebinds e, the teacher never changes)
+                e = DECAY * e + (1 - DECAY) * p  # the bug: rebinds e, the teacher never changes
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.student.parameters(), lr=1e-3)
