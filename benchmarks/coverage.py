@@ -57,6 +57,10 @@ NOTES = {
     ("GP618", "HF Trainer"): "tried, not kept: the Trainer's default clipping (max_grad_norm=1) and linear decay kept "
                              "a head at lr 10 below the rule's threshold (update/weight 1.0, then 0.26, 0.19, 0.21 with "
                              "SGD; 1.0 then 0.08 with AdamW); the rule asks for >= 0.5 at every step",
+    ("GP618", "Lightning"): "tried, not kept: a head group at lr 10, 30 and 100 (SGD, configure_optimizers) measured "
+                            "update/weight 0.497-1.21, 0.47-1.21 and 0.465-1.24 over 4 steps: one step each time below "
+                            "the rule's 0.5 at every step (the ratio is taken against the weights after the update, "
+                            "which the oversized steps grew)",
 }
 
 
