@@ -48,3 +48,18 @@ async def test_script_code_through_mcp(client, path):
         assert any(os.path.basename(f["location"]["file"]) == path.name for f in hits), hits
     else:
         assert report["ok"], report["findings"]
+
+
+@pytest.mark.anyio
+async def test_diagnose_with_steps_reports_a_scaler_that_skipped_every_step(client):
+    """No optimizer step ran (the GradScaler skipped each one): the audit has nothing else to judge, and diagnose
+    with steps still reports GP617 at the loss's line (it used to be a false GP112 "no training step")."""
+    path = ROOT / "examples" / "scripts" / "codes_loop_broken" / "gp617_scaler_skips_every_step.py"
+    target = {"project_dir": str(path.parent), "script": path.name, "args": ["--steps=8"], "timeout_s": 240}
+    result = await client.call_tool("diagnose", {"target": target, "steps": 3})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    codes = [f["code"] for f in report["findings"]]
+    assert "GP000" not in codes and "GP112" not in codes, report["findings"]
+    f = next(f for f in report["findings"] if f["code"] == "GP617")
+    assert f["location"]["line"] == 32 and f["severity"] == "error", f

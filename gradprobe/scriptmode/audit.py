@@ -111,7 +111,7 @@ def _diagnose_after(audit: ToolError | dict[str, Any], target: dict[str, Any], o
 
     if isinstance(audit, ToolError):
         audit_or_note: dict[str, Any] | str = f"the audit of the watched steps failed: {audit.tool_error[:300]}"
-    elif "headline" not in (audit.get("facts") or {}):
+    elif "headline" not in (audit.get("facts") or {}) and not audit.get("findings"):
         audit_or_note = (audit.get("summary") or "no optimizer step was watched").splitlines()[-1][:300]
     else:
         audit_or_note = audit
