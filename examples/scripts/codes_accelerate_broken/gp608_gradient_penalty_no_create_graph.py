@@ -12,10 +12,9 @@ import argparse
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-EXPECT = {"tool": "audit_training", "codes": ["GP608"], "culprits": [], "line": 36, "args": ["--epochs=1"],
+EXPECT = {"tool": "audit_training", "codes": ["GP608"], "culprits": [], "line": 35, "args": ["--epochs=1"],
           "options": {"steps": 3}}
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
