@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 EXPECT = {"tool": "audit_training", "codes": [], "healthy": True, "args": ["--max_steps=8"], "options": {"steps": 4},
-          "absent": ["GP603", "GP605", "GP618"]}
+          "absent": ["GP603", "GP605", "GP606", "GP618"]}
 parser = argparse.ArgumentParser()
 parser.add_argument("--max_steps", type=int, default=100)
 parser.add_argument("--output_dir", default="out")
