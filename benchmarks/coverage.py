@@ -138,7 +138,8 @@ def _cell(matrix: dict[tuple[str, str], Cell], code: str, setting: str, foot: di
         mark = f" [{foot.setdefault(why, len(foot) + 1)}]"
     if cell is None:
         return ("n/a" if (code, setting) in NOT_APPLICABLE else "-") + mark
-    return f"{len(cell['buggy'])} / {len(cell['healthy'])}{mark}"
+    counts = f"{len(cell['buggy'])} / {len(cell['healthy'])}"
+    return (f"n/a ({counts})" if (code, setting) in NOT_APPLICABLE else counts) + mark
 
 
 def coverage_markdown() -> str:
@@ -151,7 +152,8 @@ def coverage_markdown() -> str:
         "tests/test_audit_scripts.py; tests/test_coverage_matrix.py checks that it is current.", "",
         "Each cell: buggy examples / healthy twins that a test runs through the real server (a healthy twin is a "
         "healthy example on which the test asserts the code is not raised). `-`: none yet; `n/a`: the code cannot "
-        "apply there (the note says why). The build_model() form is run by tests/test_examples.py; "
+        "apply there (the note says why; counts beside it: healthy runs that check it stays absent). "
+        "The build_model() form is run by tests/test_examples.py; "
         "examples/scripts/codes_* by tests/test_script_codes.py; the other script projects by "
         "tests/test_audit_scripts.py.", "",
         "| code | name | " + " | ".join(SETTINGS) + " |",
