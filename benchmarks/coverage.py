@@ -41,6 +41,8 @@ NOT_APPLICABLE = {
     ("GP607", "Lightning"): "configure_optimizers() is called once per fit",
     ("GP607", "HF Trainer"): "the Trainer builds its optimizer once per train()",
     ("GP610", "HF Trainer"): "Trainer.training_step() calls model.train() at every step",
+    ("GP612", "build_model()"): "that form has no epoch: `inputs` returns one batch and the step is called on it again "
+                                "and again (a schedule has no epoch to be measured against)",
     ("GP615", "Lightning"): _GRADSCALER,
     ("GP615", "HF Trainer"): _GRADSCALER,
     ("GP615", "accelerate"): _GRADSCALER,
