@@ -9,7 +9,8 @@ Where each example comes from (read with `ast`, nothing is run):
   twin: a healthy example whose `absent` lists the code (the test asserts the code is not raised on it).
 - examples/scripts/codes_*/*.py (run by tests/test_script_codes.py): the same EXPECT header, in the script.
 - the script projects of tests/test_audit_scripts.py (its CASES and DIAGNOSE lists): the expectation the test gives;
-  a healthy project is the twin of the codes its `absent` lists and of those its `_broken` twin expects.
+  a healthy project is the twin of the codes its `absent` lists and of those its `_broken` twin expects;
+- the few script projects a test was written for (DEDICATED below), where that test names them.
 The setting of a script is what it imports: lightning, transformers' Trainer, accelerate, else a plain loop.
 """
 
@@ -64,6 +65,16 @@ NOTES = {
                             "the rule's 0.5 at every step (the ratio is taken against the weights after the update, "
                             "which the oversized steps grew)",
 }
+
+
+# script projects checked by a test written for them (not a case list): (code, project, buggy or healthy, test file).
+# Each counts only where the project exists and the test file names it.
+DEDICATED = [
+    ("GP611", "steps_accum_twice_broken", "buggy", "test_accumulation_schedule.py"),
+    ("GP611", "steps_accum_tokens", "healthy", "test_accumulation_schedule.py"),
+    ("GP612", "steps_scheduler_broken", "buggy", "test_accumulation_schedule.py"),
+    ("GP612", "steps_scheduler", "healthy", "test_accumulation_schedule.py"),
+]
 
 
 def _expect(tree: ast.Module) -> dict | None:
@@ -129,6 +140,11 @@ def collect(codes: set[str]) -> dict[tuple[str, str], Cell]:
         twin = cases.get(f"{project}_broken", {}) if expect.get("healthy") else {}
         _from_header(matrix, {**expect, "absent": list(expect.get("absent") or []) + list(twin.get("codes") or [])},
                      _setting(source), f"{project}/", codes)
+    for code, project, kind, test in DEDICATED:
+        test_path, folder = ROOT / "tests" / test, SCRIPTS / project
+        if code in codes and folder.is_dir() and test_path.is_file() and f'"{project}"' in test_path.read_text():
+            source = "\n".join(p.read_text() for p in sorted(folder.glob("*.py")))
+            _add(matrix, code, _setting(source), kind, f"{project}/")
     return matrix
 
 
