@@ -22,6 +22,7 @@ from gradprobe.sandbox.protocol import ToolError
 if TYPE_CHECKING:
     import torch
 
+    from gradprobe.checks.steps.amp import ScalerWatch
     from gradprobe.checks.steps.facts import AuditFacts
     from gradprobe.loading import BuildRecord
     from gradprobe.scriptmode.run import ScriptRun
@@ -39,6 +40,7 @@ class _State:
 
 def run_audit_job(target: dict[str, Any], options: dict[str, Any], progress: Callable[[str], None],
                   diagnose: bool = False) -> ToolError | dict[str, Any]:
+    from gradprobe.checks.steps.amp import ScalerWatch
     from gradprobe.loading import BuildRecord, BuildRecorder, seed_everything
     from gradprobe.scriptmode.first_step import deliver_and_exit, left_out
     from gradprobe.scriptmode.observe import StepWatch, StopScript
@@ -54,15 +56,17 @@ def run_audit_job(target: dict[str, Any], options: dict[str, Any], progress: Cal
     watch.passive = True
     observer = ScriptSteps(watch, steps, record)
     recorder = BuildRecorder(user, record)
+    amp = ScalerWatch(user, observer)  # clipping before unscale_ (GP615), the losses a GradScaler scaled (GP617)
     state = _State()
     t0 = time.monotonic()
 
     def finish(run: ScriptRun) -> ToolError | dict[str, Any]:
         observer.__exit__(None, None, None)
         recorder.__exit__(None, None, None)
+        amp.__exit__(None, None, None)
         report: ToolError | dict[str, Any]
         try:
-            report = audit_script_report(observer, record, run, steps, target)
+            report = audit_script_report(observer, record, run, steps, target, amp)
         except Exception as exc:  # ours; never let it reach the script's own `except`, never blame the script
             report = left_out("audit_training", exc, "gradprobe's judgement of the watched steps")
         if diagnose:
@@ -92,7 +96,7 @@ def run_audit_job(target: dict[str, Any], options: dict[str, Any], progress: Cal
 
     observer.stop = stop
     watch.on_stuck = on_stuck
-    with recorder, observer:
+    with recorder, observer, amp:
         run = run_script(target, watch, progress, lambda r: setattr(state, "run", r))
     return state.report if state.report is not None else finish(run)
 
@@ -107,7 +111,7 @@ def _diagnose_after(audit: ToolError | dict[str, Any], target: dict[str, Any], o
 
     if isinstance(audit, ToolError):
         audit_or_note: dict[str, Any] | str = f"the audit of the watched steps failed: {audit.tool_error[:300]}"
-    elif "headline" not in (audit.get("facts") or {}):
+    elif "headline" not in (audit.get("facts") or {}) and not audit.get("findings"):
         audit_or_note = (audit.get("summary") or "no optimizer step was watched").splitlines()[-1][:300]
     else:
         audit_or_note = audit
@@ -137,8 +141,10 @@ def _ended(run: ScriptRun) -> str:
 
 
 def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptRun, steps: int,
-                        target: dict[str, Any]) -> dict[str, Any]:
+                        target: dict[str, Any], amp: ScalerWatch | None = None) -> dict[str, Any]:
+    from gradprobe.checks.steps.amp import AMP_RULES
     from gradprobe.checks.steps.engine import facts_report
+    from gradprobe.findings import run_rules
     from gradprobe.scriptmode.run import no_step_report
 
     if observer.done == 0:
@@ -147,9 +153,12 @@ def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptR
             return make_report("audit_training", [], [
                 "The script ran backward() with no optimizer in existence: audit_training watches optimizer steps, so "
                 "there was nothing to audit (diagnose checks such a step)."], note="no optimizer")
+        if observer.scaler_steps and amp is not None:
+            return _all_skipped_report(observer, amp, steps, run)
         return no_step_report("audit_training", run, target)
     facts = script_facts(observer, record)
-    report = facts_report(facts, owners=observer.owners)
+    scaled = run_rules(AMP_RULES, amp.amp_facts(facts.scaler_steps)) if amp is not None else []
+    report = facts_report(facts, extra=scaled, owners=observer.owners)
     opt = observer.main_opt
     step_facts: dict[str, Any] = {
         "watched": "the script's own steps, as they ran (nothing replayed)", "optimizer_steps_watched": observer.done,
@@ -172,6 +181,22 @@ def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptR
             first + ("\n" + rest if rest else "")
     report["facts"]["script_step"] = step_facts
     return report
+
+
+def _all_skipped_report(observer: ScriptSteps, amp: ScalerWatch, steps: int, run: ScriptRun) -> dict[str, Any]:
+    """Every scaler.step() the script called skipped its optimizer step: no optimizer step to audit but that."""
+    from gradprobe.checks.steps.amp import AMP_RULES
+    from gradprobe.findings import run_rules
+
+    found = run_rules(AMP_RULES, amp.amp_facts(observer.scaler_steps))
+    n = len(observer.scaler_steps)
+    ended = f"stopped after {n} skipped steps" if n > steps else run.ended
+    return make_report("audit_training", found, [
+        f"The script's GradScaler skipped the optimizer step at all {n} of its scaler.step() calls: no optimizer step "
+        "ran, so the steps' other measurements have nothing to judge."],
+        script_step={"watched": "the script's own steps, as they ran (nothing replayed)", "optimizer_steps_watched": 0,
+                     "scaler_steps_skipped": n, "ended": ended},
+        scaler_steps=[{"scale": s.scale, "skipped": s.skipped, "location": s.location} for s in observer.scaler_steps])
 
 
 def script_facts(observer: ScriptSteps, record: BuildRecord) -> AuditFacts:

@@ -202,6 +202,8 @@ class ScriptSteps(StepObserver):
         if self.main_opt is None:
             self.main_opt = opt
             self.first_step_at = time.perf_counter()
+        elif opt is not self.main_opt and self._replaces_main(opt):
+            self.main_opt = opt  # rebuilt over the model after a main step (per epoch, GP607): its steps are the steps
         if opt is self.main_opt and self.done >= self.steps and self.stop is not None:
             self.measure_outside()
             self.close_window()
@@ -221,6 +223,10 @@ class ScriptSteps(StepObserver):
         if "closure" in kwargs:
             return args, dict(kwargs, closure=observed_closure)
         return (args[0], observed_closure, *args[2:]), kwargs
+
+    def _replaces_main(self, opt: Any) -> bool:
+        """An optimizer built after a main step, over the model's parameters, that now steps in the main one's place."""
+        return any(b.optimizer == id(opt) and b.call >= 1 and b.overlaps_model for b in self.built)
 
     def _measure(self, opt: Any, args: Any, kwargs: Any) -> None:
         if opt is self.main_opt:
@@ -318,6 +324,19 @@ class ScriptSteps(StepObserver):
         self._patch(_BaseDataLoaderIter, "__next__", next_)
         self._patch(LRScheduler, "__init__", sched_init)
         return self
+
+    def _wrap_scaler_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        base = super()._wrap_scaler_step(orig)
+        observer = self
+
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            result = base(scaler, optimizer, *args, **kwargs)
+            # a GradScaler that skipped every optimizer step: no main step will come, stop after as many as `steps`
+            if observer.done == 0 and len(observer.scaler_steps) > observer.steps and observer.stop is not None:
+                observer.stop(optimizer, observer.user.innermost())  # raises StopScript
+            return result
+
+        return step
 
     def _wrap_opt_init(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         base = super()._wrap_opt_init(orig)

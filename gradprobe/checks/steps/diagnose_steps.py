@@ -137,7 +137,8 @@ def merge_audit(report: dict[str, Any], steps: int, findings: list[Finding], fac
     facts["checks"].append("steps")
     if "headline" not in audit_facts:  # the audit did not run (script mode, no optimizer): say why
         facts["steps"]["note"] = report.get("summary", "")
-        return findings, [f"Steps: not audited ({report.get('summary', '').splitlines()[-1]})"]
+        measured = [f for f in report.get("findings") or [] if f["code"].startswith("GP6")]  # a scaler that skipped all
+        return findings + measured, [f"Steps: not audited ({report.get('summary', '').splitlines()[-1]})"]
     kept, lines = settle_ema(check_by_design(loaded, findings, facts, audit) if loaded is not None else findings,
                              ema_moved(audit_facts),
                              int(audit_facts.get("steps") or steps))

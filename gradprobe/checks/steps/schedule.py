@@ -84,10 +84,14 @@ def pace(sched: Any, events: list[Event], opt_id: int, steps: int, loader: list[
     after = {e.call for e in mine if 1 <= e.call <= steps - 1}
     before = {e.call for e in mine if 0 <= e.call <= steps - 2}
     stepped = max(len(after), len(before))
+    location = mine[0].location if mine else built
+    stepped_at = {at(e.location) for e in events if e.kind == "optimizer_step" and e.location is not None}
+    if mine and built is not None and location is not None and at(location) in stepped_at:
+        location = built  # stepped inside a framework's call (Lightning's fit()): the line that built it is the user's
     return SchedulePace(scheduler=type(sched).__name__, period_name=found[0], period=found[1], scheduler_steps=stepped,
                         optimizer_steps=steps, steps_per_epoch=max(1, round(batches / per_step)),
                         batches_per_epoch=batches, batches_per_step=per_step,
-                        location=mine[0].location if mine else built)
+                        location=location)
 
 
 @GP612.detector
