@@ -53,6 +53,7 @@ FULL_BATCH_RULES: tuple[Rule[AuditFacts], ...] = (GP611,)
 
 # per group, the parameters nearest the loss holding this share of its elements are compared (nearest)
 NEAR_SHARE = 0.05
+MAX_NODES = 1_000_000  # a larger graph is not walked: every parameter's gradient is then taken
 # a ratio within this band of 1/k is 1/k (dropout and BatchNorm make the two gradients differ a little)
 LOW, HIGH = 0.75, 1.33
 
@@ -160,13 +161,13 @@ def _group_params(step: OptStep, moving: list[torch.Tensor], index: int) -> list
     return [p for p in moving if id(p) in ids]
 
 
-def depths(loss: torch.Tensor) -> dict[int, int]:
+def depths(loss: torch.Tensor) -> dict[int, int] | None:
     """id(parameter) -> the longest path from the loss to it in the loss's graph. autograd computes a parameter's
     gradient through every node on a path from the loss to it, so the longest path bounds that work: a weight tied to
-    the embedding is as far as the embedding."""
+    the embedding is as far as the embedding. None: a graph over MAX_NODES nodes, not walked."""
     root = loss.grad_fn
     if root is None:
-        return {}
+        return None
     edges: dict[Any, int] = {root: 0}  # node -> incoming edges not yet relaxed
     order, i = [root], 0
     while i < len(order):
@@ -177,6 +178,8 @@ def depths(loss: torch.Tensor) -> dict[int, int]:
                     order.append(nxt)
                 edges[nxt] += 1
         i += 1
+        if i > MAX_NODES:
+            return None
     depth, ready, out = {root: 0}, [root], {}
     while ready:  # Kahn's order: a node is relaxed once every path into it has been
         node = ready.pop()
@@ -201,6 +204,8 @@ def nearest(loss: torch.Tensor, groups: list[list[torch.Tensor]]) -> tuple[list[
     of the coordinates has the same ratio, and only the backward through the last layers is paid. Returns every
     parameter the loss reaches, and those kept per group."""
     depth = depths(loss)
+    if depth is None:  # every parameter, as one backward would
+        return [p for g in groups for p in g], groups
     out: list[list[torch.Tensor]] = []
     every: list[torch.Tensor] = []
     for params in groups:
