@@ -203,7 +203,10 @@ def nearest(loss: torch.Tensor, groups: list[list[torch.Tensor]]) -> tuple[list[
     of equal micro-batches), or exactly it (a token-mean normalised by the whole batch), as vectors, so every subset
     of the coordinates has the same ratio, and only the backward through the last layers is paid. Returns every
     parameter the loss reaches, and those kept per group."""
-    depth = depths(loss)
+    try:
+        depth = depths(loss)
+    except Exception:  # a graph node of an unexpected kind: nothing is left out for it
+        depth = None
     if depth is None:  # every parameter, as one backward would
         return [p for g in groups for p in g], groups
     out: list[list[torch.Tensor]] = []
