@@ -26,6 +26,7 @@ async def test_divided_twice_is_told_from_a_token_mean_loss_by_the_full_batch_ra
     assert healthy["ok"] and not healthy["findings"], healthy["findings"]
     fb = healthy["facts"]["full_batch"]
     assert fb["ratio"] == pytest.approx(1.0, abs=1e-4) and fb["loss_factors"][0] == pytest.approx(1 / 48)
+    assert 0 < fb["compared_parameters"] < fb["of_parameters"], fb  # the parameters nearest the loss: the same ratio
     assert any("as one batch (loss_fn on the whole batch" in v and ": 1.000x" in v for v in healthy["facts"]["verified"])
 
 

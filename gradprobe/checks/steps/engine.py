@@ -114,6 +114,7 @@ class _Run:
         self.error_location: dict | None = None
         self.limit: dict[str, Any] | None = None
         self.schedulers = _schedulers_of(loaded.optimizer) if loaded.train_step is None and loaded.optimizer else []
+        self.last_weights: dict[int, float] = {}  # each parameter's weight norm after the last call
         self.full_batch: FullBatch | None = None
         self.full_batch_left_out: str | None = None
         self.observer.keep_accumulating = loaded.train_step is not None
@@ -145,7 +146,10 @@ class _Run:
     def _call(self, k: int, moved_last: set[int]) -> set[int]:
         params = self._params()
         self.ran = k + 1
-        before = _weights(params)
+        # the weights as the previous call left them (nothing runs between two calls but gradprobe's reads): only a
+        # parameter that appeared since is measured again
+        before = {pid: w for pid, w in self.last_weights.items() if pid in params}
+        before.update(_weights({pid: p for pid, p in params.items() if pid not in before}))
         copies = self._ema_copies(moved_last)
         n_steps = len(self.observer.opt_steps)
         self.observer.call = self.owners.call = k
@@ -169,7 +173,7 @@ class _Run:
             for sched in self.schedulers:
                 sched.step()
         self.observer.call = -1
-        after = _weights({pid: p for pid, p in self._params().items() if pid in before})
+        after = self.last_weights = _weights({pid: p for pid, p in self._params().items() if pid in before})
         last_weight = {pid: ps.weight for s in self.observer.opt_steps[n_steps:] for pid, ps in s.params.items()
                        if ps.weight is not None}
         moved = set()

@@ -193,6 +193,10 @@ class FullBatch:
     zeroed_inside: bool = False  # zero_grad() ran between the micro-batches
     step_index: int = 0  # its index among the observed optimizer steps
     factors: list[float | None] = field(default_factory=list)  # each micro-batch loss's constant factor (accumulation.py)
+    compared: int = 0  # the parameters both gradients were taken over (fullbatch.nearest: those nearest the loss)
+    elements: int = 0  # ... and their elements
+    of_params: int = 0  # the step's parameters with a gradient that the loss reaches
+    of_elements: int = 0
 
     @property
     def ratio(self) -> float | None:

@@ -5,7 +5,10 @@ pre-step copy of the weights its update norm already took (observe.py `keep_accu
 After the user's call has returned, `measure` puts those weights back for a moment and takes the gradient of the
 same batch as ONE batch: the target's `loss_fn(model(batch), batch)` (or the model's own `.loss`), with
 torch.autograd.grad, so no `.grad` is touched; the random state and the buffers (BatchNorm statistics) are restored
-and the trained weights put back. A target with neither a loss_fn nor a `.loss` is not measured (its default loss is
+and the trained weights put back. The gradient is taken only for the parameters nearest the loss (per group, those
+holding 5% of its elements; `nearest`), so the backward stops after the last layers: accumulation scales the whole
+gradient vector by one factor, which any subset of it shows. The accumulated norm is taken over the same
+parameters. A target with neither a loss_fn nor a `.loss` is not measured (its default loss is
 a random projection, not the step's loss). Nothing here is blamed on the user: a failure is a left-out line.
 
 With micro-batches of one batch, the accumulated gradient should equal the full-batch one (ratio 1.00). A ratio of
@@ -62,6 +65,9 @@ GP611: Rule[AuditFacts] = Rule(
 
 FULL_BATCH_RULES: tuple[Rule[AuditFacts], ...] = (GP611,)
 
+# per group, the parameters nearest the loss holding this share of its elements are compared (nearest)
+NEAR_SHARE = 0.05
+MAX_NODES = 1_000_000  # a larger graph is not walked: every parameter's gradient is then taken
 # a ratio within this band of 1/k is 1/k (dropout and BatchNorm make the two gradients differ a little)
 LOW, HIGH = 0.75, 1.33
 
@@ -77,7 +83,7 @@ def detect_divided_twice(facts: AuditFacts) -> Iterator[Finding]:
     if LOW <= fb.ratio * fb.k <= HIGH:
         factor = _factor_text(fb)
         yield GP611.finding(location=fb.location, evidence=_evidence(fb), k=fb.k, line=at(fb.location),
-                            step_line=at(fb.step_location), loss=fb.loss, full=fb.full, accumulated=fb.accumulated,
+                            step_line=at(fb.step_location), loss=fb.loss + _over(fb), full=fb.full, accumulated=fb.accumulated,
                             ratio=fb.ratio, factor=factor)
 
 
@@ -99,10 +105,19 @@ def _factor_text(fb: FullBatch) -> str:
     return "a constant factor"
 
 
+def _over(fb: FullBatch) -> str:
+    """Which parameters both gradients were taken over, when not all (nearest)."""
+    if fb.compared >= fb.of_params:
+        return ""
+    return (f", over the {fb.compared} of {fb.of_params} parameters nearest the loss: {fb.elements:,} of "
+            f"{fb.of_elements:,} elements")
+
+
 def _evidence(fb: FullBatch) -> dict[str, Any]:
     return {"micro_batches": fb.k, "accumulated_norm": fb.accumulated, "full_batch_norm": fb.full,
             "ratio": round(fb.ratio, 6) if fb.ratio is not None else None, "full_batch_loss": fb.loss,
-            "loss_factors": fb.factors,
+            "loss_factors": fb.factors, "compared_parameters": fb.compared, "of_parameters": fb.of_params,
+            "compared_elements": fb.elements, "of_elements": fb.of_elements,
             "per_group": [{"group": g, "accumulated": a, "full_batch": f,
                            "ratio": round(a / f, 6) if a is not None and f else None} for g, a, f in fb.groups]}
 
@@ -120,7 +135,7 @@ def full_batch_line(fb: FullBatch | None) -> list[str]:
         return []
     groups = "; ".join(f"group {g} {a / f:.3f}x" for g, a, f in fb.groups if a is not None and f)
     return [f"accumulated gradient of {fb.k} micro-batches (step {fb.call + 1}, {at(fb.step_location)}) against the "
-            f"gradient of the same batch as one batch ({fb.loss}, same pre-step weights, measured after the step): "
+            f"gradient of the same batch as one batch ({fb.loss}{_over(fb)}, same pre-step weights, measured after the step): "
             f"{fb.ratio:.3f}x (norms {fb.accumulated:.4g} and {fb.full:.4g})" + (f"; {groups}" if groups else "")]
 
 
@@ -153,6 +168,7 @@ def measure(loaded: Any, observed: list[OptStep], step: OptStep, moving: list[to
             if loss.numel() != 1 or not loss.requires_grad:
                 return None, "the loss on the whole batch is not a scalar that requires grad"
             groups = [[p for p in _group_params(step, moving, i) if p.requires_grad] for i in range(len(step.groups))]
+            reached, groups = nearest(loss, groups)
             flat = [p for g in groups for p in g]
             grads = torch.autograd.grad(loss, flat, allow_unused=True)
     finally:
@@ -162,7 +178,9 @@ def measure(loaded: Any, observed: list[OptStep], step: OptStep, moving: list[to
             for b, saved in buffers:
                 b.copy_(saved)
     by_id = {id(p): g for p, g in zip(flat, grads, strict=True)}
-    return _compare(step, index, groups, by_id, source, scale), None
+    fb = _compare(step, index, groups, by_id, source, scale)
+    fb.of_params, fb.of_elements = len(reached), sum(p.numel() for p in reached)
+    return fb, None
 
 
 def _group_params(step: OptStep, moving: list[torch.Tensor], index: int) -> list[torch.Tensor]:
@@ -170,21 +188,95 @@ def _group_params(step: OptStep, moving: list[torch.Tensor], index: int) -> list
     return [p for p in moving if id(p) in ids]
 
 
+def depths(loss: torch.Tensor) -> dict[int, int] | None:
+    """id(parameter) -> the longest path from the loss to it in the loss's graph. autograd computes a parameter's
+    gradient through every node on a path from the loss to it, so the longest path bounds that work: a weight tied to
+    the embedding is as far as the embedding. None: a graph over MAX_NODES nodes, not walked."""
+    root = loss.grad_fn
+    if root is None:
+        return None
+    edges: dict[Any, int] = {root: 0}  # node -> incoming edges not yet relaxed
+    order, i = [root], 0
+    while i < len(order):
+        for nxt, _ in order[i].next_functions:
+            if nxt is not None:
+                if nxt not in edges:
+                    edges[nxt] = 0
+                    order.append(nxt)
+                edges[nxt] += 1
+        i += 1
+        if i > MAX_NODES:
+            return None
+    depth, ready, out = {root: 0}, [root], {}
+    while ready:  # Kahn's order: a node is relaxed once every path into it has been
+        node = ready.pop()
+        d = depth[node]
+        var = getattr(node, "variable", None)
+        if isinstance(var, torch.Tensor):
+            out[id(var)] = d
+        for nxt, _ in node.next_functions:
+            if nxt is not None:
+                depth[nxt] = max(depth.get(nxt, 0), d + 1)
+                edges[nxt] -= 1
+                if not edges[nxt]:
+                    ready.append(nxt)
+    return out
+
+
+def nearest(loss: torch.Tensor, groups: list[list[torch.Tensor]]) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    """Per group, the parameters nearest the loss (longest path, `depths`), the nearest first, until they hold
+    NEAR_SHARE of the group's elements that the loss reaches (all those at the last depth taken). Accumulation scales
+    the whole gradient: k micro-batch losses each multiplied by f give k*f times the full-batch gradient (mean losses
+    of equal micro-batches), or exactly it (a token-mean normalised by the whole batch), as vectors, so every subset
+    of the coordinates has the same ratio, and only the backward through the last layers is paid. Returns every
+    parameter the loss reaches, and those kept per group."""
+    try:
+        depth = depths(loss)
+    except Exception:  # a graph node of an unexpected kind: nothing is left out for it
+        depth = None
+    if depth is None:  # every parameter, as one backward would
+        return [p for g in groups for p in g], groups
+    out: list[list[torch.Tensor]] = []
+    every: list[torch.Tensor] = []
+    for params in groups:
+        reached = sorted((p for p in params if id(p) in depth), key=lambda p: depth[id(p)])
+        every += reached
+        total, n = sum(p.numel() for p in reached), 0
+        kept: list[torch.Tensor] = []
+        for p in reached:
+            if kept and n >= NEAR_SHARE * total and depth[id(p)] > depth[id(kept[-1])]:
+                break
+            kept.append(p)
+            n += p.numel()
+        out.append(kept)
+    return every, out
+
+
 def _norm(ts: list[torch.Tensor]) -> float:
     return float(sum(float((t.detach().double() ** 2).sum()) for t in ts) ** 0.5) if ts else 0.0
 
 
+def _total(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(v * v for v in known) ** 0.5 if known else None
+
+
 def _compare(step: OptStep, index: int, groups: list[list[torch.Tensor]], grads: Mapping[int, torch.Tensor | None],
              source: str, scale: float) -> FullBatch:
+    """Both gradients over the same parameters (those `nearest` kept): the accumulated one from the norms the observer
+    took after the last micro-batch backward() (before clipping), the full-batch one from `grads`."""
     rows: list[tuple[int, float | None, float | None]] = []
     acc_total = full_total = 0.0
     for g, params in zip(step.groups, groups, strict=True):
         full = _norm([t for p in params if (t := grads.get(id(p))) is not None])
-        acc = g.grad_after_backward / scale if g.grad_after_backward is not None else None
+        acc = _total([step.params[id(p)].grad_after_backward for p in params])
+        acc = acc / scale if acc is not None else None
         rows.append((g.index, acc, full if params else None))
         acc_total += (acc or 0.0) ** 2
         full_total += full ** 2
     zeroed = any(0 < n < len(step.backwards) for _, n in step.zero_grads_between)
+    compared = [p for ps in groups for p in ps]
     return FullBatch(call=step.call, step_index=index, k=len(step.backwards), location=step.backwards[0].location,
                      step_location=step.location, loss=source, accumulated=acc_total ** 0.5, full=full_total ** 0.5,
-                     groups=rows, zeroed_inside=zeroed)
+                     groups=rows, zeroed_inside=zeroed, compared=len(compared),
+                     elements=sum(p.numel() for p in compared))

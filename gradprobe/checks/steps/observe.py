@@ -416,9 +416,15 @@ class StepObserver:
         step = self.opt_steps[-1]
         moving, copies = self._snap
         self._snap = None
-        updates = norms(torch._foreach_sub([p.detach() for p in moving], copies)) if moving else []
-        if self.keep_accumulating and len(step.backwards) > 1 and self.pre_step is None:
+        keep = self.keep_accumulating and len(step.backwards) > 1 and self.pre_step is None
+        if keep:  # the copy stays the pre-step weights (fullbatch.py): the update in a new tensor
+            updates = norms(torch._foreach_sub([p.detach() for p in moving], copies)) if moving else []
             self.pre_step, self.keep_accumulating = (step, moving, copies), False
+        elif moving:  # the update written into the copy itself: no second parameter-size allocation
+            torch._foreach_sub_(copies, [p.detach() for p in moving])
+            updates = norms(copies)
+        else:
+            updates = []
         del copies
         upd = {id(p): u for p, u in zip(moving, updates, strict=True)}
         weights = dict(zip((id(p) for p in moving), norms(list(moving)), strict=True)) if moving else {}
