@@ -65,6 +65,7 @@ class ScriptSteps(StepObserver):
         self._loader_len: int | None = None  # len() of the DataLoader that gave the last batch (None: no len)
         self.loader: list[tuple[int | None, int]] = []  # per main step: (that len, batches fetched since the last step)
         self.scheduler_sites: dict[int, dict | None] = {}  # id(scheduler) -> the user's line that built it
+        self._guard_depth = 0  # nested measurements count once
         self._hook_seconds_in_span = 0.0  # ... up to the last watched step (the span cost() reports)
         self.copy_writes: list[dict[int, int]] = []  # per interval: in-place writes into each EMA copy's tensors
         self.copy_combined: list[set[tuple[int, int]]] = []  # per interval: pairs an op combined (an update computed)
@@ -76,15 +77,16 @@ class ScriptSteps(StepObserver):
         """Run a measurement; if it fails, say so and measure nothing more (the script's own step must not fail)."""
         if self.failed is not None:
             return
-        t0 = time.perf_counter()
+        t0, self._guard_depth = time.perf_counter(), self._guard_depth + 1
         try:
             fn(*args)
         except Exception as exc:  # ours, never the script's
             self.failed = f"{type(exc).__name__}: {exc}"[:500]
             self.close_window()
         finally:
-            if self.first_step_at is not None:
-                self.hook_seconds += time.perf_counter() - t0
+            self._guard_depth -= 1
+            if self.first_step_at is not None and self._guard_depth == 0:  # counted once, and inside the span only
+                self.hook_seconds += max(0.0, time.perf_counter() - max(t0, self.first_step_at))
 
     def cost(self) -> dict[str, Any] | None:
         """The watched steps' wall time and the part of it spent in gradprobe's measurements (first step to the stop)."""
