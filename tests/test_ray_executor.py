@@ -45,15 +45,30 @@ async def test_same_results_as_the_local_executor(executor, case):
 
 
 def _children() -> list[int]:
-    out = []
+    """The sandbox children (`gradprobe/sandbox/child.py`) that this test process started through its private Ray
+    instance (whose processes descend from it), and any that lost their parent. Children of other test processes
+    (pytest-xdist's other worker, another checkout's run) are not ours to count."""
+    procs = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
-                if b"gradprobe/sandbox/child.py" in open(f"/proc/{d}/cmdline", "rb").read():
-                    out.append(int(d))
-            except OSError:
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+                procs[int(d)] = (ppid, b"gradprobe/sandbox/child.py" in open(f"/proc/{d}/cmdline", "rb").read())
+            except (OSError, ValueError, IndexError):
                 pass
-    return out
+
+    def ours(pid: int) -> bool:
+        if procs[pid][0] not in procs or procs[pid][0] == 1:
+            return True  # an orphan: whoever started it, it outlived its parent
+        seen = set()
+        while pid in procs and pid not in seen:
+            seen.add(pid)
+            if pid == os.getpid():
+                return True
+            pid = procs[pid][0]
+        return False
+
+    return [pid for pid, (_, child) in procs.items() if child and ours(pid)]
 
 
 @pytest.mark.anyio

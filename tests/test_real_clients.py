@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, ROOT, one_process_at_a_time
 
 PACKAGES = ["@modelcontextprotocol/inspector@2.12.0", "@modelcontextprotocol/sdk@1.32.2"]
 CACHE = Path(os.environ.get("GRADPROBE_NPM_CACHE", Path.home() / ".cache" / "gradprobe-test-npm"))
@@ -24,12 +24,13 @@ def npm_dir() -> Path:
     if not shutil.which("node") or not shutil.which("npm"):
         pytest.skip("node/npm are not installed on this machine")
     marker = CACHE / ".installed"
-    if not marker.exists() or marker.read_text() != " ".join(PACKAGES):
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["npm", "init", "-y"], cwd=CACHE, check=True, capture_output=True)
-        subprocess.run(["npm", "install", *PACKAGES, "--no-audit", "--no-fund"], cwd=CACHE, check=True, capture_output=True,
-                       timeout=600)
-        marker.write_text(" ".join(PACKAGES))
+    with one_process_at_a_time(CACHE):
+        if not marker.exists() or marker.read_text() != " ".join(PACKAGES):
+            CACHE.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["npm", "init", "-y"], cwd=CACHE, check=True, capture_output=True)
+            subprocess.run(["npm", "install", *PACKAGES, "--no-audit", "--no-fund"], cwd=CACHE, check=True,
+                           capture_output=True, timeout=600)
+            marker.write_text(" ".join(PACKAGES))
     return CACHE
 
 
