@@ -111,6 +111,16 @@ GP609: Rule[AuditFacts] = Rule(
             fix="Update the copy in place, e.g. `for t, s in zip(ema.parameters(), model.parameters()): "
                 "t.lerp_(s.detach(), 1 - decay)` under torch.no_grad() after optimizer.step(); assigning to a loop "
                 "variable or updating a copy of the state dict changes nothing, and a decay of 1 keeps it fixed."),
+        "held_never_moves": Situation(
+            when="a copy held outside the model (a wrapper holding a deepcopy, a list of shadow tensors, an averaged "
+                 "model), found by the in-place writes into it from the model's parameters, never changed while the model "
+                 "moved",
+            message="{prefix} follows {student} ({count} tensors, each written in place from the parameter of its shape) "
+                    "outside the model and the optimizer, but it did not change in any of the {steps} steps while "
+                    "{student} moved ({measured}): its EMA update changes nothing.",
+            fix="Check the update at {line}: the weight it gives the model, 1 - decay (`t.lerp_(s, 1 - decay)`, "
+                "`t.mul_(decay).add_(s, alpha=1 - decay)`), must be above 0; a decay or momentum of 1 (a schedule "
+                "already at its end, counted in too few steps) keeps the copy at its initial weights."),
         "fixed_teacher": Situation(
             when="a copy outside the optimizer never changed while its student moved, and what updates it was not measured",
             severity="warning",
@@ -246,11 +256,13 @@ def detect_ema(facts: AuditFacts) -> Iterator[Finding]:
             continue
         names = sorted(facts.name(p) for p in copy.params)
         situation, measured = _ema_measured(copy)
+        if copy.held_outside:
+            situation = "held_never_moves"
         yield GP609.finding(situation, parameters=names, location=copy.site,
                             evidence={"moved_per_step": copy.moved, "tensors": len(names), "writes_per_step": copy.writes,
                                       "updates_computed_per_step": copy.computed},
                             prefix=copy.prefix, student=copy.student or "the model", count=len(names), steps=facts.calls,
-                            measured=measured)
+                            measured=measured, line=at(copy.site))
 
 
 UPDATE_RULES: tuple[Rule[AuditFacts], ...] = (GP603, GP604, GP606, GP607, GP609)
