@@ -57,7 +57,7 @@ def _ema_line(copy: EmaCopy) -> str:
             else f"{copy.prefix} of {copy.student or 'the model'}")
     text = (f"EMA copy {name} ({len(copy.params)} tensors) moved at "
             f"{sum(copy.moved)} of {len(copy.moved)} steps; it kept {_span(copy.kept)} of its gap to the student per step")
-    first_copy = len(copy.kept) > 2 and copy.kept[0] == 0
+    first_copy = len(copy.kept) > 2 and copy.kept[0] < 1e-6  # float32: a full copy keeps ~1e-8
     kept = copy.kept[1:] if first_copy else copy.kept
     if kept and max(kept) - min(kept) <= 1e-3 * max(abs(max(kept)), 1e-12):
         return text + (", the first update a full copy of the model, then" if first_copy else ",") + \
