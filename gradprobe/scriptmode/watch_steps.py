@@ -187,6 +187,8 @@ class ScriptSteps(StepObserver):
 
     def _close_held(self) -> None:
         watch, self._held_watch = self._held_watch, None
+        if watch is not None:
+            watch.pending = {}
         n = torch._C._len_torch_function_stack()
         if watch is not None and n and torch._C._get_function_stack_at(n - 1) is watch:
             watch.__exit__(None, None, None)

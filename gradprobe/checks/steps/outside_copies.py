@@ -60,6 +60,7 @@ class HeldCopies(TorchFunctionMode):
             {p.grad.data_ptr() for p in mine if isinstance(p.grad, torch.Tensor)}
         self.held, self.where = held, where
         self.held_ptr = {(h.tensor.data_ptr(), tuple(h.tensor.shape)): h for h in held.values()}
+        self.pending: dict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, int]] = {}  # freed with the watch
 
     def _source(self, t: Any) -> frozenset[int]:
         if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
@@ -85,17 +86,22 @@ class HeldCopies(TorchFunctionMode):
 
     def _written(self, dest: Any, srcs: frozenset[int]) -> None:
         """`dest` is about to be written in place from values derived from `srcs`."""
-        if not srcs or type(dest) is not torch.Tensor and not isinstance(dest, torch.nn.Parameter):
+        if type(dest) is not torch.Tensor and not isinstance(dest, torch.nn.Parameter):
             return
-        if not dest.is_floating_point() or id(dest) in self.skip or dest.data_ptr() in self.skip:
-            return
-        match = [s for s in srcs if self.shapes[s] == dest.shape]
-        if len(match) != 1:
+        if not dest.is_floating_point() or tuple(dest.shape) not in self.sizes or id(dest) in self.skip \
+                or dest.data_ptr() in self.skip:
             return
         key = (dest.data_ptr(), tuple(dest.shape))
         known = self.held_ptr.get(key)  # a view of a held tensor (state_dict() values) is the same tensor
+        match = [s for s in srcs if self.shapes[s] == dest.shape]
+        if known is None and len(match) != 1:
+            # a write not from the model (the `mul_(decay)` before an `add_(p, alpha=1 - decay)`): its value before,
+            # in case a write from the model follows in this interval
+            self.pending.setdefault(key, (dest.detach().clone(), int(dest._version)))
+            return
         if known is None:
-            known = Held(dest, match[0], self.src[match[0]], self.where(), version=int(dest._version))
+            before, version = self.pending.pop(key, (None, int(dest._version)))
+            known = Held(dest, match[0], self.src[match[0]], self.where(), before=before, version=version)
             self.held[id(dest)] = self.held_ptr[key] = known
         if known.before is None:
             known.before = dest.detach().clone()
