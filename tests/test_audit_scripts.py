@@ -56,6 +56,8 @@ CASES = [
     ("steps_averaged_model", ["--steps=8"], None, {"codes": [], "healthy": True,
                                                    "verified": "the first update a full copy of the model, then the same "
                                                                "share at every step: an EMA update with decay 0.9"}),
+    ("steps_averaged_model_broken", ["--steps=8"], None, {"codes": ["GP609"], "culprits": ["0.weight (its copy)"],
+                                                            "line": 46, "severity": "error"}),
     ("steps_gradient_penalty", ["--steps=8"], None, {"codes": [], "healthy": True}),
     ("steps_gradient_penalty_broken", ["--steps=8"], None, {"codes": ["GP608"], "culprits": [], "line": 27}),
     ("steps_gan", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP212", "GP602"]}),

@@ -252,17 +252,27 @@ def detect_ema(facts: AuditFacts) -> Iterator[Finding]:
                             share=f"{sum(copy.kept) / len(copy.kept):.4g}")
     student_moved = {pid for pid, v in facts.verdicts.items() if v.moved_by_step}
     for copy in facts.ema:
-        if any(copy.moved) or not student_moved & set(copy.students):
+        first = _first_full_copy(copy)
+        if any(copy.moved[first:]) or not student_moved & set(copy.students) or len(copy.moved) <= first:
             continue
         names = sorted(facts.name(p) for p in copy.params)
         situation, measured = _ema_measured(copy)
         if copy.held_outside:
             situation = "held_never_moves"
+            writes = sum((copy.writes or [])[first:])
+            measured = ("after a first update that copied it onto the model outright, " if first else "") + \
+                f"{writes} in-place write(s) into its tensors over those steps, its values unchanged"
         yield GP609.finding(situation, parameters=names, location=copy.site,
                             evidence={"moved_per_step": copy.moved, "tensors": len(names), "writes_per_step": copy.writes,
-                                      "updates_computed_per_step": copy.computed},
-                            prefix=copy.prefix, student=copy.student or "the model", count=len(names), steps=facts.calls,
-                            measured=measured, line=at(copy.site))
+                                      "updates_computed_per_step": copy.computed, "kept_gap_per_step": copy.kept[:16]},
+                            prefix=copy.prefix, student=copy.student or "the model", count=len(names),
+                            steps=facts.calls - first, measured=measured, line=at(copy.site))
+
+
+def _first_full_copy(copy: EmaCopy) -> int:
+    """1 when a copy held outside the model was copied onto the model outright at its first update (torch's
+    AveragedModel and diffusers' EMAModel start so) and measured over at least 2 more steps: that step is no EMA step."""
+    return int(copy.held_outside and len(copy.kept) >= 3 and len(copy.moved) == len(copy.kept) and copy.kept[0] < 1e-6)
 
 
 UPDATE_RULES: tuple[Rule[AuditFacts], ...] = (GP603, GP604, GP606, GP607, GP609)
