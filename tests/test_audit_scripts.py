@@ -49,6 +49,15 @@ CASES = [
     ("steps_ema", ["--steps=8"], None, {"codes": [], "healthy": True}),
     ("steps_ema_broken", ["--steps=8"], None, {"codes": ["GP609"], "culprits": ["ema_teacher.0.weight"], "line": 28,
                                                  "severity": "error"}),
+    ("steps_ema_outside", ["--steps=8"], None, {"codes": [], "healthy": True,
+                                                "verified": "EMA copy held outside the model (written at train.py:40)"}),
+    ("steps_ema_outside_broken", ["--steps=8"], None, {"codes": ["GP609"], "culprits": ["0.weight (its copy)"],
+                                                         "line": 42, "severity": "error"}),
+    ("steps_averaged_model", ["--steps=8"], None, {"codes": [], "healthy": True,
+                                                   "verified": "the first update a full copy of the model, then the same "
+                                                               "share at every step: an EMA update with decay 0.9"}),
+    ("steps_averaged_model_broken", ["--steps=8"], None, {"codes": ["GP609"], "culprits": ["0.weight (its copy)"],
+                                                            "line": 46, "severity": "error"}),
     ("steps_gradient_penalty", ["--steps=8"], None, {"codes": [], "healthy": True}),
     ("steps_gradient_penalty_broken", ["--steps=8"], None, {"codes": ["GP608"], "culprits": [], "line": 27}),
     ("steps_gan", ["--steps=8"], None, {"codes": [], "healthy": True, "absent": ["GP212", "GP602"]}),
@@ -89,6 +98,8 @@ async def test_audit_script_through_mcp(client, case):
     if expect.get("healthy"):
         assert report["ok"] and not [f for f in report["findings"] if f["code"] in GP6], report["findings"]
         assert report["facts"]["verified"], report["facts"]
+        if "verified" in expect:  # an EMA copy held outside the model, found by what writes it, measured
+            assert any(expect["verified"] in v for v in report["facts"]["verified"]), report["facts"]["verified"]
 
 
 @pytest.mark.anyio

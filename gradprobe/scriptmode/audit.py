@@ -202,6 +202,7 @@ def _all_skipped_report(observer: ScriptSteps, amp: ScalerWatch, steps: int, run
 def script_facts(observer: ScriptSteps, record: BuildRecord) -> AuditFacts:
     """The watched steps as audit_training's facts (the same dataclass the build_model()/train_step form fills)."""
     from gradprobe.checks.steps.engine import _pair_ema, _schedule_site, _schedulers_of
+    from gradprobe.checks.steps.outside_copies import held_copies
     from gradprobe.checks.steps.schedule import pace
     from gradprobe.checks.steps.facts import AuditFacts, derive
 
@@ -222,6 +223,8 @@ def script_facts(observer: ScriptSteps, record: BuildRecord) -> AuditFacts:
                       for k in range(observer.intervals)]
     if observer.ema is not None:
         observer.measured_copies(ema)
+    held, held_names = held_copies(observer.held, observer.held_intervals, observer.names)
+    ema = [*ema, *held]
     facts = AuditFacts(calls=observer.done, mode="script", names=observer.names, requires_grad=observer.requires_grad,
                        opt_steps=observer.opt_steps, events=observer.events, grad_calls=observer.grad_calls,
                        built=observer.built, attached=observer.attached, initial_optimizer=id(opt) if opt else None,
@@ -234,4 +237,5 @@ def script_facts(observer: ScriptSteps, record: BuildRecord) -> AuditFacts:
                      observer.scheduler_sites.get(id(scheds[0])))
         facts.schedules = [found] if found is not None else []
     derive(facts)
+    facts.names.update(held_names)  # after derive: a copy held outside the model gets no per-parameter verdict
     return facts

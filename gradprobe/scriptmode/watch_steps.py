@@ -32,6 +32,7 @@ import torch
 from gradprobe.checks._step import param_names
 from gradprobe.checks.steps.copies import UpdateWatch, kept_share, versions
 from gradprobe.checks.steps.facts import EmaCopy
+from gradprobe.checks.steps.outside_copies import Held, HeldCopies, HeldInterval, close_interval, kept_by_site, open_interval
 from gradprobe.checks.steps.observe import StepObserver, norms
 from gradprobe.checks.steps.optimizer_owners import OwnersWatch
 from gradprobe.scriptmode.observe import StepWatch
@@ -72,6 +73,10 @@ class ScriptSteps(StepObserver):
         self._versions: dict[int, int] | None = None  # the copies' write counters after the last main step
         self._updates: UpdateWatch | None = None  # open from a main step to the next forward, backward or step
         self.owners: OwnersWatch | None = None  # several optimizers: who clears and steps what (GP212/GP213)
+        self.held: dict[int, Held] = {}  # EMA copies outside the model, by what writes them (outside_copies.py)
+        self.held_intervals: list[tuple[HeldInterval, dict[str, float]]] = []
+        self._held_watch: HeldCopies | None = None
+        self._held_open = False  # the held copies' interval started at the last main step
 
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run a measurement; if it fails, say so and measure nothing more (the script's own step must not fail)."""
@@ -171,13 +176,36 @@ class ScriptSteps(StepObserver):
         if n and torch._C._get_function_stack_at(n - 1) is watch:
             watch.__exit__(None, None, None)
 
+    def _open_held(self, by_id: dict[int, torch.Tensor]) -> None:
+        """After a main step: the held copies' starting values, and the watch of writes from the model's parameters."""
+        in_opt = {pid for st in self.opt_steps for g in st.groups for pid in g.params}
+        open_interval(self.held)
+        self._held_open = True
+        self._held_watch = HeldCopies([p for pid, p in by_id.items() if pid in in_opt], by_id.values(), self.held,
+                                      lambda: self.user.innermost())
+        self._held_watch.__enter__()
+
+    def _close_held(self) -> None:
+        watch, self._held_watch = self._held_watch, None
+        if watch is not None:
+            watch.pending = {}
+        n = torch._C._len_torch_function_stack()
+        if watch is not None and n and torch._C._get_function_stack_at(n - 1) is watch:
+            watch.__exit__(None, None, None)
+
     def close_window(self) -> None:
+        self._close_held()
         self._close_updates()  # no mode in a forward, a backward or a step: the update watch closes with the window
         super().close_window()
 
     def _copies_interval(self) -> None:
         """The interval that ends: its writes into the copies and the updates computed from them."""
+        self._close_held()
         self._close_updates()
+        if self._held_open:
+            self._held_open = False
+            interval = close_interval(self.held)
+            self.held_intervals.append((interval, kept_by_site(self.held, interval)))
         if self._versions is None:
             return
         by_id = self.model_params()
@@ -285,6 +313,8 @@ class ScriptSteps(StepObserver):
         self._ema_saved = [(c, [by_id[pid].detach().clone() for pid in c.params if pid in by_id])
                            for c in self.ema or () if any(self.outside.get(pid, [False])[-1] for pid in c.params)]
         self._open_copies()
+        if self.model is not None:
+            self._open_held(by_id)
 
     def _kept(self) -> None:
         """|teacher - student| after the copy's update over the same before it: an EMA of decay d keeps d of its gap."""

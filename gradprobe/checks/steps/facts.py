@@ -168,6 +168,7 @@ class EmaCopy:
     site: dict | None = None
     writes: list[int] | None = None  # per call: in-place writes into its tensors (version counters); None: not measured
     computed: list[int] | None = None  # per call: ops combining its tensors with the student's (an update computed)
+    held_outside: bool = False  # found by what writes it, outside the model (outside_copies.py), not by its name
 
     def written(self) -> int:
         return sum(self.writes or ())

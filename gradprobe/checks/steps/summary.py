@@ -51,12 +51,18 @@ def headline(facts: AuditFacts) -> str:
 
 def _ema_line(copy: EmaCopy) -> str:
     """An EMA copy's movement against what an EMA predicts: t1 - s1 = decay * (t0 - s1), so the share of its gap to the
-    student it keeps is its decay, the same at every step."""
-    text = (f"EMA copy {copy.prefix} of {copy.student or 'the model'} ({len(copy.params)} tensors) moved at "
+    student it keeps is its decay, the same at every step (after a first update that copied the model outright, as
+    torch's AveragedModel's and diffusers' EMAModel's first updates do)."""
+    name = (f"held outside the model (written at {at(copy.site)}), of {copy.student or 'the model'}" if copy.held_outside
+            else f"{copy.prefix} of {copy.student or 'the model'}")
+    text = (f"EMA copy {name} ({len(copy.params)} tensors) moved at "
             f"{sum(copy.moved)} of {len(copy.moved)} steps; it kept {_span(copy.kept)} of its gap to the student per step")
-    if copy.kept and max(copy.kept) - min(copy.kept) <= 1e-3 * max(abs(max(copy.kept)), 1e-12):
-        return text + f", the same share at every step: an EMA update with decay {sum(copy.kept) / len(copy.kept):.4g}"
-    return text + " (an EMA with a fixed decay keeps the same share at every step)"
+    first_copy = len(copy.kept) > 2 and copy.kept[0] < 1e-6  # float32: a full copy keeps ~1e-8
+    kept = copy.kept[1:] if first_copy else copy.kept
+    if kept and max(kept) - min(kept) <= 1e-3 * max(abs(max(kept)), 1e-12):
+        return text + (", the first update a full copy of the model, then" if first_copy else ",") + \
+            f" the same share at every step: an EMA update with decay {sum(kept) / len(kept):.4g}, as that decay predicts"
+    return text + " (an EMA with a fixed decay keeps the same share at every step; a scheduled decay, its value at each)"
 
 
 def verified(facts: AuditFacts, measured: list[str] | None = None) -> list[str]:
@@ -135,7 +141,8 @@ def facts_table(facts: AuditFacts, findings: list[Finding], measured: list[str] 
             for s in facts.opt_steps for c in s.changes][:MAX_ROWS],
         "moved_outside_optimizer": listed(moved_outside, 20) if moved_outside else "",
         "ema_copies": [{"copy": c.prefix, "of": c.student, "tensors": len(c.params), "moved_per_step": c.moved,
-                        "kept_gap_per_step": c.kept} for c in facts.ema],
+                        "kept_gap_per_step": c.kept, "held": "outside the model" if c.held_outside else "in the model",
+                        "written_at": at(c.site) if c.held_outside else None} for c in facts.ema],
         "autograd_grad_calls": [{"step": g.call + 1, "at": at(g.location), "create_graph": g.create_graph,
                                  "inputs_are_parameters": g.inputs_are_parameters, "used_in_backward": g.used_in_backward}
                                 for g in facts.grad_calls[:64]],

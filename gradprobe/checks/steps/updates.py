@@ -111,6 +111,16 @@ GP609: Rule[AuditFacts] = Rule(
             fix="Update the copy in place, e.g. `for t, s in zip(ema.parameters(), model.parameters()): "
                 "t.lerp_(s.detach(), 1 - decay)` under torch.no_grad() after optimizer.step(); assigning to a loop "
                 "variable or updating a copy of the state dict changes nothing, and a decay of 1 keeps it fixed."),
+        "held_never_moves": Situation(
+            when="a copy held outside the model (a wrapper holding a deepcopy, a list of shadow tensors, an averaged "
+                 "model), found by the in-place writes into it from the model's parameters, never changed while the model "
+                 "moved",
+            message="{prefix} follows {student} ({count} tensors, each written in place from the parameter of its shape) "
+                    "outside the model and the optimizer, but it did not change in any of the {steps} steps while "
+                    "{student} moved ({measured}): its EMA update changes nothing.",
+            fix="Check the update at {line}: the weight it gives the model, 1 - decay (`t.lerp_(s, 1 - decay)`, "
+                "`t.mul_(decay).add_(s, alpha=1 - decay)`), must be above 0; a decay or momentum of 1 (a schedule "
+                "already at its end, counted in too few steps) keeps the copy at its initial weights."),
         "fixed_teacher": Situation(
             when="a copy outside the optimizer never changed while its student moved, and what updates it was not measured",
             severity="warning",
@@ -242,15 +252,27 @@ def detect_ema(facts: AuditFacts) -> Iterator[Finding]:
                             share=f"{sum(copy.kept) / len(copy.kept):.4g}")
     student_moved = {pid for pid, v in facts.verdicts.items() if v.moved_by_step}
     for copy in facts.ema:
-        if any(copy.moved) or not student_moved & set(copy.students):
+        first = _first_full_copy(copy)
+        if any(copy.moved[first:]) or not student_moved & set(copy.students) or len(copy.moved) <= first:
             continue
         names = sorted(facts.name(p) for p in copy.params)
         situation, measured = _ema_measured(copy)
+        if copy.held_outside:
+            situation = "held_never_moves"
+            writes = sum((copy.writes or [])[first:])
+            measured = ("after a first update that copied it onto the model outright, " if first else "") + \
+                f"{writes} in-place write(s) into its tensors over those steps, its values unchanged"
         yield GP609.finding(situation, parameters=names, location=copy.site,
                             evidence={"moved_per_step": copy.moved, "tensors": len(names), "writes_per_step": copy.writes,
-                                      "updates_computed_per_step": copy.computed},
-                            prefix=copy.prefix, student=copy.student or "the model", count=len(names), steps=facts.calls,
-                            measured=measured)
+                                      "updates_computed_per_step": copy.computed, "kept_gap_per_step": copy.kept[:16]},
+                            prefix=copy.prefix, student=copy.student or "the model", count=len(names),
+                            steps=facts.calls - first, measured=measured, line=at(copy.site))
+
+
+def _first_full_copy(copy: EmaCopy) -> int:
+    """1 when a copy held outside the model was copied onto the model outright at its first update (torch's
+    AveragedModel and diffusers' EMAModel start so) and measured over at least 2 more steps: that step is no EMA step."""
+    return int(copy.held_outside and len(copy.kept) >= 3 and len(copy.moved) == len(copy.kept) and copy.kept[0] < 1e-6)
 
 
 UPDATE_RULES: tuple[Rule[AuditFacts], ...] = (GP603, GP604, GP606, GP607, GP609)
