@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,11 @@ if TYPE_CHECKING:
 
 DEFAULT_LR = 1e-3  # gradprobe's SGD when the target gives no optimizer (the single-rank form's checks take none)
 MAX_STEPS = 100  # the step watch stops the loop long before (at the first step, or after audit_training's steps)
+
+
+# the DistributedDataParallel wrappers gradprobe made (step 3): a finding about their settings is about gradprobe's
+# choice, not the user's code (GP704's `ddp_stalled_by_gradprobe`)
+WRAPPED_BY_GRADPROBE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def distributed_already(model: nn.Module) -> str | None:
@@ -107,7 +113,9 @@ class ModelStep:
             return returned
         self.facts["wrapped"] = ("by gradprobe: DistributedDataParallel(model) with its defaults "
                                  "(find_unused_parameters=False), as a training script would")
-        return DistributedDataParallel(returned)
+        ddp = DistributedDataParallel(returned)
+        WRAPPED_BY_GRADPROBE.add(ddp)
+        return ddp
 
     def _optimizer(self, loaded: Loaded) -> Any:
         import torch
