@@ -373,16 +373,22 @@ WRAPS = {
 }
 # two ranks (world_size 2, gloo): `ddp` leaves the model as built, so gradprobe wraps it in DistributedDataParallel
 # (defaults) as a training script would; `fsdp2` shards it as torchtitan does before gradprobe sees it: `fully_shard`
-# on each block of the outermost repeated blocks (a ModuleList of modules of one type that hold parameters), then on
-# the root
+# on each block of the outermost repeated blocks (a ModuleList of modules of one type that have a forward and hold
+# parameters), then on the root; a block holding a parameter shared with another block or with the rest of the model
+# (tied, or one adapter vector for all layers) stays with the root (FSDP2 cannot shard one parameter in two units)
 _FSDP2 = ("from torch.distributed.fsdp import fully_shard\n"
           "_blocks = []\n"
           "for _name, _m in model.named_modules():\n"
           "    if (isinstance(_m, torch.nn.ModuleList) and len(_m) > 1 and len({type(c) for c in _m}) == 1\n"
+          "            and type(_m[0]).forward is not torch.nn.Module.forward\n"
           "            and not any(_name.startswith(b + '.') for b, _ in _blocks)):\n"
           "        _blocks += [(f'{_name}.{i}', c) for i, c in enumerate(_m) if any(True for _ in c.parameters())]\n"
-          "for _, _block in _blocks:\n"
-          "    fully_shard(_block)\n"
+          "_where = {}\n"
+          "for _n, _p in model.named_parameters(remove_duplicate=False):\n"
+          "    _where.setdefault(id(_p), set()).add(next((b for b, _ in _blocks if _n.startswith(b + '.')), None))\n"
+          "for _b, _block in _blocks:\n"
+          "    if all(len(_where[id(_p)]) == 1 for _p in _block.parameters()):\n"
+          "        fully_shard(_block)\n"
           "fully_shard(model)\n")
 WRAPS["ddp"] = ""
 WRAPS["fsdp2"] = _FSDP2
