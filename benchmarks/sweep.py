@@ -19,6 +19,7 @@ round's new codes (NEW_CODES, and every GP6xx) on a model that trains is counted
     nice -n 10 python benchmarks/sweep.py --steps 2 --jobs 2     # diagnose with 2 observed training steps
     python benchmarks/sweep.py --wrap compile --stride 20        # each model compiled (aot_eager) before the step
     python benchmarks/sweep.py --wrap bf16 --stride 20           # the step under torch.autocast (bf16; fp16-scaler too)
+    nice python benchmarks/sweep.py --wrap ddp --stride 40       # at two ranks, gradprobe's DDP wrap (fsdp2: fully_shard)
 
 Families: transformers, midtrain (causal LMs diagnosed after one training step already ran), peft,
 diffusers, examples, timm, torchvision (skipped with the reason when they do not import).
@@ -349,11 +350,13 @@ def target_for(spec: dict):
     clean = {k: v for k, v in spec.items() if k not in ("name",)}
     setup = ("from sweep_models import build\n"
              f"model, inputs, loss_fn, optimizer = build({clean!r})\n") + "".join(WRAPS[w] for w in WRAP)
-    return Target(project_dir=str(BENCH), setup=setup, timeout_s=DIAGNOSE_TIMEOUT_S)
+    ranks = max([WORLD.get(w, 1) for w in WRAP] or [1])
+    return Target(project_dir=str(BENCH), setup=setup, timeout_s=DIAGNOSE_TIMEOUT_S * ranks, world_size=ranks)
 
 
 # --wrap: what the target's setup adds after building a model, so the same healthy model is checked compiled, or with
-# its step under autocast (the user's usual forms; ground truth stays the plain fp32 step: a model that trains)
+# its step under autocast, or at two ranks (the user's usual forms; ground truth stays the plain fp32 step in one
+# process: a model that trains)
 _STEP = ("def train_step(model, batch, optimizer):\n"
          "    optimizer.zero_grad()\n"
          "    with torch.autocast('cpu', dtype={dtype}):\n"
@@ -368,6 +371,28 @@ WRAPS = {
     "fp16-scaler": "scaler = torch.amp.GradScaler('cpu')\n" + _STEP.format(dtype="torch.float16", backward=(
         "    scaler.scale(loss).backward()\n    scaler.step(optimizer)\n    scaler.update()\n")),
 }
+# two ranks (world_size 2, gloo): `ddp` leaves the model as built, so gradprobe wraps it in DistributedDataParallel
+# (defaults) as a training script would; `fsdp2` shards it as torchtitan does before gradprobe sees it: `fully_shard`
+# on each block of the outermost repeated blocks (a ModuleList of modules of one type that have a forward and hold
+# parameters), then on the root; a block holding a parameter shared with another block or with the rest of the model
+# (tied, or one adapter vector for all layers) stays with the root (FSDP2 cannot shard one parameter in two units)
+_FSDP2 = ("from torch.distributed.fsdp import fully_shard\n"
+          "_blocks = []\n"
+          "for _name, _m in model.named_modules():\n"
+          "    if (isinstance(_m, torch.nn.ModuleList) and len(_m) > 1 and len({type(c) for c in _m}) == 1\n"
+          "            and type(_m[0]).forward is not torch.nn.Module.forward\n"
+          "            and not any(_name.startswith(b + '.') for b, _ in _blocks)):\n"
+          "        _blocks += [(f'{_name}.{i}', c) for i, c in enumerate(_m) if any(True for _ in c.parameters())]\n"
+          "_where = {}\n"
+          "for _n, _p in model.named_parameters(remove_duplicate=False):\n"
+          "    _where.setdefault(id(_p), set()).add(next((b for b, _ in _blocks if _n.startswith(b + '.')), None))\n"
+          "for _b, _block in _blocks:\n"
+          "    if all(len(_where[id(_p)]) == 1 for _p in _block.parameters()):\n"
+          "        fully_shard(_block)\n"
+          "fully_shard(model)\n")
+WRAPS["ddp"] = ""
+WRAPS["fsdp2"] = _FSDP2
+WORLD = {"ddp": 2, "fsdp2": 2}  # the wraps that run the target at several ranks (the ground truth stays one process)
 WRAP: list[str] = []
 
 
@@ -470,6 +495,11 @@ async def run_one(spec: dict, gt: GroundTruth, executor, steps: int = 0) -> dict
     res["ratio_build_step"] = res["seconds"] / max(truth["step_s"] + truth["build_s"], 1e-6)
     res.update(classify(report))
     res["status"] = status_of(res)
+    facts = report.get("facts") or {}
+    if facts.get("ranks"):  # a two-rank wrap: how many ranks stepped, and who wrapped the model
+        res["ranks"] = {"world_size": facts["ranks"].get("world_size"),
+                        "stepped": sum(bool(r.get("stepped")) for r in facts["ranks"].get("ranks", [])),
+                        "wrapped": (facts.get("model_form") or {}).get("wrapped")}
     if steps:  # did the several-steps audit run (its headline), or why not (its note)
         audited = (report.get("facts") or {}).get("steps") or {}
         res["steps_audited"] = "headline" in audited
@@ -600,7 +630,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="models checked at once (default 1)")
     ap.add_argument("--steps", type=int, default=0, help="diagnose with this many observed training steps (default 0)")
     ap.add_argument("--wrap", choices=sorted(WRAPS), default=None,
-                    help="check each model compiled (aot_eager) or with its step under autocast (not the examples family)")
+                    help="check each model compiled (aot_eager), with its step under autocast, or at two ranks: "
+                         "ddp (gradprobe wraps it in DistributedDataParallel), fsdp2 (the setup applies fully_shard to "
+                         "the repeated blocks and the root); the ground truth stays the single-process fp32 step; "
+                         "not the examples family")
     ap.add_argument("--sample", action="store_true", help="the fixed fast sample (the test in tests/test_sweep_sample.py)")
     ap.add_argument("--gt-server", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

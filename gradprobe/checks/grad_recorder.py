@@ -12,6 +12,12 @@ import torch.nn as nn
 from gradprobe.checks.torchcompat import untraced
 
 
+def _sharded(t: torch.Tensor) -> bool:
+    """A DTensor sharded across ranks (not every placement Replicate)."""
+    placements = getattr(t, "placements", None)
+    return placements is not None and any(type(p).__name__ != "Replicate" for p in placements)
+
+
 class GradRecorder:
     """Post-accumulate hooks: which parameters got a gradient in this step, its norm, finiteness."""
 
@@ -36,7 +42,9 @@ class GradRecorder:
             finite = math.isfinite(norm) or bool(torch.isfinite(g).all())
             rec["finite"] = rec["finite"] and finite
             rec["norm"] = norm if finite else float("nan")
-            rec["zero"] = rec["zero"] and norm == 0.0
+            # a DTensor's norm here is its local shard's (FSDP2): a shard of zeros (embedding rows no token of the
+            # batch used) says nothing of the whole gradient, which only all the ranks together hold
+            rec["zero"] = rec["zero"] and norm == 0.0 and not _sharded(g)
 
     def __enter__(self) -> GradRecorder:
         trainable = [p for p in self.model.parameters() if p.requires_grad]

@@ -79,9 +79,17 @@ ZEROED_BETWEEN = "its gradient was zeroed between backward() and step()"
 UNEXPLAINED = "step() ran with a nonzero gradient but the value did not change"
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2, tensor parallel), a plain tensor as it is: each rank runs these checks on its
+    own, and an op on a DTensor is a collective that the other ranks, on another path of their checks, never join."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) and hasattr(t, "placements") else t
+
+
 def _grad_max(p: torch.Tensor) -> float:
     with untraced():  # not the user's ops: invisible to a trace running beside us
-        return float(p.grad.abs().max()) if p.grad is not None and p.grad.numel() else 0.0
+        g = _local(p.grad) if p.grad is not None else None
+        return float(g.abs().max()) if g is not None and g.numel() else 0.0
 
 
 class StepObserver:
@@ -136,7 +144,7 @@ class StepObserver:
 
 
 def snapshot(model: nn.Module) -> dict[int, torch.Tensor]:
-    return {id(p): p.detach().clone() for p in model.parameters() if p.requires_grad}
+    return {id(p): _local(p.detach()).clone() for p in model.parameters() if p.requires_grad}
 
 
 def _zeroed_between_at(obs: StepObserver) -> dict[str, Any] | None:
@@ -181,7 +189,7 @@ def measure_stuck(model: nn.Module, optimizer: Any, before: dict[int, torch.Tens
         if id(p) not in before:
             continue
         g = obs.grad_after_backward.get(id(p), 0.0)
-        if g <= 0.0 or not torch.equal(before[id(p)], p.detach()):
+        if g <= 0.0 or not torch.equal(before[id(p)], _local(p.detach())):
             continue
         name = names[id(p)][0]
         if name not in explained:

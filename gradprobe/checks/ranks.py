@@ -197,6 +197,20 @@ GP704: Rule[RankFacts] = Rule(
             fix="Make {stalled} take part in the loss (see the finding that says why they get no gradient), or freeze "
                 "them (requires_grad_(False)) before wrapping the model in DistributedDataParallel; if skipping them is "
                 "intended, pass find_unused_parameters=True."),
+        "ddp_stalled_by_gradprobe": Situation(
+            when="gradprobe itself wrapped a plain model in DistributedDataParallel with its defaults (the "
+                 "build_model() form), and the trainable parameters that got no gradient got none on any rank",
+            severity="info",
+            message="{name}'s gradient differed across ranks ({grads}; {count} gradient(s) differ) because "
+                    "{stalled_count} trainable parameter(s) ({stalled}) got no gradient on any rank, and the "
+                    "DistributedDataParallel(model) that gradprobe wrapped your model in (its defaults, "
+                    "find_unused_parameters=False, as accelerate and Lightning wrap too) all-reduces a bucket only "
+                    "once every parameter in it has one: wrapped so, a training script would raise \"Expected to "
+                    "have finished reduction in the prior iteration\" at its second iteration. Your code did not "
+                    "choose this wrap; it is what this model needs from one.",
+            fix="When you wrap this model in DistributedDataParallel, pass find_unused_parameters=True (as transformers' "
+                "Trainer does for its models), or freeze {stalled} (requires_grad_(False)) before wrapping; to check "
+                "your own wrap, return the wrapped model from build_model()."),
         "no_sync": Situation(
             when="DistributedDataParallel's no_sync() was still in force when the optimizer stepped",
             message="{name} was equal on every rank at the first optimizer.step() but its gradient differed ({grads}; "
@@ -300,10 +314,14 @@ def detect_ranks_diverge(facts: RankFacts) -> Iterator[Finding]:
     stalled = [n for n, rr in rows.items() if any(rr[r].get("requires_grad") and rr[r]["grad"] is None for r in rr)]
     stalled = stalled if ddps and not any(d.get("find_unused") for d in ddps) else []
     sharded = first.get("sharded_at") or []  # plain parameters beside FSDP2's: no fully_shard covers them
-    situation = ("no_sync" if no_sync else "ddp_stalled" if stalled else "not_sharded" if sharded
-                 else "not_averaged")
+    # gradprobe's own wrap, and parameters unused on every rank (the model's design, not a rank's data): its choice
+    ours = stalled and all(d.get("by_gradprobe") for d in ddps) and all(
+        rr[r]["grad"] is None for n in stalled for rr in [rows[n]] for r in rr if rr[r].get("requires_grad"))
+    situation = ("no_sync" if no_sync else "ddp_stalled_by_gradprobe" if ours else "ddp_stalled" if stalled
+                 else "not_sharded" if sharded else "not_averaged")
     name = grads[0]
     loc = {"no_sync": first.get("no_sync_at"), "not_sharded": sharded[-1] if sharded else None, "ddp_stalled": None,
+           "ddp_stalled_by_gradprobe": None,
            "not_averaged": _first_reduce(rows) or first.get("reduce_at")}[situation] or step
     yield GP704.finding(situation, parameters=grads, location=loc,
                         evidence={"ranks": sorted(obs), "step_location": step, "no_gradient": stalled}, name=name,

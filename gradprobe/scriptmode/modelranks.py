@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +34,15 @@ if TYPE_CHECKING:
     from gradprobe.errors import TargetError, TargetRefError
     from gradprobe.loading import Loaded
     from gradprobe.sandbox.protocol import ToolError
+    from gradprobe.scriptmode.observe import StepWatch
 
 DEFAULT_LR = 1e-3  # gradprobe's SGD when the target gives no optimizer (the single-rank form's checks take none)
 MAX_STEPS = 100  # the step watch stops the loop long before (at the first step, or after audit_training's steps)
+
+
+# the DistributedDataParallel wrappers gradprobe made (step 3): a finding about their settings is about gradprobe's
+# choice, not the user's code (GP704's `ddp_stalled_by_gradprobe`)
+WRAPPED_BY_GRADPROBE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def distributed_already(model: nn.Module) -> str | None:
@@ -57,6 +64,7 @@ class ModelStep:
     target: dict[str, Any]
     facts: dict[str, Any] = field(default_factory=dict)
     failure: TargetError | TargetRefError | None = None  # the target could not be loaded: reported as in one rank
+    step_watch: StepWatch | None = None  # script mode's step watch (set by scriptmode/run.py before the call)
 
     def __call__(self) -> None:
         import torch.distributed as dist
@@ -71,13 +79,19 @@ class ModelStep:
         seed = int(self.target.get("seed") or 0)
         self.facts.update(process_group=f"initialised by gradprobe (gloo, {size} ranks) before build_model()",
                           batch_seeds={str(r): seed + r for r in range(size)})
+        watch, passive = self.step_watch, self.step_watch.passive if self.step_watch is not None else False
         try:
+            if watch is not None:  # a step while the target builds (a warm-up step in build_model() or setup) is
+                watch.passive = True  # not the step to check, as in one process (where no watch runs then)
             loaded = load_target(self.target, batch_seed=seed + rank)
             if loaded.optimizer_error is not None and loaded.optimizer is None:
                 raise loaded.optimizer_error
         except (TargetError, TargetRefError) as exc:
             self.failure = exc
             raise
+        finally:
+            if watch is not None:
+                watch.passive = passive
         step = dataclasses.replace(loaded, model=self._wrapped(loaded), optimizer=self._optimizer(loaded))
         for _ in range(MAX_STEPS):
             result = StepResult(kind="train_step" if step.train_step is not None else "default")
@@ -99,7 +113,9 @@ class ModelStep:
             return returned
         self.facts["wrapped"] = ("by gradprobe: DistributedDataParallel(model) with its defaults "
                                  "(find_unused_parameters=False), as a training script would")
-        return DistributedDataParallel(returned)
+        ddp = DistributedDataParallel(returned)
+        WRAPPED_BY_GRADPROBE.add(ddp)
+        return ddp
 
     def _optimizer(self, loaded: Loaded) -> Any:
         import torch

@@ -32,6 +32,7 @@ import torch.nn as nn
 
 from gradprobe.userframes import UserCode
 from gradprobe.scriptmode.observe import undo
+from gradprobe.scriptmode.modelranks import WRAPPED_BY_GRADPROBE
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "reduce", "all_to_all", "gather", "scatter", "all_gather_object",
@@ -382,7 +383,7 @@ class RankWatch:
             "step_location": self.user.innermost(skip=3),
             "loss_scaled_by_world": self.loss_scaled_by_world,
             "no_sync_at": self.no_sync_at, "reduce_at": self.reduce_at, "sharded_at": self.sharded_at,
-            "ddp": [{"sync": self.ddp_sync_at_last_forward is not False,
+            "ddp": [{"sync": self.ddp_sync_at_last_forward is not False, "by_gradprobe": d in WRAPPED_BY_GRADPROBE,
                      "find_unused": bool(getattr(d, "find_unused_parameters", False))} for d in ddps],
             "params": rows,
         }

@@ -24,6 +24,7 @@ from gradprobe.report import make_report
 from gradprobe.sandbox.failures import script_no_step
 from gradprobe.sandbox.protocol import Phase
 from gradprobe.scriptmode.observe import StepWatch, StopScript
+from gradprobe.scriptmode.modelranks import ModelStep
 from gradprobe.scriptmode.step import Replay
 
 # the script gets this share of the call's timeout; the rest is for the checks on its step
@@ -107,6 +108,8 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
         # a worker the script spawned (its function, scriptmode/ranks.py) or a rank of a build_model() target
         # (scriptmode/modelranks.py): not a file
         entry = target.get("_entry")
+        if isinstance(entry, ModelStep):
+            entry.step_watch = watch  # it loads the target with the watch passive: a step there is the target's build
         if callable(entry):
             sys.argv = [os.path.join(project_dir, script) if script else module or str(target.get("model") or ""), *args]
             entry()
