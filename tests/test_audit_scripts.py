@@ -70,6 +70,8 @@ CASES = [
     ("accelerate_accum_tokens", ["--steps=8"], "accelerate", {"codes": [], "healthy": True, "absent": ["GP611"]}),
     ("hf_trainer_accum_broken", ["--max_steps=8"], "transformers", {"codes": ["GP611"], "culprits": [], "line": 51}),
     ("hf_trainer_accum", ["--max_steps=8"], "transformers", {"codes": [], "healthy": True, "absent": ["GP611"]}),
+    ("lightning_accum_broken", ["--max_steps=8"], "lightning", {"codes": ["GP611"], "culprits": [], "line": 38}),
+    ("lightning_accum", ["--max_steps=8"], "lightning", {"codes": [], "healthy": True, "absent": ["GP611"]}),
     ("steps_onecycle", [], None, {"codes": [], "healthy": True, "absent": ["GP612"]}),
     ("steps_onecycle_broken", [], None, {"codes": ["GP612"], "culprits": [], "line": 26, "severity": "warning"}),
 ]
