@@ -166,12 +166,17 @@ def constant_share(kept: list[float]) -> bool:
 def kept_share(copy: Any, before: list[torch.Tensor], by_id: dict[int, torch.Tensor]) -> float | None:
     """|teacher - student| after the copy's update over the same before it (an EMA of decay d keeps d of its gap);
     None when the copy's tensors are gone or the gap was 0."""
-    from gradprobe.checks.steps.observe import norms
-
     t1 = [by_id[i].detach() for i in copy.params if i in by_id]
     s1 = [by_id[i].detach() for i in copy.students if i in by_id]
     if len(t1) != len(before) or len(s1) != len(t1):
         return None
-    gap1 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(t1, s1))))
-    gap0 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(before, s1))))
+    return gap_share(before, t1, s1)
+
+
+def gap_share(before: list[torch.Tensor], after: list[torch.Tensor], students: list[torch.Tensor]) -> float | None:
+    """|after - student| over |before - student|, over all the tensors (None when the gap before was 0)."""
+    from gradprobe.checks.steps.observe import norms
+
+    gap1 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(after, students))))
+    gap0 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(before, students))))
     return gap1 / gap0 if gap0 > 0 else None

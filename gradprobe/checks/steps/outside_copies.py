@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks.steps.copies import _SRC, _tag
+from gradprobe.checks.steps.copies import _SRC, _tag, gap_share
 from gradprobe.checks.steps.facts import EmaCopy
 
 
@@ -170,23 +170,17 @@ def open_interval(held: dict[int, Held]) -> None:
 
 
 def kept_by_site(held: dict[int, Held], interval: HeldInterval) -> dict[str, float]:
-    """Per group of held tensors (one user line writes it): |t1 - s| / |t0 - s| over the interval (copies.kept_share)."""
-    import math
-
-    from gradprobe.checks.steps.observe import norms
-
+    """Per group of held tensors (one user line writes it): |t1 - s| / |t0 - s| over the interval (copies.gap_share)."""
     groups: dict[str, list[int]] = {}
     for hid, h in held.items():
         if hid in interval.before:
             groups.setdefault(site_key(h.site), []).append(hid)
     out: dict[str, float] = {}
     for key, hids in groups.items():
-        t1 = [held[i].tensor.detach() for i in hids]
-        s1 = [held[i].student_tensor.detach() for i in hids]
-        gap1 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub(t1, s1))))
-        gap0 = math.sqrt(math.fsum(v * v for v in norms(torch._foreach_sub([interval.before[i] for i in hids], s1))))
-        if gap0 > 0:
-            out[key] = gap1 / gap0
+        share = gap_share([interval.before[i] for i in hids], [held[i].tensor.detach() for i in hids],
+                          [held[i].student_tensor.detach() for i in hids])
+        if share is not None:
+            out[key] = share
     interval.before = {}  # the clones are not kept beyond their interval
     return out
 
