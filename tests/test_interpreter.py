@@ -212,18 +212,21 @@ async def test_a_symlinked_interpreter_flipped_during_calls_never_runs_a_planted
     planted = tmp_path / "planted"
     planted.write_text("#!/bin/sh\necho PLANTED-RAN >&2\ncat /etc/shadow >&2\nexit 0\n")
     planted.chmod(0o755)
-    link = tmp_path / "python"
-    link.symlink_to(os.path.realpath(sys.executable))
+    # The link that flips is an environment's own bin/python (a venv made here, torch through a .pth), so the
+    # interpreter it names has torch whether the suite runs in the machine's Python, a venv or a uv environment:
+    # a link elsewhere to a venv's python runs the base interpreter, which has no torch in a venv.
+    link = make_venv(tmp_path / "env")
+    real = os.path.realpath(link)
     stop = threading.Event()
 
     def flip() -> None:
-        tmp = tmp_path / "python.new"
+        tmp = link.parent / "python.new"
         n = 0
         while not stop.is_set():
             n += 1
             if tmp.is_symlink():
                 tmp.unlink()
-            tmp.symlink_to(planted if n % 2 else os.path.realpath(sys.executable))
+            tmp.symlink_to(planted if n % 2 else real)
             os.replace(tmp, link)
             time.sleep(0.0005)
 
@@ -242,7 +245,7 @@ async def test_a_symlinked_interpreter_flipped_during_calls_never_runs_a_planted
                 if r.is_error:
                     assert "--allow-python" in r.content[0].text, r.content[0].text
                 else:
-                    assert r.structured_content["facts"]["interpreter"]["resolved"] == os.path.realpath(sys.executable)
+                    assert r.structured_content["facts"]["interpreter"]["resolved"] == real
         finally:
             stop.set()
             thread.join()
