@@ -46,3 +46,21 @@ def test_under_ci_a_missing_package_fails_and_a_gpu_skip_is_listed(tmp_path):
 def test_outside_ci_both_skip_with_their_reasons(tmp_path):
     out = _run(tmp_path, ci=False)
     assert "2 skipped" in out.stdout and "no_such_package_for_gradprobe_tests" in out.stdout, out.stdout + out.stderr
+
+
+def _readme_commands() -> tuple[str, str]:
+    """The README's venv line and its test command (the first indented line that runs pytest)."""
+    text = (ROOT / "README.md").read_text()
+    venv = next(line for line in text.splitlines() if "python3 -m venv" in line)
+    test = next(line.strip() for line in text.splitlines() if line.startswith("    ") and "python -m pytest" in line)
+    return venv, test
+
+
+def test_ci_runs_the_readme_test_command_inside_a_virtualenv_it_makes():
+    """Issue 40: CI proves the README's test command inside a fresh virtualenv, made as the README says."""
+    venv, test = _readme_commands()
+    assert test == "pip install torch==2.13.0 -e '.[test]' && python -m pytest", test
+    assert "python3 -m venv .venv && . .venv/bin/activate" in venv, venv
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    made = lines.index("python3 -m venv .venv && . .venv/bin/activate")
+    assert lines[made + 1:] == [test], lines
