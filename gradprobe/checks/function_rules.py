@@ -71,6 +71,7 @@ class FunctionFacts:
     step: float = 1e-6  # the central-difference step (larger when the Function computes below float64)
     precision: dict[str, Any] | None = None  # the dtype it computes in and the tolerances that follow, when below float64
     perturbed: list[dict[str, Any]] | None = None  # `wrong` was measured at these inputs moved from the recorded call
+    largest: float = 0.0  # the largest |analytical - numerical| seen over the full Jacobians compared
 
     def label(self, j: int) -> str:
         ps = self.params_at.get(j, [])

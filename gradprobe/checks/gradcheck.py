@@ -20,7 +20,7 @@ import torch
 from torch.autograd.function import Function
 
 from gradprobe.checks import backward_lines, rewrites
-from gradprobe.checks.equivalence import op_precision, op_states
+from gradprobe.checks.equivalence import custom_ops, op_precision, op_states
 from gradprobe.checks._apply import ApplyWatch, inside_custom_function
 from gradprobe.checks._step import call_model, param_names
 from gradprobe.checks.function_rules import (
@@ -133,6 +133,7 @@ def _judge_input(facts: FunctionFacts, j: int, ana: torch.Tensor | None, numeric
             facts.missing.append(MissingGradient(j, what, numerical.abs().max().item()))
         return None
     diff = (ana - numerical).abs()
+    facts.largest = max(facts.largest, float(diff.max()) if diff.numel() else 0.0)
     excess = diff - (atol + rtol * numerical.abs())
     if not bool((excess > 0).any()):
         return None
@@ -267,6 +268,7 @@ def check_function(cls: type[Function], inputs: tuple, params_at: Mapping[int, l
     clean = not (others or facts.structure or facts.missing or facts.wrong or "skipped" in info)
     if clean and weights_at:
         _measure_perturbed(cls, inputs64, facts, info, user, fast_mode, starved, list(weights_at))
+    info["largest_abs_error"], info["atol"], info["rtol"] = facts.largest, facts.atol, facts.rtol
     return run_rules(FUNCTION_RULES, facts) + others, info
 
 
@@ -281,7 +283,8 @@ def _measure_perturbed(cls: type[Function], inputs64: tuple, facts: FunctionFact
     sub: dict[str, Any] = {}
     _measure(cls, moved, again, sub, user, fast_mode, False, starved, repeat=False)
     wrong = again.wrong is not None
-    info["perturbed"] = {"inputs": states, "mode": sub.get("mode"), "result": "wrong" if wrong else "exact"}
+    info["perturbed"] = {"inputs": states, "mode": sub.get("mode"), "result": "wrong" if wrong else "exact",
+                         "largest_abs_error": again.largest}
     if wrong:
         facts.wrong, facts.perturbed = again.wrong, states
 
@@ -396,7 +399,8 @@ def gradcheck_findings(loaded: Loaded, watch: ApplyWatch, direct: DirectForwardW
 
 
 def gradcheck_report(loaded: Loaded, function: str | None = None, check_second_order: bool = False,
-                     fast_mode: bool | None = None, atol: float | None = None, rtol: float | None = None) -> dict[str, Any]:
+                     fast_mode: bool | None = None, atol: float | None = None, rtol: float | None = None,
+                     reference: dict[str, Any] | None = None) -> dict[str, Any]:
     watch, direct, error, limited = discover(loaded)
     if function and not any(cls.__name__ == function.rpartition(":")[2] for cls in watch.calls):
         watch = _explicit(loaded, function, watch)
@@ -408,6 +412,15 @@ def gradcheck_report(loaded: Loaded, function: str | None = None, check_second_o
     n = len(facts["functions"])
     summary = [f"{n} custom autograd.Function(s) checked: " + ", ".join(f["function"] for f in facts["functions"])
                if n else "No user-defined autograd.Function was called by the forward."]
+    facts["verified"] = [line for f in facts["functions"] if (line := custom_ops.verified_line(f, findings))]
+    facts["not_run"] = custom_ops.not_run(facts["functions"])
+    if reference is not None:  # a custom module against the reference it replaces (GP804)
+        rfindings, rfacts = custom_ops.reference_report(loaded, reference)
+        findings += rfindings
+        facts["reference"] = rfacts
+        facts["verified"] += rfacts["verified"]
+        facts["not_run"] += rfacts["not_run"]
+        summary.append(rfacts["summary"])
     return make_report("run_gradcheck", findings, summary, **facts)
 
 
