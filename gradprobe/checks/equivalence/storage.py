@@ -15,6 +15,7 @@ hyperparameters, from a fresh state (the ratio and the cosine), and each paramet
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -83,6 +84,7 @@ class StorageFacts:
     skipped: list[str]  # why some were not (meta tensors, DTensors)
     groups: list[Group]
     has_optimizer: bool
+    optimizer: str = ""  # its class name
 
 
 GP805: Rule[StorageFacts] = Rule(
@@ -106,6 +108,14 @@ GP805: Rule[StorageFacts] = Rule(
                     "moved the storage by {moved:.4g}, {ratio:.3g}x what one tied Parameter given the summed gradient "
                     "moves ({tie_moved:.4g}, cosine {cosine:.3f}); the gradient is split between them (norms {parts}, "
                     "cosine {grad_cosine:.3f})."),
+        "measured_same": Situation(
+            severity="warning",
+            when="the optimizer holds both and one real step moved the storage as one tied Parameter would (an optimizer "
+                 "linear in the gradient: SGD without weight decay)",
+            message="{names} are distinct Parameters over one storage ({overlap}), both held by the optimizer; this step "
+                    "moved the storage as one tied Parameter given the summed gradient would ({ratio:.3g}x, cosine "
+                    "{cosine:.4f}), because {optimizer} is linear in the gradient, but the gradient is split between them "
+                    "(norms {parts}): clipping by norm, weight decay or a switch to Adam will treat them as two."),
         "frozen": Situation(
             severity="info",
             when="only one of the Parameters over the storage trains (a frozen copy that is not a copy)",
@@ -249,7 +259,7 @@ def measure_storage(model: nn.Module, optimizer: Any = None, record: BuildRecord
         ms.sort(key=lambda m: m.seq)
         n_shared = max(shared.get(i, 0) for i in members)
         groups.append(Group(ms, _overlap_words([m.param for m in ms], n_shared), n_shared))
-    return StorageFacts(len(tensors), skipped[:20], groups, held is not None)
+    return StorageFacts(len(tensors), skipped[:20], groups, held is not None, type(optimizer).__name__)
 
 
 # ---- one step, measured -------------------------------------------------------------------------------------------
@@ -339,7 +349,8 @@ class StorageStep:
         group = next((grp for grp in opt.param_groups if any(p is g.trained[0].param for p in grp["params"])), None)
         if group is None:
             return None, "the parameter's param group was not found"
-        hyper = {k: group[k] for k in opt.defaults if k in group}
+        accepted = inspect.signature(type(opt).__init__).parameters
+        hyper = {k: group[k] for k in opt.defaults if k in group and k in accepted}
         q = nn.Parameter(before.detach().clone())
         q.grad = gsum.to(q.dtype)
         try:
@@ -400,7 +411,9 @@ def shared_storage(facts: StorageFacts) -> Iterator[Finding]:
         s = g.step
         if s is not None and s.ratio is not None:
             parts = ", ".join(f"{n} {v:.3g}" for n, v in s.parts.items())
-            yield GP805.finding("measured", names=_names(g.members), overlap=g.overlap, moved=s.moved, ratio=s.ratio,
+            same = abs(s.ratio - 1) < 1e-3 and s.cosine is not None and s.cosine > 1 - 1e-6
+            yield GP805.finding("measured_same" if same else "measured",
+                                optimizer=facts.optimizer, names=_names(g.members), overlap=g.overlap, moved=s.moved, ratio=s.ratio,
                                 tie_moved=s.tie_moved, cosine=s.cosine if s.cosine is not None else float("nan"),
                                 parts=parts, grad_cosine=s.grad_cosine if s.grad_cosine is not None else float("nan"),
                                 parameters=names, location=where, evidence=_evidence(g))
