@@ -103,7 +103,8 @@ async def test_views_that_do_not_overlap_and_a_real_tie_are_clean(client, tmp_pa
                 self.out2.weight = self.out.weight
 
             def forward(self, x):
-                h = x @ self.w + self.b + (x[:, :4] @ self.even).sum(-1, keepdim=True) + (x[:, :4] @ self.odd).sum(-1, keepdim=True)
+                side = (x[:, :4] @ self.even).sum(-1, keepdim=True) + (x[:, :4] @ self.odd).sum(-1, keepdim=True)
+                h = x @ self.w + self.b + side
                 return self.out(h) + self.out2(h)
 
         def build_model():

@@ -22,6 +22,7 @@ dimension. Where the outputs differ, op_blame.py names the custom forward's line
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import math
@@ -32,9 +33,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
+from gradprobe.checks._apply import ApplyWatch
 from gradprobe.checks._step import floating_outputs, run_step
 from gradprobe.checks.equivalence import op_blame, op_states
 from gradprobe.checks.equivalence.op_precision import _Dtypes, _eps
+from gradprobe.checks.jacobians import backward_lines
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.userframes import location
 
@@ -157,6 +160,16 @@ def _build(loaded: Loaded, spec: dict[str, Any], custom: nn.Module, resolve: Cal
     return built
 
 
+def _renamed(custom: nn.Module, mapfn: Callable[..., Any] | None) -> dict[str, str]:
+    """What `map` calls each custom parameter, told by tensor identity (a map that renames keys keeps the tensors)."""
+    if mapfn is None:
+        return {}
+    state = custom.state_dict(keep_vars=True)
+    out = mapfn(dict(state))
+    new = {id(v): k for k, v in out.items()} if isinstance(out, dict) else {}
+    return {k: new[id(v)] for k, v in state.items() if id(v) in new}
+
+
 def _load(ref: nn.Module, state: dict[str, torch.Tensor], mapfn: Callable[..., Any] | None) -> str | None:
     """Load the custom module's weights into the reference; why not, when they do not fill it."""
     sd = mapfn(state) if mapfn is not None else state
@@ -224,13 +237,24 @@ def _rel(a: torch.Tensor | None, b: torch.Tensor | None) -> tuple[float, float |
     return rel, cos, float((a - b).abs().max()) if a.numel() else 0.0
 
 
-def _run(module: nn.Module, args: tuple, kwargs: dict, dtypes: _Dtypes, log: op_blame.OpLog | None) -> Any:
-    with torch.random.fork_rng(devices=[]), torch.enable_grad(), dtypes:
+def _run(module: nn.Module, args: tuple, kwargs: dict, dtypes: _Dtypes, log: op_blame.OpLog | None,
+         functions: ApplyWatch | None = None) -> Any:
+    with contextlib.ExitStack() as stack:
+        for ctx in (torch.random.fork_rng(devices=[]), torch.enable_grad(), dtypes, log, functions):
+            if ctx is not None:
+                stack.enter_context(ctx)
         torch.manual_seed(0)
-        if log is None:
-            return module(*args, **kwargs)
-        with log:
-            return module(*args, **kwargs)
+        return module(*args, **kwargs)
+
+
+def _backward_of(watch: ApplyWatch, user: Any) -> Loc | None:
+    """The backward of the one custom Function of the user's that the custom forward called (where only gradients
+    differ, that is where the two part)."""
+    mine = [cls for cls in watch.calls if user.is_user_file(inspect.getsourcefile(cls) or "")]
+    if len(mine) != 1:
+        return None
+    def_loc, _ = backward_lines(mine[0])
+    return def_loc
 
 
 @dataclass
@@ -242,6 +266,7 @@ class _Pair:
     kwargs: dict
     cls: str
     ref_name: str
+    names: dict[str, str] = field(default_factory=dict)  # custom parameter name -> the reference's, where `map` renames
 
 
 def _compare(pair: _Pair, state: str, loaded: Loaded, blame: bool) -> Comparison:
@@ -253,7 +278,8 @@ def _compare(pair: _Pair, state: str, loaded: Loaded, blame: bool) -> Comparison
     dc, dr = _Dtypes(None), _Dtypes(None)
     log_c = op_blame.OpLog(loaded.user) if blame else None
     log_r = op_blame.OpLog(None) if blame else None
-    out_c = floating_outputs(_run(pair.custom, args_c, kwargs_c, dc, log_c))
+    functions = ApplyWatch(loaded.user, {}, capture=False) if blame else None
+    out_c = floating_outputs(_run(pair.custom, args_c, kwargs_c, dc, log_c, functions))
     out_r = floating_outputs(_run(pair.reference, args_r, kwargs_r, dr, log_r))
     dtype = dc.lowest if _eps(dc.lowest) >= _eps(dr.lowest) else dr.lowest
     sizes = [int(t.shape[-1]) for _, t in leaves_c if t.dim()] + [int(p.shape[-1]) for p in pair.custom.parameters() if p.dim()]
@@ -263,8 +289,8 @@ def _compare(pair: _Pair, state: str, loaded: Loaded, blame: bool) -> Comparison
         rel, cos, mx = _rel(a.detach(), b.detach()) if a.shape == b.shape else (math.inf, None, math.inf)
         rows.append(Diff(f"output {k}" if len(out_c) > 1 else "the output", rel, cos, mx))
     params_r = dict(pair.reference.named_parameters())
-    shared = [(n, p, params_r[n]) for n, p in pair.custom.named_parameters()
-              if n in params_r and params_r[n].shape == p.shape and p.requires_grad]
+    named = [(n, p, pair.names.get(n, n)) for n, p in pair.custom.named_parameters()]
+    shared = [(n, p, params_r[r]) for n, p, r in named if r in params_r and params_r[r].shape == p.shape and p.requires_grad]
     outs = [(a, b) for a, b in zip(out_c, out_r, strict=False) if a.requires_grad and b.requires_grad and a.shape == b.shape]
     if outs:
         gen = torch.Generator().manual_seed(op_states.SEED)
@@ -282,6 +308,8 @@ def _compare(pair: _Pair, state: str, loaded: Loaded, blame: bool) -> Comparison
         worst = next((k for k, d in enumerate(rows[:len(out_c)]) if d.rel > tol), None)
         if worst is not None:
             where = op_blame.culprit(log_c, log_r, out_c[worst], tol * 10)
+        elif functions is not None:
+            where = _backward_of(functions, loaded.user)
     return Comparison(pair.path, pair.cls, pair.ref_name, state, tol, str(dtype).replace("torch.", ""), len(rows), diffs,
                       max([d.rel for d in rows if math.isfinite(d.rel)] or [0.0]), where)
 
@@ -360,7 +388,8 @@ def measure(loaded: Loaded, option: Any) -> ReferenceFacts:
             facts.not_run.append({"check": f"reference {path}", "why": why, "cause": "user_code"})
             continue
         args, kwargs = inputs[id(custom)]
-        pair = _Pair(path, c64, r64, args, kwargs, type(custom).__name__, spec["replaces"].rpartition(":")[2])
+        pair = _Pair(path, c64, r64, args, kwargs, type(custom).__name__, spec["replaces"].rpartition(":")[2],
+                     _renamed(c64, mapfn))
         try:
             facts.comparisons.append(_compare_pair(pair, loaded, mapfn))
         except Exception as exc:  # the user's module failed on float64 copies: said, not reported as a difference

@@ -413,7 +413,8 @@ def shared_storage(facts: StorageFacts) -> Iterator[Finding]:
             parts = ", ".join(f"{n} {v:.3g}" for n, v in s.parts.items())
             same = abs(s.ratio - 1) < 1e-3 and s.cosine is not None and s.cosine > 1 - 1e-6
             yield GP805.finding("measured_same" if same else "measured",
-                                optimizer=facts.optimizer, names=_names(g.members), overlap=g.overlap, moved=s.moved, ratio=s.ratio,
+                                optimizer=facts.optimizer, names=_names(g.members), overlap=g.overlap, moved=s.moved,
+                                ratio=s.ratio,
                                 tie_moved=s.tie_moved, cosine=s.cosine if s.cosine is not None else float("nan"),
                                 parts=parts, grad_cosine=s.grad_cosine if s.grad_cosine is not None else float("nan"),
                                 parameters=names, location=where, evidence=_evidence(g))
