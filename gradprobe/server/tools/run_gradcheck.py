@@ -62,8 +62,8 @@ def register(server: MCPServer, runtime: Runtime) -> None:
         reference: Annotated[Reference | None, Field(description=(
             "Compare a custom/fused module with the reference it replaces, on the same weights and inputs."))] = None,
     ) -> Annotated[CallToolResult, Report]:
-        options = {"function": function, "check_second_order": check_second_order, "fast_mode": fast_mode,
-                   "atol": atol, "rtol": rtol}
+        options: dict[str, Any] = {"function": function, "check_second_order": check_second_order, "fast_mode": fast_mode,
+                                   "atol": atol, "rtol": rtol}
         if reference is not None:
             options["reference"] = reference.model_dump(exclude_none=True)
         return await call_tool(runtime, "run_gradcheck", target, options, ctx)
