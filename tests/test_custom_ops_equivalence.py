@@ -275,3 +275,51 @@ def test_custom_ops_run_contract():
     assert ok["verified"] and not [f for f in ok["findings"] if f["severity"] == "error"]
     none = custom_ops.run(load_target({"project_dir": str(EXAMPLES), "model": "healthy_cnn.py"}), {})
     assert not none["applies"] and none["why_not"]
+
+
+class _RMS(torch.autograd.Function):
+    """RMSNorm whose backward drops the weight (as the example), for the library-level checks below."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        ctx.save_for_backward(x, rstd)
+        return x * rstd * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, rstd = ctx.saved_tensors
+        xh = x * rstd
+        return rstd * (g - xh * (g * xh).mean(-1, keepdim=True)), (g * xh).reshape(-1, x.shape[-1]).sum(0)
+
+
+class _Divide(torch.autograd.Function):
+    """x / w with a correct backward: defined only while no element of w is zero."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x / w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g / w, (-g * x / (w * w)).sum(0)
+
+
+def test_perturbed_check_in_fast_mode_and_signs_kept():
+    """Too large for full Jacobians: the perturbed check compares random projections (`perturbed_fast`). A weight of
+    one sign moves multiplicatively: a division by 96 weights of 1 never meets a zero (additive noise of 0.5 would put
+    one within reach of zero about every other time), so a correct one stays clean."""
+    from gradprobe.checks.gradcheck import check_function
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 128, requires_grad=True)
+    found, info = check_function(_RMS, (x, torch.ones(128, requires_grad=True)), {1: ["norm.weight"]}, weights_at=[1],
+                                 fast_mode=True)
+    f = one_finding(found, "GP401")
+    assert "disagrees with finite differences at perturbed weights" in f["message"] and info["mode"].startswith("fast")
+    x = torch.randn(2, 96, requires_grad=True)
+    found, info = check_function(_Divide, (x, torch.ones(96, requires_grad=True)), {1: ["scale"]}, weights_at=[1])
+    assert not [f for f in found if f["severity"] == "error"], found
+    assert info["perturbed"]["result"] == "exact" and "sign kept" in info["perturbed"]["inputs"][0]["perturbed_by"]

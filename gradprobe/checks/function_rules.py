@@ -359,7 +359,7 @@ def _recorded(states: list[dict[str, Any]]) -> str:
 
 
 def _moved(states: list[dict[str, Any]]) -> str:
-    return "; ".join(f"{s['input']} plus {s['perturbed_by']}" for s in states)
+    return "; ".join(f"{s['input']} moved by {s['perturbed_by']}" for s in states)
 
 
 def _perturbed(facts: FunctionFacts, w: WrongGradient, worst: dict[str, Any], where: Loc | None) -> Finding:

@@ -82,7 +82,10 @@ def _measure_structure(facts: FunctionFacts, exc: Exception, user: UserCode | No
 
 
 def _wrong_line(cls: type[Function], facts: FunctionFacts, inputs64: tuple, req: list[int], worst: int) -> Loc | None:
-    line = backward_lines.wrong_gradient_line(cls, inputs64, req, worst)
+    if facts.precision is None:
+        line = backward_lines.wrong_gradient_line(cls, inputs64, req, worst)
+    else:  # computing below float64: its step, and the check's own tolerances for what counts as the same value
+        line = backward_lines.wrong_gradient_line(cls, inputs64, req, worst, facts.step, facts.rtol, facts.atol)
     d = facts.def_loc
     return location(d["file"], line, d["function"]) if d and line else None
 
@@ -91,12 +94,15 @@ def _explained(rewrite: rewrites.Rewrite) -> set[int]:
     return set(rewrite.surrogate) | (set(rewrite.scaled) if rewrite.recognised else set())
 
 
-def _measure_fast(facts: FunctionFacts, cls: type[Function], fn: FnLike, inputs64: tuple, req: list[int]) -> None:
-    """Random projections v^T J u, for Functions too large for full Jacobians."""
+def _measure_fast(facts: FunctionFacts, cls: type[Function], fn: FnLike, inputs64: tuple, req: list[int],
+                  explain: bool = True) -> None:
+    """Random projections v^T J u, for Functions too large for full Jacobians. `explain`: also torch's own fast
+    gradcheck, whose error message (it computes the full Jacobians on failure) the evidence quotes."""
     atol, rtol = facts.atol, facts.rtol
+    gradcheck_error = None
     try:  # raise_exception=False would return False on exactly this error and drop PyTorch's explanation
-        torch.autograd.gradcheck(fn, inputs64, eps=facts.step, atol=atol, rtol=rtol, fast_mode=True, raise_exception=True)
-        gradcheck_error = None
+        if explain:
+            torch.autograd.gradcheck(fn, inputs64, eps=facts.step, atol=atol, rtol=rtol, fast_mode=True, raise_exception=True)
     except GradcheckError as exc:
         gradcheck_error = str(exc)
     # torch's fast mode misses small elementwise errors (a dropped factor in one term): our own projections too
@@ -236,8 +242,8 @@ def _measure(cls: type[Function], inputs64: tuple, facts: FunctionFacts, info: d
     use_fast = fast_mode if fast_mode is not None else (
         n_out > MAX_OUTPUT_ELEMS or sum(inputs64[j].numel() for j in req) > 4 * MAX_INPUT_ELEMS)
     info["mode"] = "fast (random projections)" if use_fast else "full Jacobian"
-    if use_fast:
-        _measure_fast(facts, cls, fn, inputs64, req)
+    if use_fast:  # the perturbed pass (repeat=False) compares its own projections only: torch's message costs full Jacobians
+        _measure_fast(facts, cls, fn, inputs64, req, explain=repeat)
         return []
     analytical = _measure_full(facts, cls, fn, inputs64, req, starved)
     if repeat:
@@ -279,7 +285,7 @@ def _measure_perturbed(cls: type[Function], inputs64: tuple, facts: FunctionFact
     if not states:
         return
     again = FunctionFacts(facts.name, facts.params_at, facts.def_loc, facts.ret_loc, facts.n_inputs, facts.atol,
-                          facts.rtol, step=facts.step)
+                          facts.rtol, step=facts.step, precision=facts.precision)
     sub: dict[str, Any] = {}
     _measure(cls, moved, again, sub, user, fast_mode, False, starved, repeat=False)
     wrong = again.wrong is not None

@@ -5,8 +5,8 @@ factor is exact while the weight is all ones, a fused bias-GELU that drops the b
 (karpathy/llm.c#763: "I forgot to multiply by the weight in the backward pass. Spent days chasing it."). So gradcheck
 also checks each Function at its weight-like inputs perturbed: those that are a model parameter, or a cast, view or
 transpose of exactly one (what the call receives for `self.weight`, `self.weight.to(x.dtype)`, `self.weight.t()`),
-moved by seeded Gaussian noise of REL x their root mean square (the activations' when the weight is all zeros, else
-1.0). Activations stay as recorded.
+moved by seeded noise: multiplicative (x exp(REL z)) for a weight whose elements share one sign, so none crosses zero,
+else additive of REL x its root mean square (the other inputs' when it is all zeros). Activations stay as recorded.
 """
 
 from __future__ import annotations
@@ -64,7 +64,11 @@ def _rms(t: torch.Tensor) -> float:
 
 
 def perturb(inputs: tuple, positions: list[int], label: Any = None) -> tuple[tuple, list[dict[str, Any]]]:
-    """The inputs with those at `positions` moved by seeded noise; what each was and how far it moved."""
+    """The inputs with those at `positions` moved by seeded noise; what each was and how far it moved.
+
+    A weight whose elements share one sign (a norm weight of ones, a scale, a temperature) is moved multiplicatively,
+    w x exp(REL z), so that no element crosses zero (a division by it, its log or square root stay defined); any
+    other (a bias of zeros, a weight of both signs) additively, w + REL x rms x z."""
     gen = torch.Generator().manual_seed(SEED)
     others = [a for i, a in enumerate(inputs) if i not in positions and isinstance(a, torch.Tensor) and a.is_floating_point()]
     fallback = max([_rms(a) for a in others] or [0.0]) or 1.0
@@ -74,13 +78,19 @@ def perturb(inputs: tuple, positions: list[int], label: Any = None) -> tuple[tup
         a = inputs[j]
         if not isinstance(a, torch.Tensor) or not a.is_floating_point():
             continue
-        own = _rms(a)
-        scale = own or fallback
-        noise = torch.randn(a.shape, generator=gen, dtype=torch.float64).to(a.dtype) * (REL * scale)
-        moved = (a.detach() + noise).requires_grad_(a.requires_grad)
+        z = torch.randn(a.shape, generator=gen, dtype=torch.float64).to(a.dtype)
+        d = a.detach()
+        if d.numel() and (bool((d > 0).all()) or bool((d < 0).all())):
+            moved = d * torch.exp(REL * z)
+            how = f"seeded log-normal factors exp({REL} z) (its sign kept)"
+        else:
+            own = _rms(d)
+            scale = own or fallback
+            moved = d + z * (REL * scale)
+            how = (f"seeded Gaussian noise of std {REL * scale:.3g} ({REL} x "
+                   + ("its rms)" if own else "the other inputs' rms: its own is 0)"))
+        moved = moved.requires_grad_(a.requires_grad)
         out[j] = moved
         states.append({"index": j, "input": label(j) if label else f"input {j}", "recorded": describe(a),
-                       "perturbed_by": f"seeded Gaussian noise of std {REL * scale:.3g} ({REL} x "
-                                       + ("its rms)" if own else "the other inputs' rms: its own is 0)"),
-                       "perturbed": describe(moved)})
+                       "perturbed_by": how, "perturbed": describe(moved)})
     return tuple(out), states
