@@ -142,6 +142,11 @@ def _span(p: torch.Tensor) -> tuple[int, int]:
     return int(p.storage_offset()), int(p.storage_offset()) + last + 1
 
 
+def _bytes(p: torch.Tensor) -> tuple[int, int]:
+    lo, hi = _span(p)
+    return lo * p.dtype.itemsize, hi * p.dtype.itemsize
+
+
 def _key(p: torch.Tensor) -> tuple[str, int]:
     return str(p.device), p.untyped_storage().data_ptr()
 
@@ -242,13 +247,18 @@ def measure_storage(model: nn.Module, optimizer: Any = None, record: BuildRecord
             by_storage.setdefault(_key(p), []).append(i)
         pairs: list[tuple[int, int]] = []
         shared: dict[int, int] = {}
-        for idx in by_storage.values():
-            for x, i in enumerate(idx):
-                for j in idx[x + 1:]:
+        for idx in by_storage.values():  # a sweep over byte spans: a flat buffer carved into n parameters costs n log n
+            spans = sorted((_bytes(tensors[i][1]), i) for i in idx)
+            active: list[tuple[tuple[int, int], int]] = []
+            for span, i in spans:
+                active = [(s, j) for s, j in active if s[1] > span[0]]
+                for _, j in active:
                     k = _shared(tensors[i][1], tensors[j][1])
                     if k:
-                        pairs.append((i, j))
+                        pairs.append((j, i))
                         shared[i] = shared.get(i, 0) + k
+                        shared[j] = shared.get(j, 0) + k
+                active.append((span, i))
     groups = []
     for members in _union(pairs, len(tensors)):
         ms = []
