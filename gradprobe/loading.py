@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from gradprobe.errors import TargetError, TargetRefError
 from gradprobe.phases import Phase
-from gradprobe.checks.torchcompat import requires_grad_descriptor
+from gradprobe.checks.torchcompat import data_descriptor, requires_grad_descriptor
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 from gradprobe.wrappers import unwrap_library
 
@@ -49,6 +49,7 @@ class BuildRecord:
     # (file, line) of a freeze -> (locals, globals) of the user frame at its first freeze: what its condition read
     freeze_frames: dict = field(default_factory=dict)
     hook_sites: dict = field(default_factory=dict)  # id(tensor) -> (seq, location) of register_hook
+    data_sites: dict = field(default_factory=dict)  # id(Parameter) -> (seq, location) of `p.data = ...` (a tie by .data)
     grad_off_sites: list = field(default_factory=list)  # (seq, location) where grad mode was switched off
     group_sources: Any = None  # checks.group_sources.GroupSources: where make_optimizer's param groups came from
     keep: list = field(default_factory=list)  # keeps recorded objects alive so ids stay unique
@@ -173,9 +174,24 @@ class _StateRecorder:
         self._saved = (orig_hook, orig_gm)
         self._own = {k: v for k, v in ((k, torch.Tensor.__dict__.get(k)) for k in ("requires_grad_",)) if v is not None}
         self._own_param = nn.Parameter.__dict__.get("requires_grad")
+        self._own_data = nn.Parameter.__dict__.get("data")
+        base_data = data_descriptor()
+
+        def set_data(t: torch.Tensor, value: torch.Tensor) -> None:
+            # the user's own `p.data = other.data` (two Parameters over one storage: GP805 names the line), not
+            # torch's own (Module._apply sets .data under the user's `model.to(...)`)
+            caller = sys._getframe(1)
+            if self.user.is_user_file(caller.f_code.co_filename):
+                rec.seq += 1
+                rec.data_sites[id(t)] = (rec.seq, self.user.location_of(caller.f_code.co_filename, caller.f_lineno,
+                                                                        caller.f_code.co_name))
+                rec.keep.append(t)
+            base_data.__set__(t, value)
+
         torch.Tensor.requires_grad_ = requires_grad_  # type: ignore[method-assign, assignment]
         torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]
         nn.Parameter.requires_grad = property(base_rg.__get__, set_requires_grad)  # type: ignore[assignment]
+        nn.Parameter.data = property(base_data.__get__, set_data)  # type: ignore[assignment, method-assign]
         torch.autograd.grad_mode.set_grad_enabled.__init__ = set_grad_enabled_init  # type: ignore[method-assign, assignment]
         return self
 
@@ -189,6 +205,10 @@ class _StateRecorder:
             nn.Parameter.requires_grad = self._own_param  # type: ignore[assignment]
         else:
             del nn.Parameter.requires_grad
+        if self._own_data is not None:
+            nn.Parameter.data = self._own_data  # type: ignore[method-assign]
+        else:
+            del nn.Parameter.data
         torch.Tensor.register_hook = orig_hook  # type: ignore[method-assign]
         torch.autograd.grad_mode.set_grad_enabled.__init__ = orig_gm  # type: ignore[method-assign]
         return False

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks import autocast_underflow, compiled, gradcheck, optimizer, precision, prompt_tuning, registration, trace
+from gradprobe.checks.equivalence import storage
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks.carried_state import carried_graph_findings
 from gradprobe.checks._step import StepResult, param_names
@@ -131,7 +132,7 @@ class _Observed:
     amp: autocast_underflow.AutocastWatch  # the autocasts the step entered, and whether a GradScaler scaled the loss
 
 
-def _observe(loaded: Any, prompt_on: bool) -> _Observed:
+def _observe(loaded: Any, prompt_on: bool, shared: storage.StorageFacts) -> _Observed:
     """Run the step once with the trace mode, the gradient hooks, the optimizer, Function and base-model observers."""
     model = loaded.model
     base = prompt_tuning.find_base(model) if prompt_on else None
@@ -158,6 +159,7 @@ def _observe(loaded: Any, prompt_on: bool) -> _Observed:
             stack.enter_context(base_obs)
         stack.enter_context(use)
         stack.enter_context(amp)
+        stack.enter_context(storage.StorageStep(shared, opt))  # GP805: the update of a storage two Parameters share
         step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
     return _Observed(tracer, grads, step, buffers, capture, direct, base_obs, use, opt, before, step_obs, amp)
 
@@ -214,13 +216,16 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     findings: list[Finding] = registration.check_registration(model, loaded.record, loaded.info, user=loaded.user)
     facts: dict[str, Any] = {"checks": ["registration"]}
     coverage: list[Finding] = []
+    shared = storage.measure_storage(model, loaded.optimizer, loaded.record)
+    facts.setdefault("verified", []).append(storage.verified_line(shared))
     if loaded.optimizer_error is not None or loaded.optimizer is not None:
-        coverage, ofacts = optimizer.optimizer_findings(loaded, step=False)
+        coverage, ofacts = optimizer.optimizer_findings(loaded, step=False, storage=False)
         findings += coverage
         facts["optimizer"] = ofacts
         facts["checks"].append("optimizer")
     if _not_stepped(loaded, findings, facts):
-        return findings, facts
+        facts["shared_storage"] = storage.facts_dict(shared)
+        return findings + storage.storage_findings(shared), facts
     nonleaf_before = {f["evidence"]["attribute"]: _attribute(model, f["evidence"]["attribute"])
                       for f in findings if f["code"] == "GP109" and "attribute" in f["evidence"]}
     found = prompt_tuning.find_prompt(model)
@@ -228,7 +233,9 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     # the input embedding trained alone in a frozen LM is (new token embeddings as the tuning mechanism). A prompt of
     # the user's own is recognised by what the step does with it: the base is watched where the user's code may place one
     watch = (found.any and found.how in ("caller", "peft", "embedding")) or prompt_tuning.may_place_prompt(model, loaded.user)
-    seen = _observe(loaded, watch)
+    seen = _observe(loaded, watch, shared)
+    findings += storage.storage_findings(shared)  # after the step: with the update it measured
+    facts["shared_storage"] = storage.facts_dict(shared)
     found = prompt_tuning.find_prompt(model, used=seen.use)
     prompt_on = prompt_tuning.tunes_a_prompt(model, found)
     tracer, step = seen.tracer, seen.step

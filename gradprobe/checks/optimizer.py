@@ -38,6 +38,7 @@ from gradprobe.checks.torchcompat import (
     allocation_failure,
 )
 from gradprobe.checks.freeze_rules import GP319, measure_left_out
+from gradprobe.checks.equivalence.storage import StorageStep, facts_dict, measure_storage, storage_findings, verified_line
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.outcomes import resource_limit_finding, target_failed_finding
 from gradprobe.report import make_report
@@ -448,14 +449,14 @@ def analyze_step(model: nn.Module, optimizer: Any, before: dict[int, torch.Tenso
     return wrong + stuck_findings(model, optimizer, before, obs, already, opt_site, zero_lr_at or opt_site)
 
 
-def check_step(loaded: Loaded, coverage: list[Finding]) -> tuple[list[Finding], dict[str, Any]]:
+def check_step(loaded: Loaded, coverage: list[Finding], observers: Sequence[Any] = ()) -> tuple[list[Finding], dict[str, Any]]:
     """Run one real step and report parameters with a nonzero gradient that did not change."""
     from gradprobe.loading import BuildRecorder
 
     before = snapshot(loaded.model)
     with StepObserver(loaded.model, loaded.optimizer, loaded.user, loaded.record) as obs, \
             BuildRecorder(loaded.user, loaded.record):
-        result = run_step(loaded, optimizer_step=True)
+        result = run_step(loaded, optimizer_step=True, observers=observers)
     coverage += replaced_during_step(loaded.model, loaded.optimizer, loaded.record,
                                      {(f["code"], tuple(f["parameters"])) for f in coverage})
     err = result.error
@@ -499,18 +500,25 @@ def build_failure_findings(loaded: Loaded) -> list[Finding]:
                                   evidence={"traceback": loaded.user.trimmed_traceback(exc.cause) if exc.cause else text})]
 
 
-def optimizer_findings(loaded: Loaded, step: bool = True) -> tuple[list[Finding], dict[str, Any]]:
+def optimizer_findings(loaded: Loaded, step: bool = True, storage: bool = True) -> tuple[list[Finding], dict[str, Any]]:
+    """`storage`: also distinct Parameters over one storage (GP805) and, with the step, the update it causes (diagnose
+    measures those in its own step)."""
     if loaded.optimizer_error is not None:
         return build_failure_findings(loaded), {}
     if loaded.optimizer is None:
         return [], {"note": "the target has no optimizer: only registration-level facts apply"}
     findings, groups = check_coverage(loaded.model, loaded.optimizer, loaded.record)
     facts: dict[str, Any] = {"optimizer": type(loaded.optimizer).__name__, "param_groups": groups}
+    shared = measure_storage(loaded.model, loaded.optimizer, loaded.record) if storage else None
     has_step = loaded.batch is not None or loaded.train_step is not None
     if step and isinstance(loaded.optimizer, torch.optim.Optimizer) and has_step:
-        more, step_facts = check_step(loaded, findings)
+        watch = (StorageStep(shared, loaded.optimizer),) if shared is not None else ()
+        more, step_facts = check_step(loaded, findings, watch)
         findings += more
         facts["step"] = step_facts
+    if shared is not None:
+        findings += storage_findings(shared)
+        facts["shared_storage"], facts["verified"] = facts_dict(shared), [verified_line(shared)]
     return findings, facts
 
 
