@@ -52,6 +52,7 @@ class BuildRecord:
     grad_off_sites: list = field(default_factory=list)  # (seq, location) where grad mode was switched off
     group_sources: Any = None  # checks.group_sources.GroupSources: where make_optimizer's param groups came from
     keep: list = field(default_factory=list)  # keeps recorded objects alive so ids stay unique
+    stepped: list = field(default_factory=list)  # script mode: the optimizers whose step() the script's own loop ran
 
     def site_of(self, module: nn.Module, name: str) -> dict | None:
         hit = self.setattr_sites.get((id(module), name))

@@ -165,6 +165,7 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
     import torch
     import torch.nn as nn
 
+    from gradprobe.checks.several.report import models_line
     from gradprobe.tools import run_tool
     from gradprobe.loading import Loaded
     from gradprobe.scriptmode.run import no_step_report
@@ -180,6 +181,7 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
     if rep is None:
         return no_step_report(tool, run, target)
     torch.set_grad_enabled(True)
+    record.stepped = [o for o in watch.optimizers if id(o) in watch.stepped]  # the script's own loop stepped them
     step_facts: dict[str, Any] = {
         "captured_at": cap.how, "step_location": cap.step_location, "closure": cap.closure,
         "backward_locations": backward_locations(watch.backwards), "learning_rates": cap.lrs,
@@ -227,6 +229,9 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
             step_facts["script_traceback"] = watch.user.trimmed_traceback(run.exc)
         report["summary"] += f"\nThe script {how[:300]} after its first backward; the checks ran on that backward's step."
     report.setdefault("facts", {})["script_step"] = step_facts
+    line = models_line(step_facts.get("models") or [])
+    if line:  # several models, checked as one: which, and the frozen ones beside them
+        report["summary"] += "\n" + line
     return report
 
 

@@ -283,13 +283,15 @@ def with_owners(watch: OwnersWatch, findings: list[Finding]) -> list[Finding]:
                      and not (f["code"] == GP606.code and never and set(f["parameters"]) <= never)]
 
 
-def facts_report(facts: AuditFacts, extra: list[Finding] | None = None, owners: OwnersWatch | None = None) -> dict:
+def facts_report(facts: AuditFacts, extra: list[Finding] | None = None, owners: OwnersWatch | None = None,
+                 measured: list[str] | None = None) -> dict:
     """The GP6xx rules on measured facts (observed in a train_step's calls, or in a script's own loop), ranked, reported
-    (with `owners`, the several optimizers' GP212/GP213 as in with_owners)."""
+    (with `owners`, the several optimizers' GP212/GP213 as in with_owners; `measured`: more all-clear lines)."""
     findings: list[Finding] = sorted(run_rules(RULES, facts), key=lambda f: _RANK.get(f["code"], 99)) + list(extra or ())
     if owners is not None:
         findings = with_owners(owners, findings)
-    return make_report("audit_training", findings, summary_lines(facts, findings), **facts_table(facts, findings))
+    return make_report("audit_training", findings, summary_lines(facts, findings, measured),
+                       **facts_table(facts, findings, measured))
 
 
 def audit_report(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> dict:
