@@ -166,7 +166,8 @@ def _observe(loaded: Any, prompt_on: bool) -> _Observed:
 def _not_stepped(loaded: Any, findings: list[Finding], facts: dict[str, Any]) -> bool:
     """Whether the step-based checks cannot run (no inputs, or the optimizer train_step needs failed); says why."""
     if loaded.batch is None and loaded.train_step is None:
-        facts["note"] = "no inputs and no train_step: the step-based checks were skipped"
+        several = (loaded.info.get("models") or {}) if isinstance(getattr(loaded, "info", None), dict) else {}
+        facts["note"] = several.get("note") or "no inputs and no train_step: the step-based checks were skipped"
         return True
     if loaded.optimizer_error is not None and loaded.train_step is not None and loaded.optimizer is None:
         # reported once above, as the root: train_step cannot run without the optimizer it takes

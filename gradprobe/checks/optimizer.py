@@ -38,6 +38,7 @@ from gradprobe.checks.torchcompat import (
     allocation_failure,
 )
 from gradprobe.checks.freeze_rules import GP319, measure_left_out
+from gradprobe.checks.several.modelset import ModelSet, idle_members
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.outcomes import resource_limit_finding, target_failed_finding
 from gradprobe.report import make_report
@@ -300,7 +301,8 @@ def measure_coverage(model: nn.Module, optimizer: torch.optim.Optimizer, record:
                      during_step: bool = False) -> CoverageFacts:
     names = param_names(model)
     seq, site = _opt_site(record, optimizer)
-    facts = CoverageFacts(kind=type(optimizer).__name__, site=site, during_step=during_step)
+    facts = CoverageFacts(kind=type(optimizer).__name__, site=site, during_step=during_step,
+                          members=model.labels if isinstance(model, ModelSet) else [])
     seen: dict[int, int] = {}
     stale = scan_groups(facts, optimizer, names, seen)
     facts.total = sum(len(g["params"]) for g in optimizer.param_groups)
@@ -344,6 +346,9 @@ def detect_stale(facts: CoverageFacts) -> Iterator[Finding]:
         return
     mods = [m for m in sorted({module_of(n) for n in facts.replaced}) if m][:3]
     loads = "; ".join(f"model.{m}.load_state_dict(new.state_dict())" for m in mods)
+    rebuilt = sorted({n.split(".", 1)[0] for n in facts.replaced} & set(facts.members))
+    if rebuilt:  # several models: the one rebuilt is the script's own variable
+        mods, loads = rebuilt, "; ".join(f"{m}.load_state_dict(new_{m}.state_dict())" for m in rebuilt)
     evidence: dict[str, Any] = {"stale_tensors": facts.stale, "optimizer_created_at": facts.site}
     if facts.missing and not facts.rest:
         # every missing parameter is explained by GP202; keep GP201 as its consequence
@@ -430,8 +435,9 @@ def settle_coverage(coverage: list[Finding], model: nn.Module, got_grad: set[int
         if f["code"] != GP201.code:
             out.append(f)
             continue
+        frozen = idle_members(model, set(f["parameters"]), got_grad)  # several models: a teacher beside the trained ones
         fed = [n for n in f["parameters"] if by_name.get(n) in got_grad]
-        idle = [n for n in f["parameters"] if by_name.get(n) not in got_grad]
+        idle = [n for n in f["parameters"] if by_name.get(n) not in got_grad and n.split(".", 1)[0] not in frozen]
         out += [_settled(f, fed, True)] if fed else []
         out += [_settled(f, idle, False)] if idle else []
     return out

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks.several.modelset import ModelSet
+from gradprobe.checks.several.modelset import ModelSet, reserved_names
 from gradprobe.userframes import UserCode
 
 _MAX_ITEMS = 64  # items of a container looked at
@@ -78,7 +78,7 @@ def user_names(user: UserCode, frame: types.FrameType | None = None) -> dict[int
     globals, or inside a container or an object of the user's own class held there (its key or attribute). The
     outermost user frame first, and a frame's own names before what its containers hold."""
     frames = []
-    f = frame or sys._getframe(1)
+    f: types.FrameType | None = frame or sys._getframe(1)
     while f is not None:
         if user.is_user_file(f.f_code.co_filename):
             frames.append(f)
@@ -193,8 +193,7 @@ def find_members(watch: Any, captured: Any, in_graph: set[int], user: UserCode, 
 
 def _name(found: Members) -> None:
     """Unique child names: the script's own name, else the class name (`_2`, `_3` for a second and third)."""
-    taken: set[str] = set(dir(ModelSet({})))
-    taken |= set(dir(nn.Module))
+    taken = reserved_names()
     used: set[str] = set()
     for member in found.trained + found.frozen:
         base = member.held_as if member.held_as and member.held_as.isidentifier() else type(member.module).__name__

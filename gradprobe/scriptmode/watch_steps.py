@@ -298,13 +298,16 @@ class ScriptSteps(StepObserver):
 
         roots = [b.root for b in self.watch.backwards if b.root is not None]
         self.watch.backwards = self.watch.backwards[-1:]
+        if self.model is None:
+            return
         _, leaf_ids, _ = graph_leaves(roots)
-        new = leaf_ids - {id(p) for p in self.model.parameters()} - self._unowned if self.model is not None else set()
+        known = {id(p) for p in self.model.parameters()}
+        new = leaf_ids - known - self._unowned
         if not new:
             return
         self._unowned |= new
         several, members = several_model(self.watch, self.main_opt, roots, self.user)
-        if several is None or {id(p) for p in several.parameters()} <= {id(p) for p in self.model.parameters()}:
+        if several is None or {id(p) for p in several.parameters()} <= known:
             return
         self.model, self.names = several, {}
         self.model_note.update(model=type(several).__name__, wrapper=None, models=members.facts())
@@ -347,7 +350,8 @@ class ScriptSteps(StepObserver):
             from gradprobe.checks.steps.engine import _pair_ema
 
             in_opt = {pid for st in self.opt_steps for g in st.groups for pid in g.params}
-            self.ema = _pair_ema(self.model, in_opt, self.names, self.record)
+            in_opt |= {id(p) for o in self.optimizers_seen.values() for g in o.param_groups for p in g["params"]}
+            self.ema = _pair_ema(self.model, in_opt, self.names, self.record)  # a copy is in no optimizer
         # an EMA copy that moved in the last interval: keep its weights, to measure how much of its gap it keeps next
         by_id = self.model_params()
         self._ema_saved = [(c, [by_id[pid].detach().clone() for pid in c.params if pid in by_id])

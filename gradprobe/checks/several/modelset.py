@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import torch.nn as nn
 
 
@@ -54,15 +53,19 @@ class _Plan:
 
 class ModelSet(nn.Module):
     """Several models checked as one (see the module docstring). `given`: how build_model() returned them ("tuple",
-    "list", "dict"), None in script mode; `frozen`: the models beside the trained ones (a teacher, a VAE), held for
-    what the report says of them, not as the model's children."""
+    "list", "dict"), None in script mode; `keys`: a dict's own keys by child name."""
 
-    def __init__(self, members: dict[str, nn.Module], given: str | None = None) -> None:
+    def __init__(self, members: dict[str, nn.Module], given: str | None = None, keys: dict[str, Any] | None = None) -> None:
         super().__init__()
         for label, module in members.items():
             self.add_module(label, module)
         self._given = given
+        self._keys = dict(keys or {})  # child name -> the user's own dict key
         self._plan = _Plan()
+
+    @property
+    def given(self) -> str | None:
+        return self._given
 
     @property
     def labels(self) -> list[str]:
@@ -82,7 +85,7 @@ class ModelSet(nn.Module):
         if self._given == "list":
             return list(mods.values())
         if self._given == "dict":
-            return {getattr(self, "_keys", {}).get(k, k): v for k, v in mods.items()}
+            return {self._keys.get(k, k): v for k, v in mods.items()}
         return mods
 
     def set_plan(self, calls: list[PlannedCall], sinks: list[int]) -> None:
@@ -141,15 +144,22 @@ def several_modules(obj: Any) -> tuple[dict[str, nn.Module], str] | None:
         return {_attr(str(k), i): v for i, (k, v) in enumerate(obj.items())}, "dict"
     if isinstance(obj, (tuple, list)) and len(obj) >= 2 and all(isinstance(v, nn.Module) for v in obj):
         classes = [type(m).__name__ for m in obj]
-        names = [c if classes.count(c) == 1 else f"{c}_{classes[:i + 1].count(c)}" for i, c in enumerate(classes)]
+        names = [_attr(c if classes.count(c) == 1 else f"{c}_{classes[:i + 1].count(c)}", i) for i, c in enumerate(classes)]
         return dict(zip(names, obj, strict=True)), "tuple" if isinstance(obj, tuple) else "list"
     return None
 
 
 def _attr(key: str, index: int) -> str:
-    """A child name from a dict key: a module's child name has no '.' and is not empty."""
+    """A child name from a dict key: a module's child name has no '.', is not empty, and is no attribute of a ModelSet
+    (`train`, `forward`)."""
     name = key.replace(".", "_")
-    return name if name and name.isidentifier() else f"model_{index}"
+    name = name if name and name.isidentifier() else f"model_{index}"
+    return name + "_" if name in reserved_names() else name
+
+
+def reserved_names() -> set[str]:
+    """Names a child of a ModelSet cannot take: its own attributes and methods."""
+    return set(dir(ModelSet({})))
 
 
 def from_given(obj: Any) -> ModelSet | None:
@@ -158,10 +168,8 @@ def from_given(obj: Any) -> ModelSet | None:
     if found is None:
         return None
     members, given = found
-    models = ModelSet(members, given)
-    if given == "dict":
-        models._keys = {_attr(str(k), i): k for i, k in enumerate(obj)}  # the user's own keys, for as_given()
-    return models
+    keys = {_attr(str(k), i): k for i, k in enumerate(obj)} if given == "dict" else None  # for as_given()
+    return ModelSet(members, given, keys)
 
 
 def for_user(fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
@@ -187,5 +195,14 @@ def member_of(models: nn.Module, name: str) -> str | None:
     return head if head in models._modules else None
 
 
-def detached_tensor(t: torch.Tensor) -> torch.Tensor:
-    return t.detach() if t.requires_grad and t.grad_fn is not None else t
+def idle_members(models: nn.Module, outside: set[str], got_grad: set[int]) -> set[str]:
+    """The models beside the trained ones, frozen by design (a teacher used under no_grad as the target): every one of
+    their trainable parameters is in `outside` (no optimizer holds it) and none got a gradient in the step."""
+    if not isinstance(models, ModelSet):
+        return set()
+    out = set()
+    for label, member in models.member_items():
+        trainable = [(n, p) for n, p in member.named_parameters() if p.requires_grad]
+        if trainable and all(f"{label}.{n}" in outside and id(p) not in got_grad for n, p in trainable):
+            out.add(label)
+    return out

@@ -70,8 +70,9 @@ def check_by_design(loaded: Any, findings: list[Finding], facts: dict[str, Any],
     if "steps" not in facts.get("checks", ["steps"]):
         facts["checks"].append("zero-init partners over steps")
     return out
-STEPS_FACTS = ("steps", "mode", "headline", "verdicts", "param_groups", "optimizer_steps", "order", "ema_copies",
-               "grad_scaler", "full_batch", "verified", "step_error", "script_step")
+# per_parameter too: a finding about tensors that do not train is judged beside what the steps measured of each
+STEPS_FACTS = ("steps", "mode", "headline", "verdicts", "per_parameter", "param_groups", "optimizer_steps", "order",
+               "ema_copies", "grad_scaler", "full_batch", "verified", "step_error", "script_step")
 
 
 def ema_moved(audit_facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
