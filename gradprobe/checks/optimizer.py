@@ -81,6 +81,14 @@ GP201: Rule[CoverageFacts] = Rule(
                     "{names}. step() never updates them.",
             fix="They learn nothing while they get gradients: build the optimizer from model.parameters() once the model "
                 "is complete, or add them: optimizer.add_param_group({{'params': [<these parameters>]}})."),
+        "fed_models": Situation(
+            when="the measured step gave them a gradient, and they belong to some of several models trained together "
+                 "(a script's text encoder beside its UNet, a build_model() that returned a dict of models)",
+            message="{count} trainable parameter(s) of {models} got a gradient in this step but are in no param group of "
+                    "the optimizer: {names}. step() never updates them.",
+            fix="Give the optimizer the trainable parameters of {models} too, where it is built (a parameter group of "
+                "their own: {{'params': [p for p in {first}.parameters() if p.requires_grad]}}), or add them: "
+                "optimizer.add_param_group({{'params': [p for p in {first}.parameters() if p.requires_grad]}})."),
         "idle": Situation(
             when="the measured step gave them no gradient: nothing is lost in this step",
             severity="info",
@@ -418,8 +426,10 @@ def replaced_during_step(model: nn.Module, optimizer: Any, record: BuildRecord |
     return [f for f in run_rules((GP202,), facts) if (f["code"], tuple(f["parameters"])) not in seen]
 
 
-def _settled(f: Finding, names: list[str], got: bool) -> Finding:
-    return GP201.finding("fed" if got else "idle", count=len(names), names=_names(names), parameters=names,
+def _settled(f: Finding, names: list[str], got: bool, models: list[str] | None = None) -> Finding:
+    situation = ("fed_models" if models else "fed") if got else "idle"
+    return GP201.finding(situation, count=len(names), names=_names(names), parameters=names,
+                         models=" and ".join(models or []), first=(models or [""])[0],
                          location=f["location"], evidence={**f["evidence"], "missing": len(names), "got_gradient": got})
 
 
@@ -438,7 +448,8 @@ def settle_coverage(coverage: list[Finding], model: nn.Module, got_grad: set[int
         frozen = idle_members(model, set(f["parameters"]), got_grad)  # several models: a teacher beside the trained ones
         fed = [n for n in f["parameters"] if by_name.get(n) in got_grad]
         idle = [n for n in f["parameters"] if by_name.get(n) not in got_grad and n.split(".", 1)[0] not in frozen]
-        out += [_settled(f, fed, True)] if fed else []
+        models = sorted({n.split(".", 1)[0] for n in fed}) if isinstance(model, ModelSet) else None
+        out += [_settled(f, fed, True, models)] if fed else []
         out += [_settled(f, idle, False)] if idle else []
     return out
 

@@ -125,6 +125,7 @@ def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> d
     from gradprobe.checks.steps.facts import AuditFacts
     from gradprobe.checks.steps.gradients import ONE_STEP_RULES
     from gradprobe.findings import run_rules
+    from gradprobe.checks.several.modelset import ModelSet
     from gradprobe.scriptmode.step import choose_model
 
     zeroed = [c for s in first.opt_steps for c in s.changes if c.before > 0 and not c.after]
@@ -133,7 +134,9 @@ def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> d
     try:
         cap = run.watch.capture
         in_opt = {pid for s in first.opt_steps for g in s.groups for pid in g.params}
-        model, _ = choose_model(run.watch, in_opt, set(), run.watch.user)
+        replayed = run.replayed.model if run.replayed is not None else None
+        # several models: the names the replay gave them (`text_encoder.…`), else the model as chosen for one
+        model = replayed if isinstance(replayed, ModelSet) else choose_model(run.watch, in_opt, set(), run.watch.user)[0]
         names = {pid: ns[0] for pid, ns in param_names(model).items()} if model is not None else {}
         facts = AuditFacts(calls=len(first.opt_steps), mode="script", names=names, requires_grad={},
                            opt_steps=first.opt_steps, events=first.events, grad_calls=[], built=[], attached=[],

@@ -84,13 +84,21 @@ def user_names(user: UserCode, frame: types.FrameType | None = None) -> dict[int
             frames.append(f)
         f = f.f_back
     out: dict[int, str] = {}
+    try:
+        _walk(frames, user, out)
+    except Exception:  # a container changed under us (another thread), an odd object: what was found stands
+        pass
+    return out
+
+
+def _walk(frames: list[types.FrameType], user: UserCode, out: dict[int, str]) -> None:
     seen: set[int] = set()
     level: list[tuple[str, Any]] = []
     for f in reversed(frames):
         scopes = (f.f_globals,) if f.f_code.co_name == "<module>" else (f.f_locals, f.f_globals)
         for scope in scopes:
             level += [(k, v) for k, v in list(scope.items()) if not k.startswith("_") and k != "self"]
-            if "self" in scope and not isinstance(scope["self"], nn.Module):
+            if "self" in scope and not issubclass(type(scope["self"]), nn.Module):
                 level.append(("self", scope["self"]))
     for _depth in range(_MAX_DEPTH + 1):
         nxt: list[tuple[str, Any]] = []
@@ -98,25 +106,26 @@ def user_names(user: UserCode, frame: types.FrameType | None = None) -> dict[int
             if id(v) in seen:
                 continue
             seen.add(id(v))
-            if isinstance(v, (nn.Module, torch.optim.Optimizer)):
+            # type(), not isinstance(): a dead weakref.proxy raises on any attribute access, __class__ included
+            if issubclass(type(v), (nn.Module, torch.optim.Optimizer)):
                 if name != "self":
                     out.setdefault(id(v), name)
                 continue
             nxt += _inside(name, v, user)
         level = nxt
-    return out
 
 
 def _inside(name: str, v: Any, user: UserCode) -> list[tuple[str, Any]]:
     """The named items of a container, or the attributes of an object of the user's own class (or a namespace)."""
-    if isinstance(v, dict):
+    kind = type(v)
+    if issubclass(kind, dict):
         return [(k if isinstance(k, str) and k.isidentifier() else f"{name}_{k}", x)
                 for k, x in itertools.islice(v.items(), _MAX_ITEMS)]
-    if isinstance(v, (list, tuple)):
+    if issubclass(kind, (list, tuple)):
         return [(f"{name}_{i}", x) for i, x in enumerate(itertools.islice(v, _MAX_ITEMS))]
-    if isinstance(v, (type, types.ModuleType, types.FunctionType, types.MethodType, torch.Tensor)):
+    if issubclass(kind, (type, types.ModuleType, types.FunctionType, types.MethodType, torch.Tensor)):
         return []
-    if isinstance(v, types.SimpleNamespace) or _users_class(v, user):
+    if issubclass(kind, types.SimpleNamespace) or _users_class(v, user):
         attrs = getattr(v, "__dict__", None)
         if isinstance(attrs, dict):
             return [(k, x) for k, x in itertools.islice(attrs.items(), _MAX_ITEMS) if not k.startswith("__")]

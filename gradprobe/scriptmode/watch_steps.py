@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from gradprobe.checks._step import param_names
 from gradprobe.checks.steps.copies import UpdateWatch, kept_share, versions
@@ -300,9 +301,12 @@ class ScriptSteps(StepObserver):
         self.watch.backwards = self.watch.backwards[-1:]
         if self.model is None:
             return
-        _, leaf_ids, _ = graph_leaves(roots)
-        known = {id(p) for p in self.model.parameters()}
-        new = leaf_ids - known - self._unowned
+        _, _, leaves = graph_leaves(roots)
+        from gradprobe.sharded import unsharded_to_sharded
+
+        known = {id(p) for p in self.model.parameters()} | set(unsharded_to_sharded(self.model))
+        # a module's parameter the model does not hold (an input made to require grad, a penalty's, is none)
+        new = {i for i, t in leaves.items() if issubclass(type(t), nn.Parameter)} - known - self._unowned
         if not new:
             return
         self._unowned |= new
