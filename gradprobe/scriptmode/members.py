@@ -20,7 +20,6 @@ with several, a ModelSet (checks/several/modelset.py) holds them under those nam
 
 from __future__ import annotations
 
-import gc
 import itertools
 import sys
 import types
@@ -170,7 +169,8 @@ def find_members(watch: Any, captured: Any, in_graph: set[int], user: UserCode, 
     from gradprobe.scriptmode.step import outermost_modules, unwrap
     from gradprobe.sharded import unsharded_to_sharded
 
-    gc.collect()  # a module the script let go of is gone, not live
+    # no gc.collect(): a module the script let go of may still be alive (gradprobe's own records keep what they saw
+    # built), so it is a model only when the script holds it or its forward ran in this step
     names = user_names(user, frame or sys._getframe(1))
     watch.labels.update({k: v for k, v in names.items() if k not in watch.labels})
     in_step_opt = {id(p) for g in captured.param_groups for p in g["params"]} if captured is not None else set()
@@ -188,7 +188,8 @@ def find_members(watch: Any, captured: Any, in_graph: set[int], user: UserCode, 
             continue
         subs = {id(x) for x in root.modules()}
         called, quiet = bool(subs & grad_calls), bool(subs & quiet_calls)
-        held_as = watch.labels.get(id(root)) or watch.labels.get(id(m))
+        # the name the script holds it by now; one found at an earlier step when the script's frames are gone
+        held_as = names.get(id(root)) or names.get(id(m)) or watch.labels.get(id(root)) or watch.labels.get(id(m))
         trained = bool(ids & (in_opts | in_graph))
         member = Member(label="", root=root, module=m, trained=trained, in_step=bool(ids & (in_step_opt | step_graph)),
                         held_as=held_as, called=called or quiet, no_grad_only=quiet and not called)

@@ -187,14 +187,6 @@ def for_user(fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
     return call
 
 
-def member_of(models: nn.Module, name: str) -> str | None:
-    """The member a parameter name belongs to (its first segment), when `models` is a ModelSet."""
-    if not isinstance(models, ModelSet):
-        return None
-    head = name.split(".", 1)[0]
-    return head if head in models._modules else None
-
-
 def idle_members(models: nn.Module, outside: set[str], got_grad: set[int]) -> set[str]:
     """The models beside the trained ones, frozen by design (a teacher used under no_grad as the target): every one of
     their trainable parameters is in `outside` (no optimizer holds it) and none got a gradient in the step."""
