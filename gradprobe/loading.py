@@ -53,6 +53,7 @@ class BuildRecord:
     grad_off_sites: list = field(default_factory=list)  # (seq, location) where grad mode was switched off
     group_sources: Any = None  # checks.group_sources.GroupSources: where make_optimizer's param groups came from
     keep: list = field(default_factory=list)  # keeps recorded objects alive so ids stay unique
+    stepped: list = field(default_factory=list)  # script mode: the optimizers whose step() the script's own loop ran
 
     def site_of(self, module: nn.Module, name: str) -> dict | None:
         hit = self.setattr_sites.get((id(module), name))
@@ -365,15 +366,21 @@ def _resolve_references(target: dict[str, Any], resolver: Resolver, found: dict[
 
 
 def _build_model(model: Any, user: UserCode, record: BuildRecord, meta: bool) -> nn.Module:
+    from gradprobe.checks.several.modelset import from_given
+
     if model is None:
         raise TargetRefError("no model: give `model` or define `model` in setup")
-    if not isinstance(model, nn.Module):
+    if not isinstance(model, nn.Module) and from_given(model) is None:
         if not callable(model):
             raise TargetError("building", f"model is a {type(model).__name__}, not an nn.Module or a callable returning one")
         with BuildRecorder(user, record), (torch.device("meta") if meta else contextlib.nullcontext()):
             model = _call_user("building the model", model)
+    several = from_given(model)  # a tuple, list or dict of modules: several models, checked as one
+    if several is not None:
+        return several
     if not isinstance(model, nn.Module):
-        raise TargetError("building", f"the model callable returned a {type(model).__name__}, not an nn.Module")
+        raise TargetError("building", f"the model callable returned a {type(model).__name__}, not an nn.Module (or a "
+                                      "tuple, list or dict of nn.Modules)")
     return model
 
 
@@ -429,6 +436,8 @@ def load_target(target: dict[str, Any], progress: Callable[[str], None] = lambda
         _resolve_references(target, Resolver(project_dir), found)
 
     progress(Phase.BUILDING)
+    from gradprobe.checks.several.modelset import ModelSet, for_user
+
     model, wrapper = unwrap_library(_build_model(found.get("model"), user, record, meta))
     info: dict[str, Any] = {"device": device, "grad_enabled_after_build": torch.is_grad_enabled()}
     if wrapper is not None:
@@ -446,6 +455,15 @@ def load_target(target: dict[str, Any], progress: Callable[[str], None] = lambda
         model = model.to(device)
         batch = move_batch(batch, device)
         info["moved_to"] = device
+    if isinstance(model, ModelSet):  # the user's functions take the models as build_model() returned them
+        found.update({k: for_user(found[k]) for k in ("optimizer", "train_step") if callable(found.get(k))
+                      and not isinstance(found[k], torch.optim.Optimizer)})
+        info["models"] = {"given_as": model.given, "names": model.labels}
+        if found.get("train_step") is None and batch is not None:  # gradprobe does not guess how a step uses them
+            batch = None
+            info["models"]["note"] = (f"build_model() returned {len(model.labels)} models ({', '.join(model.labels)}) and "
+                                      "no train_step: the step-based checks were skipped (a train_step(models, batch, "
+                                      "optimizer) says how one step uses them)")
     optimizer, make_optimizer, optimizer_error = None, found.get("optimizer"), None
     if make_optimizer is not None and not meta:
         optimizer, make_optimizer, optimizer_error = _make_optimizer(make_optimizer, model, user, record)

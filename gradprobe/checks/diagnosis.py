@@ -47,7 +47,8 @@ _CUTS = frozenset({"GP301", "GP310", "GP501"})  # "no gradient arrived": what ev
 EXPLAINS: dict[str, frozenset[str]] = {
     "GP101": _CUTS, "GP102": _CUTS, "GP103": _CUTS, "GP109": _CUTS | {"GP206", "GP308", "GP510"}, "GP107": _CUTS | {"GP110"},
     "GP110": _CUTS | {"GP308", "GP311"}, "GP111": _CUTS | {"GP303", "GP308"},
-    "GP201": frozenset({"GP207", "GP504"}), "GP202": frozenset({"GP201", "GP207", "GP504", "GP311"}),
+    "GP201": frozenset({"GP207", "GP504", "GP606"}), "GP202": frozenset({"GP201", "GP207", "GP504", "GP311", "GP606"}),
+    "GP213": frozenset({"GP201", "GP207", "GP606"}),  # an optimizer never stepped: its parameters never move
     "GP204": frozenset({"GP207"}), "GP206": frozenset({"GP207"}), "GP207": frozenset({"GP205"}),
     "GP208": frozenset({"GP201", "GP207", "GP504"}),
     "GP302": _CUTS, "GP303": _CUTS, "GP304": _CUTS, "GP305": _CUTS, "GP309": _CUTS, "GP307": frozenset({"GP207"}),
@@ -167,7 +168,8 @@ def _observe(loaded: Any, prompt_on: bool, shared: storage.StorageFacts) -> _Obs
 def _not_stepped(loaded: Any, findings: list[Finding], facts: dict[str, Any]) -> bool:
     """Whether the step-based checks cannot run (no inputs, or the optimizer train_step needs failed); says why."""
     if loaded.batch is None and loaded.train_step is None:
-        facts["note"] = "no inputs and no train_step: the step-based checks were skipped"
+        several = (loaded.info.get("models") or {}) if isinstance(getattr(loaded, "info", None), dict) else {}
+        facts["note"] = several.get("note") or "no inputs and no train_step: the step-based checks were skipped"
         return True
     if loaded.optimizer_error is not None and loaded.train_step is not None and loaded.optimizer is None:
         # reported once above, as the root: train_step cannot run without the optimizer it takes
