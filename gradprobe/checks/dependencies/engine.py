@@ -1,0 +1,279 @@
+"""check_dependencies' engine: read the claims, sample, measure the Jacobian's structure, explain the leaks, report.
+
+measure (harness.py, claims.py, segments.py, jacobian.py; explain.py once a leak is found) -> DepFacts ->
+`run_rules(RULES, facts)` -> report, with `facts.verified` (what was measured, with its numbers) and `facts.not_run`
+(what was not, and why). Packed rows are also compared with the same examples padded (checks/equivalence/packing.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from gradprobe.checks.dependencies.claims import Layout, NextClaim, layout, loss_grad, next_element
+from gradprobe.checks.dependencies.explain import Context, explain, outside_training
+from gradprobe.checks.dependencies.harness import probed, untouched
+from gradprobe.checks.dependencies.jacobian import Leak, Sample, choose, dependency_maps, judge
+from gradprobe.checks.dependencies.rules import RULES, DepFacts, LeakFact
+from gradprobe.checks.dependencies.segments import Segments, find_padding, find_segments
+from gradprobe.findings import Finding, run_rules
+from gradprobe.report import make_report
+
+CHECKS = ("causality", "examples", "packed", "packed_vs_padded")
+DEFAULT_POSITIONS = 5
+MAX_POSITIONS = 32
+
+
+@dataclass
+class Run:
+    """One measurement of the structure (in the mode the training runs, or with BatchNorm in eval mode)."""
+
+    lay: Layout
+    claim: NextClaim | None
+    why_no_claim: str
+    seg: Segments | None
+    samples: list[Sample]
+    leaks: list[Leak]
+    batched: bool
+    keep: torch.Tensor | None = None
+
+
+@dataclass
+class Outcome:
+    findings: list[Finding] = field(default_factory=list)
+    verified: list[str] = field(default_factory=list)
+    not_run: list[dict[str, str]] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def skip(self, check: str, why: str, cause: str = "not_applicable") -> None:
+        self.not_run.append({"check": check, "why": why[:400], "cause": cause})
+
+
+def _measure(loaded: Any, checks: tuple[str, ...], n: int, seed: int) -> Run | str:
+    with untouched(loaded.model):
+        return _measure_untouched(loaded, checks, n, seed)
+
+
+def _measure_untouched(loaded: Any, checks: tuple[str, ...], n: int, seed: int) -> Run | str:
+    probe = probed(loaded.model, loaded.batch, loaded.loss_fn, loaded.user)
+    lay = layout(probe)
+    if lay is None:
+        return "the model's outputs are laid out neither per position nor per example of its inputs"
+    claim, why = next_element(probe, lay, loaded.batch, loss_grad(probe, lay))
+    keep = find_padding(loaded.batch, lay.B, lay.T)[0] if lay.positions else None
+    tokens = claim.ids if claim is not None else next((lf.ids for lf in lay.token_leaves if lf.ids is not None), None)
+    seg = find_segments(loaded.batch, lay.B, lay.T, tokens) if lay.positions else None
+    samples = choose(lay, claim if "causality" in checks else None, seg if "packed" in checks else None, keep, n, seed)
+    if not samples:
+        return Run(lay, claim, why, seg, [], [], True, keep)
+    deps, batched = dependency_maps(lay, samples, lay.token_leaves, seed)
+    wanted = {"future": "causality", "example": "examples", "packed": "packed"}
+    leaks = [lk for lk in judge(lay, samples, deps, seg) if wanted[lk.kind] in checks]
+    return Run(lay, claim, why, seg, samples, leaks, batched, keep)
+
+
+def batchnorm_in_train(model: nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+
+
+@contextlib.contextmanager
+def _batchnorm_eval(model: nn.Module, names: list[str]) -> Iterator[None]:
+    mods = [model.get_submodule(n) for n in names]
+    for m in mods:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.train()
+
+
+def _leak_fact(lk: Leak, seg: Segments | None) -> LeakFact:
+    segment_of: dict[int, int] = {}
+    if seg is not None and lk.kind == "packed":
+        for k, (s, e) in enumerate(seg.spans[lk.b]):
+            for t in range(s, e):
+                segment_of[t] = k
+    return LeakFact(lk.kind, lk.b, lk.t, lk.seen, lk.ratio, segment_of=segment_of)
+
+
+def _call_line(loaded: Any) -> dict | None:
+    step = (loaded.info or {}).get("script_step") or {}
+    loc = step.get("call_location")
+    return loc if isinstance(loc, dict) else None
+
+
+def _explained(loaded: Any, run: Run, facts: DepFacts) -> None:
+    """Explain the first leak of each kind (explain.py)."""
+    ctx = Context(loaded.model, loaded.batch, loaded.loss_fn, loaded.user, loaded.record, run.seg)
+    by_sample = {(s.b, s.t): s for s in run.samples}
+    done: set[str] = set()
+    for lk in run.leaks:
+        fact = _leak_fact(lk, run.seg)
+        if lk.kind not in done:
+            done.add(lk.kind)
+            fact.explained = explain(ctx, lk, by_sample[(lk.b, lk.t)], _call_line(loaded))
+        facts.leaks.append(fact)
+
+
+def _verified(run: Run, facts: DepFacts, out: Outcome, checks: tuple[str, ...]) -> None:
+    kinds = {lk.kind for lk in run.leaks}
+    causal = [s for s in run.samples if s.causal]
+    if "causality" in checks:
+        if run.claim is None:
+            out.skip("causality", run.why_no_claim)
+        elif "future" not in kinds and causal:
+            ts = ", ".join(str(s.t) for s in sorted(causal, key=lambda s: s.t))
+            rows = len({s.b for s in causal})
+            out.verified.append(f"causality: at {len(causal)} sampled output positions (t = {ts}) of {rows} row(s), output "
+                                f"t depends on no input after t ({run.claim.how}: {run.claim.matched}/{run.claim.read} "
+                                "targets are the next input)")
+    if "examples" in checks:
+        if run.lay.B < 2:
+            out.skip("example independence", "one example per batch (a packed row is checked as packed examples)")
+        elif "example" not in kinds:
+            n = len(run.samples)
+            how = " (through BatchNorm in train mode, by design: GP904)" if facts.batchnorm_leaks else ""
+            out.verified.append(f"example independence: {n} sampled output(s) depend on their own example only{how} "
+                                f"(batch of {run.lay.B})")
+    if "packed" in checks:
+        packed = [s for s in run.samples if s.packed]
+        if run.seg is None:
+            out.skip("packed rows", "no packed rows in the batch (no position ids restarting, cumulative sequence lengths, "
+                                    "segment ids or block-diagonal mask)")
+        elif "packed" not in kinds and packed:
+            out.verified.append(f"packed rows: {len(packed)} sampled token(s) of {run.seg.count()} packed examples depend "
+                                f"on their own example only ({run.seg.describe()})")
+
+
+def _run_info(run: Run) -> dict[str, Any]:
+    return {"batch_size": run.lay.B, "positions": run.lay.T if run.lay.positions else None,
+            "output_shape": list(run.lay.output.shape), "inputs": [lf.source for lf in run.lay.token_leaves][:8],
+            "sampled": [{"row": s.b, "position": s.t, "causal": s.causal, "packed": s.packed} for s in run.samples],
+            "one_batched_backward": run.batched,
+            "next_element_claim": ({"how": run.claim.how, "targets_next_input": run.claim.matched,
+                                    "targets_read": run.claim.read} if run.claim else None),
+            "packed": ({"how": run.seg.how, "entry": run.seg.where, "examples": run.seg.count(),
+                        "rows": len(run.seg.packed_rows)} if run.seg else None)}
+
+
+def _batchnorm(loaded: Any, run: Run, facts: DepFacts, checks: tuple[str, ...], n: int, seed: int) -> Run:
+    """Leaks in train mode measured again with BatchNorm in eval mode: those that vanish are BatchNorm's, by design."""
+    names = batchnorm_in_train(loaded.model)
+    if not names or not run.leaks:
+        return run
+    with _batchnorm_eval(loaded.model, names):
+        again = _measure(loaded, checks, n, seed)
+    if isinstance(again, str):
+        return run
+    gone = {lk.kind for lk in run.leaks} - {lk.kind for lk in again.leaks}
+    if gone:
+        facts.batchnorm = names
+        facts.batchnorm_leaks = [_leak_fact(lk, run.seg) for lk in run.leaks if lk.kind in gone]
+        run.leaks = [lk for lk in run.leaks if lk.kind not in gone]
+    return run
+
+
+def measure(loaded: Any, checks: tuple[str, ...] = CHECKS, positions: int = DEFAULT_POSITIONS,
+            seed: int = 0) -> Outcome:
+    """Every dependency claim of the target's model on its batch, measured (see the module's docstring)."""
+    out = Outcome()
+    n = max(1, min(int(positions), MAX_POSITIONS))
+    if loaded.batch is None:
+        for check in checks:
+            out.skip(check, "the target has no batch to call the model with (a train_step without inputs)")
+        return out
+    t0 = time.perf_counter()
+    script = bool((loaded.info or {}).get("script_step"))
+    try:
+        run = _measure(loaded, checks, n, seed)
+    except Exception as exc:
+        cause = "gradprobe" if script else "user_code"
+        for check in checks:
+            out.skip(check, f"calling the model on the batch for the probe failed ({type(exc).__name__}: {exc})", cause)
+        return out
+    if isinstance(run, str):
+        for check in checks:
+            out.skip(check, run)
+        return out
+    facts = DepFacts(claim=run.claim.how if run.claim else "", segments=run.seg.describe() if run.seg else "",
+                     batch_size=run.lay.B)
+    run = _batchnorm(loaded, run, facts, checks, n, seed)
+    probe_s = time.perf_counter() - t0
+    _explained(loaded, run, facts)
+    if run.seg is not None and "packed" in checks and not any(lk.kind == "packed" for lk in run.leaks):
+        ctx = Context(loaded.model, loaded.batch, loaded.loss_fn, loaded.user, loaded.record, run.seg)
+        found = outside_training(ctx, run.samples)
+        if found is not None:
+            facts.outside = _leak_fact(found, run.seg)
+            facts.outside_how = "with use_cache=True (the default of the model's configuration outside a Trainer)"
+    out.findings = run_rules(RULES, facts)
+    _verified(run, facts, out, checks)
+    out.facts = {**_run_info(run), "seconds": {"probe": round(probe_s, 4), "total": round(time.perf_counter() - t0, 4)}}
+    if "packed_vs_padded" in checks:
+        _packed_vs_padded(loaded, run, out)
+    return out
+
+
+def _packed_vs_padded(loaded: Any, run: Run, out: Outcome) -> None:
+    """GP803 from checks/equivalence/packing.py; when a packed leak was measured, it is the same cause (its line)."""
+    from gradprobe.checks.equivalence import packing
+
+    causal = run.claim is not None and any(s.causal for s in run.samples) and not any(lk.kind == "future" for lk in run.leaks)
+    result = packing.run(loaded, {"segments": run.seg, "tokens": run.claim.ids if run.claim else None, "causal": causal})
+    out.facts["packed_vs_padded"] = result.get("facts", {})
+    if not result.get("applies"):
+        out.skip("packed vs padded", result.get("why_not") or "no packed rows", "not_applicable")
+        return
+    leak = next((f for f in out.findings if f["code"] == "GP903" and f["severity"] == "error"), None)
+    for f in result.get("findings", []):
+        if leak is not None and f.get("location") is None:
+            f["location"] = leak["location"]
+        out.findings.append(f)
+    out.verified += result.get("verified", [])
+    out.not_run += result.get("not_run", [])
+
+
+def dependency_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
+    """For diagnose: every dependency claim the target's model makes, measured; facts say whether a claim was found (the
+    check then ran), what was verified or not run, and what it cost."""
+    t0 = time.perf_counter()
+    out = measure(loaded)
+    claimed = [n for n in out.not_run if n["cause"] != "not_applicable"] or out.verified or out.findings
+    facts = {"ran": bool(claimed), "seconds": round(time.perf_counter() - t0, 4), "verified": out.verified,
+             "not_run": out.not_run, **{k: out.facts[k] for k in ("sampled", "next_element_claim", "packed", "batch_size",
+                                                                  "packed_vs_padded") if k in out.facts}}
+    return out.findings, facts
+
+
+def _summary(out: Outcome) -> list[str]:
+    lines = []
+    if out.not_run:
+        lines.append("Not measured: " + "; ".join(f"{n['check']} ({n['why']})" for n in out.not_run))
+    if not any(f["severity"] in ("error", "warning") for f in out.findings):
+        lines += ["Verified: " + v for v in out.verified]
+    return lines
+
+
+def dependencies_report(loaded: Any, positions: int = DEFAULT_POSITIONS, checks: list[str] | None = None,
+                        seed: int = 0) -> dict[str, Any]:
+    """check_dependencies: what each output may not see (causality, other examples, other packed examples), measured by
+    autograd on sampled outputs; the packed batch against the same examples padded."""
+    chosen = tuple(c for c in CHECKS if checks is None or c in checks)
+    out = measure(loaded, chosen, positions, seed)
+    return make_report("check_dependencies", out.findings, _summary(out), **out.facts, verified=out.verified,
+                       not_run=out.not_run)
+
+
+def check_dependencies(model: nn.Module, batch: Any, loss_fn: Any = None, project_dir: str | None = None,
+                       positions: int = DEFAULT_POSITIONS, checks: list[str] | None = None) -> dict[str, Any]:
+    """Library entry: check_dependencies on live objects."""
+    from gradprobe.loading import live_target
+
+    return dependencies_report(live_target(model, batch, loss_fn, None, None, project_dir), positions, checks)
