@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from gradprobe.tools import TOOLS
 
@@ -90,7 +90,7 @@ def _run_check(args: argparse.Namespace) -> int:
         target = Target.model_validate(_target_from_args(args))
     except ValidationError as exc:
         return _fail(args, "bad-target", f"bad target: {explain_validation_error(exc)}", 2)
-    options = {}
+    options: dict[str, Any] = {}
     if args.command == "check_optimizer_coverage":
         options["step"] = not args.no_step
     if getattr(args, "steps", None):

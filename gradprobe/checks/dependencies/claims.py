@@ -53,9 +53,9 @@ def layout(probe: Probe) -> Layout | None:
     outs = outputs_of(probe.out)
     leaves = [lf for lf in probe.leaves if lf.tensor.dim() >= 2]
     for o in sorted(outs, key=lambda o: -o.dim()):
-        if o.dim() < 2:
+        if o.dim() < 3:  # (B, T, features): a (B, F) output has no position axis
             continue
-        tok = [lf for lf in leaves if tuple(lf.tensor.shape[:2]) == tuple(o.shape[:2])]
+        tok = [lf for lf in leaves if lf.tensor.dim() >= 3 and tuple(lf.tensor.shape[:2]) == tuple(o.shape[:2])]
         if tok:
             return Layout(o, True, tok, o.shape[0], o.shape[1])
     for o in outs:

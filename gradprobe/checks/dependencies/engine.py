@@ -8,6 +8,7 @@ measure (harness.py, claims.py, segments.py, jacobian.py; explain.py once a leak
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,14 +20,17 @@ import torch.nn as nn
 from gradprobe.checks.dependencies.claims import Layout, NextClaim, layout, loss_grad, next_element
 from gradprobe.checks.dependencies.explain import Context, explain, outside_training
 from gradprobe.checks.dependencies.harness import probed, untouched
-from gradprobe.checks.dependencies.jacobian import Leak, Sample, choose, dependency_maps, judge
+from gradprobe.checks.dependencies.jacobian import Leak, Sample, alone, choose, dependency_maps, judge, plan
 from gradprobe.checks.dependencies.rules import RULES, DepFacts, LeakFact
 from gradprobe.checks.dependencies.segments import Segments, find_padding, find_segments
+from gradprobe.checks.watches import patched
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
 
-CHECKS = ("causality", "examples", "packed", "packed_vs_padded")
+CHECKS = ("causality", "examples", "packed", "packed_outside", "packed_vs_padded")
 DEFAULT_POSITIONS = 5
+DEFAULT_PASSES = 3  # backward passes of a default check: the samples that do not fit are left out (cost <= 1.5x a step)
+PACKED_PASSES = 2  # packed rows: the first tokens of the packed examples share one pass, and test causality there too
 MAX_POSITIONS = 32
 
 
@@ -40,7 +44,7 @@ class Run:
     seg: Segments | None
     samples: list[Sample]
     leaks: list[Leak]
-    batched: bool
+    passes: int
     keep: torch.Tensor | None = None
 
 
@@ -55,12 +59,52 @@ class Outcome:
         self.not_run.append({"check": check, "why": why[:400], "cause": cause})
 
 
-def _measure(loaded: Any, checks: tuple[str, ...], n: int, seed: int) -> Run | str:
+class _Captured(BaseException):
+    """Raised by the pre-hook at the model's first call inside the user's train_step (a BaseException: the user's
+    `except Exception` does not swallow it)."""
+
+
+def _loss_in_output(out: Any, batch: Any) -> torch.Tensor | None:
+    """The loss a model returns itself (HF `.loss`, nanoGPT's `(logits, loss)`): its 0-d output that requires grad."""
+    from gradprobe.checks._step import default_loss, floating_outputs
+
+    found = [o for o in floating_outputs(out) if o.dim() == 0 and o.requires_grad]
+    return found[0] if found else default_loss(out)
+
+
+def captured_call(loaded: Any) -> Any:
+    """The model's own call inside the user's train_step, as (args, kwargs): the train_step runs up to the model's first
+    forward and is stopped there, or at its first backward (then no backward ran, no optimizer step); None when it
+    made no such call."""
+    got: list[Any] = []
+
+    def hook(m: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        got.append((tuple(args), dict(kwargs)))
+        raise _Captured()
+
+    def no_backward(*args: Any, **kwargs: Any) -> None:
+        raise _Captured()
+
+    handle = loaded.model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with untouched(loaded.model), torch.enable_grad(), patched(torch.Tensor, "backward", no_backward), \
+                patched(torch.autograd, "backward", no_backward):
+            loaded.train_step(loaded.model, loaded.batch, loaded.optimizer)
+    except _Captured:
+        pass
+    except Exception:
+        return None
+    finally:
+        handle.remove()
+    return got[0] if got else None
+
+
+def _measure(loaded: Any, checks: tuple[str, ...], n: int | None, seed: int) -> Run | str:
     with untouched(loaded.model):
         return _measure_untouched(loaded, checks, n, seed)
 
 
-def _measure_untouched(loaded: Any, checks: tuple[str, ...], n: int, seed: int) -> Run | str:
+def _measure_untouched(loaded: Any, checks: tuple[str, ...], n: int | None, seed: int) -> Run | str:
     probe = probed(loaded.model, loaded.batch, loaded.loss_fn, loaded.user)
     lay = layout(probe)
     if lay is None:
@@ -69,13 +113,38 @@ def _measure_untouched(loaded: Any, checks: tuple[str, ...], n: int, seed: int) 
     keep = find_padding(loaded.batch, lay.B, lay.T)[0] if lay.positions else None
     tokens = claim.ids if claim is not None else next((lf.ids for lf in lay.token_leaves if lf.ids is not None), None)
     seg = find_segments(loaded.batch, lay.B, lay.T, tokens) if lay.positions else None
-    samples = choose(lay, claim if "causality" in checks else None, seg if "packed" in checks else None, keep, n, seed)
+    samples = choose(lay, claim if "causality" in checks else None, seg if "packed" in checks else None, keep,
+                     n or DEFAULT_POSITIONS, seed)
+    groups = plan(samples, lay.B, seg, None if n is not None else PACKED_PASSES if seg is not None else DEFAULT_PASSES)
+    samples = [samples[i] for g in groups for i in g]  # those that fit the passes, in pass order
+    groups = _renumber(groups)
     if not samples:
-        return Run(lay, claim, why, seg, [], [], True, keep)
-    deps, batched = dependency_maps(lay, samples, lay.token_leaves, seed)
+        return Run(lay, claim, why, seg, [], [], 0, keep)
+    leaks = judge(lay, samples, dependency_maps(lay, samples, lay.token_leaves, groups, seed), seg, groups)
+    if any(len(g) > 1 for g in groups) and leaks:
+        leaks = alone(lay, samples, lay.token_leaves, seg, leaks, seed)
     wanted = {"future": "causality", "example": "examples", "packed": "packed"}
-    leaks = [lk for lk in judge(lay, samples, deps, seg) if wanted[lk.kind] in checks]
-    return Run(lay, claim, why, seg, samples, leaks, batched, keep)
+    return Run(lay, claim, why, seg, samples, [lk for lk in leaks if wanted[lk.kind] in checks], len(groups), keep)
+
+
+def _renumber(groups: list[list[int]]) -> list[list[int]]:
+    out, k = [], 0
+    for g in groups:
+        out.append(list(range(k, k + len(g))))
+        k += len(g)
+    return out
+
+
+def _plain_call_works(loaded: Any) -> bool:
+    """Whether the model runs on the batch without the probe (then a probe that failed is gradprobe's failure)."""
+    from gradprobe.checks._step import call_model
+
+    try:
+        with untouched(loaded.model), torch.no_grad():
+            call_model(loaded.model, loaded.batch)
+    except Exception:
+        return False
+    return True
 
 
 def batchnorm_in_train(model: nn.Module) -> list[str]:
@@ -136,7 +205,7 @@ def _verified(run: Run, facts: DepFacts, out: Outcome, checks: tuple[str, ...]) 
                                 "targets are the next input)")
     if "examples" in checks:
         if run.lay.B < 2:
-            out.skip("example independence", "one example per batch (a packed row is checked as packed examples)")
+            out.skip("examples", "one example per batch (a packed row is checked as packed examples)")
         elif "example" not in kinds:
             n = len(run.samples)
             how = " (through BatchNorm in train mode, by design: GP904)" if facts.batchnorm_leaks else ""
@@ -145,7 +214,7 @@ def _verified(run: Run, facts: DepFacts, out: Outcome, checks: tuple[str, ...]) 
     if "packed" in checks:
         packed = [s for s in run.samples if s.packed]
         if run.seg is None:
-            out.skip("packed rows", "no packed rows in the batch (no position ids restarting, cumulative sequence lengths, "
+            out.skip("packed", "no packed rows in the batch (no position ids restarting, cumulative sequence lengths, "
                                     "segment ids or block-diagonal mask)")
         elif "packed" not in kinds and packed:
             out.verified.append(f"packed rows: {len(packed)} sampled token(s) of {run.seg.count()} packed examples depend "
@@ -156,14 +225,14 @@ def _run_info(run: Run) -> dict[str, Any]:
     return {"batch_size": run.lay.B, "positions": run.lay.T if run.lay.positions else None,
             "output_shape": list(run.lay.output.shape), "inputs": [lf.source for lf in run.lay.token_leaves][:8],
             "sampled": [{"row": s.b, "position": s.t, "causal": s.causal, "packed": s.packed} for s in run.samples],
-            "one_batched_backward": run.batched,
+            "backward_passes": run.passes,
             "next_element_claim": ({"how": run.claim.how, "targets_next_input": run.claim.matched,
                                     "targets_read": run.claim.read} if run.claim else None),
             "packed": ({"how": run.seg.how, "entry": run.seg.where, "examples": run.seg.count(),
                         "rows": len(run.seg.packed_rows)} if run.seg else None)}
 
 
-def _batchnorm(loaded: Any, run: Run, facts: DepFacts, checks: tuple[str, ...], n: int, seed: int) -> Run:
+def _batchnorm(loaded: Any, run: Run, facts: DepFacts, checks: tuple[str, ...], n: int | None, seed: int) -> Run:
     """Leaks in train mode measured again with BatchNorm in eval mode: those that vanish are BatchNorm's, by design."""
     names = batchnorm_in_train(loaded.model)
     if not names or not run.leaks:
@@ -180,21 +249,30 @@ def _batchnorm(loaded: Any, run: Run, facts: DepFacts, checks: tuple[str, ...], 
     return run
 
 
-def measure(loaded: Any, checks: tuple[str, ...] = CHECKS, positions: int = DEFAULT_POSITIONS,
+def measure(loaded: Any, checks: tuple[str, ...] = CHECKS, positions: int | None = None,
             seed: int = 0) -> Outcome:
-    """Every dependency claim of the target's model on its batch, measured (see the module's docstring)."""
+    """Every dependency claim of the target's model on its batch, measured (see the module's docstring). `positions`:
+    that many sampled outputs, however many backward passes they take (None: 5, in at most 3 passes)."""
     out = Outcome()
-    n = max(1, min(int(positions), MAX_POSITIONS))
+    n = None if positions is None else max(1, min(int(positions), MAX_POSITIONS))
     if loaded.batch is None:
         for check in checks:
             out.skip(check, "the target has no batch to call the model with (a train_step without inputs)")
         return out
     t0 = time.perf_counter()
     script = bool((loaded.info or {}).get("script_step"))
+    if loaded.train_step is not None:  # the train_step decides how the model is called: its own call is probed
+        call = captured_call(loaded)
+        if call is None:
+            for check in checks:
+                out.skip(check, "the target's train_step made no model call that could be captured before its backward",
+                         "gradprobe")
+            return out
+        loaded = dataclasses.replace(loaded, batch=call, loss_fn=_loss_in_output, train_step=None)
     try:
         run = _measure(loaded, checks, n, seed)
     except Exception as exc:
-        cause = "gradprobe" if script else "user_code"
+        cause = "gradprobe" if script or _plain_call_works(loaded) else "user_code"
         for check in checks:
             out.skip(check, f"calling the model on the batch for the probe failed ({type(exc).__name__}: {exc})", cause)
         return out
@@ -207,7 +285,7 @@ def measure(loaded: Any, checks: tuple[str, ...] = CHECKS, positions: int = DEFA
     run = _batchnorm(loaded, run, facts, checks, n, seed)
     probe_s = time.perf_counter() - t0
     _explained(loaded, run, facts)
-    if run.seg is not None and "packed" in checks and not any(lk.kind == "packed" for lk in run.leaks):
+    if run.seg is not None and "packed_outside" in checks and not any(lk.kind == "packed" for lk in run.leaks):
         ctx = Context(loaded.model, loaded.batch, loaded.loss_fn, loaded.user, loaded.record, run.seg)
         found = outside_training(ctx, run.samples)
         if found is not None:
@@ -229,7 +307,7 @@ def _packed_vs_padded(loaded: Any, run: Run, out: Outcome) -> None:
     result = packing.run(loaded, {"segments": run.seg, "tokens": run.claim.ids if run.claim else None, "causal": causal})
     out.facts["packed_vs_padded"] = result.get("facts", {})
     if not result.get("applies"):
-        out.skip("packed vs padded", result.get("why_not") or "no packed rows", "not_applicable")
+        out.skip("packed_vs_padded", result.get("why_not") or "no packed rows", "not_applicable")
         return
     leak = next((f for f in out.findings if f["code"] == "GP903" and f["severity"] == "error"), None)
     for f in result.get("findings", []):
@@ -245,10 +323,10 @@ def dependency_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     check then ran), what was verified or not run, and what it cost."""
     t0 = time.perf_counter()
     out = measure(loaded)
-    claimed = [n for n in out.not_run if n["cause"] != "not_applicable"] or out.verified or out.findings
-    facts = {"ran": bool(claimed), "seconds": round(time.perf_counter() - t0, 4), "verified": out.verified,
-             "not_run": out.not_run, **{k: out.facts[k] for k in ("sampled", "next_element_claim", "packed", "batch_size",
-                                                                  "packed_vs_padded") if k in out.facts}}
+    facts: dict[str, Any] = {"ran": bool(out.verified or out.findings), "seconds": round(time.perf_counter() - t0, 4),
+                             "verified": out.verified, "not_run": out.not_run}
+    facts.update({k: out.facts[k] for k in ("sampled", "next_element_claim", "packed", "batch_size", "backward_passes",
+                                            "packed_vs_padded") if k in out.facts})
     return out.findings, facts
 
 
@@ -261,7 +339,7 @@ def _summary(out: Outcome) -> list[str]:
     return lines
 
 
-def dependencies_report(loaded: Any, positions: int = DEFAULT_POSITIONS, checks: list[str] | None = None,
+def dependencies_report(loaded: Any, positions: int | None = None, checks: list[str] | None = None,
                         seed: int = 0) -> dict[str, Any]:
     """check_dependencies: what each output may not see (causality, other examples, other packed examples), measured by
     autograd on sampled outputs; the packed batch against the same examples padded."""
@@ -272,7 +350,7 @@ def dependencies_report(loaded: Any, positions: int = DEFAULT_POSITIONS, checks:
 
 
 def check_dependencies(model: nn.Module, batch: Any, loss_fn: Any = None, project_dir: str | None = None,
-                       positions: int = DEFAULT_POSITIONS, checks: list[str] | None = None) -> dict[str, Any]:
+                       positions: int | None = None, checks: list[str] | None = None) -> dict[str, Any]:
     """Library entry: check_dependencies on live objects."""
     from gradprobe.loading import live_target
 

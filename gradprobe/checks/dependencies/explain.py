@@ -68,7 +68,7 @@ def leaks_of(ctx: Context, sample: Sample, batch: Any = None) -> list[Leak] | No
             lay = layout(probe)
             if lay is None:
                 return None
-            deps, _ = dependency_maps(lay, [sample], lay.token_leaves)
+            deps = dependency_maps(lay, [sample], lay.token_leaves)
     except Exception:
         return None
     return judge(lay, [sample], deps, ctx.seg)
@@ -96,6 +96,11 @@ def _first_block(probe: Probe, leak: Leak) -> str | None:
             if g is not None and any(float(g[b, s].abs().sum()) > 0 for b, s in leak.seen[:64]):
                 return name
     return None
+
+
+def _batch_size(probe: Probe) -> int:
+    lay = layout(probe)
+    return lay.B if lay is not None else 0
 
 
 def _attention_in(ops: list[Op], block: str | None) -> Op | None:
@@ -138,7 +143,9 @@ def mask_origin(ops: list[Op], mask: Any, model: nn.Module, record: Any) -> tupl
     if not isinstance(mask, torch.Tensor):
         return None, None
     made = {op.output: op for op in ops if op.output is not None}
-    todo, seen, user_ops = [id(mask)], set(), []
+    todo: list[int] = [id(mask)]
+    seen: set[int] = set()
+    user_ops: list[Op] = []
     while todo and len(seen) < 2000:
         tid = todo.pop(0)
         if tid in seen:
@@ -157,6 +164,24 @@ def mask_origin(ops: list[Op], mask: Any, model: nn.Module, record: Any) -> tupl
     if site is not None:
         return site, "a buffer registered there"
     return (user_ops[0].location, user_ops[0].name) if user_ops else (None, None)
+
+
+def batch_axis_reinterpreted(ops: list[Op], B: int) -> tuple[dict | None, str | None]:
+    """The first view/reshape run in the user's own code that reinterprets the batch axis: its input leads with the
+    batch, its output neither keeps it nor merges it with the axes after it (x.view(T, B, D) on a (B, T, D) tensor,
+    where a transpose was meant)."""
+    import math
+
+    for op in ops:
+        if op.shapes is None or op.location is None or op.library_line is not None:
+            continue
+        src, dst = op.shapes
+        if not src or not dst or src[0] != B or B < 2 or dst[0] == B:
+            continue
+        merges = {math.prod(src[: j + 1]) for j in range(len(src))}
+        if dst[0] not in merges:
+            return op.location, f"{op.name} {src} -> {dst}"
+    return None, None
 
 
 def _holders(model: nn.Module, block: str | None) -> Iterator[tuple[Any, str, str, dict | None]]:
@@ -360,6 +385,9 @@ def explain(ctx: Context, leak: Leak, sample: Sample, call_line: dict | None) ->
             e.attention = _describe(op)
             e.attention_line = op.location
             e.mask_line, e.mask_how = mask_origin(probe.ops, op.mask, ctx.model, ctx.record)
+        if leak.kind == "example":
+            B = ctx.seg.ids.shape[0] if ctx.seg is not None else _batch_size(probe)
+            e.mask_line, e.mask_how = batch_axis_reinterpreted(probe.ops, B)
         del probe
     except Exception:
         pass
@@ -375,14 +403,24 @@ def explain(ctx: Context, leak: Leak, sample: Sample, call_line: dict | None) ->
 
 
 def outside_training(ctx: Context, samples: list[Sample]) -> Leak | None:
-    """A packed sample that leaks only when the model is called with use_cache=True (its generation default)."""
+    """A packed example's first token that sees another packed example only when the model is called with
+    use_cache=True (its generation default): one forward, the first tokens in one backward pass."""
     kw = _kwargs(ctx.batch)
-    if kw is None or not accepts(ctx.model, "use_cache") or kw.get("use_cache") is True:
+    starts = [s for s in samples if s.packed and _first_token(s, ctx.seg)]
+    if kw is None or not starts or not accepts(ctx.model, "use_cache") or kw.get("use_cache") is True:
         return None
-    batch = _with(ctx.batch, use_cache=True)
-    for s in samples:
-        if s.packed:
-            found = [lk for lk in leaks_of(ctx, s, batch) or [] if lk.kind == "packed"]
-            if found:
-                return found[0]
-    return None
+    try:
+        with untouched(ctx.model):
+            probe = probed(ctx.model, _with(ctx.batch, use_cache=True), ctx.loss_fn, ctx.user)
+            lay = layout(probe)
+            if lay is None:
+                return None
+            group = [list(range(len(starts)))]
+            found = judge(lay, starts, dependency_maps(lay, starts, lay.token_leaves, group), ctx.seg, group)
+    except Exception:
+        return None
+    return next((lk for lk in found if lk.kind == "packed"), None)
+
+
+def _first_token(s: Sample, seg: Segments | None) -> bool:
+    return seg is not None and int(seg.ids[s.b, s.t]) >= 0 and (s.t == 0 or int(seg.ids[s.b, s.t - 1]) != int(seg.ids[s.b, s.t]))

@@ -62,6 +62,7 @@ class Op:
     mask: Any = None  # an attention's mask argument (the tensor, or None)
     is_causal: bool | None = None
     library_line: str | None = None  # file:line of the call when it is not the user's
+    shapes: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # a view/reshape's input and output shapes
 
 
 @dataclass
@@ -121,13 +122,14 @@ class ProbeMode(TorchFunctionMode):
         if func is _SDPA and kwargs.get("dropout_p"):
             kwargs["dropout_p"] = 0.0
         out = func(*args, **kwargs)
-        if self.make_leaves and func is F.embedding and isinstance(out, torch.Tensor) and out.is_floating_point() and out.dim() >= 2:
+        if (self.make_leaves and func is F.embedding and isinstance(out, torch.Tensor) and out.is_floating_point()
+                and out.dim() >= 2):
             leaf = out.detach().requires_grad_(True)
             ids = args[0] if args else kwargs.get("input")
             where, _ = _frame_line(self.user)
             self.leaves.append(Leaf(leaf, "an embedding lookup" + (f" at line {where['line']}" if where else ""),
                                     ids if isinstance(ids, torch.Tensor) else None))
-            out = leaf
+            out = leaf.clone()  # the model may write into its embeddings in place (a soft prompt): not into the leaf
         if self.record and len(self.ops) < _MAX_OPS:
             self._note(func, args, kwargs, out)
         return out
@@ -135,14 +137,17 @@ class ProbeMode(TorchFunctionMode):
     def _note(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> None:
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
         made = out if isinstance(out, torch.Tensor) else None
-        attention = func in _ATTENTION
-        loc, library = _frame_line(self.user) if attention or made is not None else (None, None)
+        loc, library = _frame_line(self.user) if func in _ATTENTION or made is not None else (None, None)
         mask = None
         if func is _SDPA:
             mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
         elif func in (torch.Tensor.masked_fill, torch.masked_fill, torch.Tensor.masked_fill_):
             mask = args[1] if len(args) > 1 else kwargs.get("mask")
-        self.ops.append(Op(name=getattr(func, "__name__", str(func)), module=self.modules[-1] if self.modules else "",
+        name = getattr(func, "__name__", str(func))
+        shapes = None
+        if name in ("view", "reshape") and args and isinstance(args[0], torch.Tensor) and made is not None:
+            shapes = (tuple(args[0].shape), tuple(made.shape))
+        self.ops.append(Op(name=name, module=self.modules[-1] if self.modules else "", shapes=shapes,
                            location=loc, inputs=[id(t) for t in tensors], output=id(made) if made is not None else None,
                            mask=mask, is_causal=bool(kwargs.get("is_causal", args[5] if func is _SDPA and len(args) > 5
                                                                  else False)) if func is _SDPA else None,
@@ -160,7 +165,7 @@ def _leaf_batch(batch: Any, leaves: list[Leaf], path: str = "batch", depth: int 
         if batch.is_floating_point() and batch.dim() >= 2:
             leaf = batch.detach().clone().requires_grad_(True)
             leaves.append(Leaf(leaf, f"batch entry `{path}`"))
-            return leaf
+            return leaf.clone()
         return batch
     if isinstance(batch, dict):
         return {k: _leaf_batch(v, leaves, str(k) if path == "batch" else f"{path}.{k}", depth + 1) for k, v in batch.items()}

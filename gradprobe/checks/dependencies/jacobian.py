@@ -1,9 +1,10 @@
 """The sampled Jacobian structure: which input positions each sampled output depends on, by autograd.
 
 A sample is one output position (b, t) (or one example b of a per-example output). Its row of the Jacobian, projected
-on a random vector, is one backward pass to the input leaves; all samples go in one batched backward
-(`is_grads_batched`, vmap over the cotangents), or one by one where vmap cannot run an op. Exact zeros are expected
-where there is no dependency: a masked attention weight is exactly 0, so is its gradient.
+on a random vector, is one backward pass to the input leaves (no weight gradients). Samples that cannot hide each
+other's leaks (one per row, or first tokens of packed examples) share one pass (`plan`), so a batch of several rows
+costs two or three passes for five positions. Exact zeros are expected where there is no dependency: a masked
+attention weight is exactly 0, so is its gradient.
 
 Each sample serves the claims that hold at it: causality (no input after t in the same example), example independence
 (no input of another row), packed independence (no input of another example packed in the same row).
@@ -12,7 +13,7 @@ Each sample serves the claims that hold at it: causality (no input after t in th
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -38,13 +39,6 @@ class Leak:
     t: int
     seen: list[tuple[int, int]]  # (row, position) of the inputs it depends on and must not
     ratio: float  # the largest such dependency over the largest allowed one
-
-
-@dataclass
-class Structure:
-    samples: list[Sample]
-    leaks: list[Leak] = field(default_factory=list)
-    batched: bool = True  # one vmapped backward (else one backward per sample)
 
 
 def _spread(values: list[int], n: int, rng: random.Random) -> list[int]:
@@ -92,87 +86,135 @@ def choose(lay: Layout, claim: NextClaim | None, seg: Segments | None, keep: tor
             else:
                 out.append(Sample(i, 0))
     claimed = set(claim.positions) if claim is not None else set()
+    starts = {(b, s) for b in (seg.packed_rows if seg is not None else []) for s, _ in seg.spans[b]} if seg else set()
     unique: dict[tuple[int, int], Sample] = {}
     for s in out:
         kept = unique.setdefault((s.b, s.t), s)
         kept.causal = kept.causal or s.causal or (s.b, s.t) in claimed
-        kept.packed = kept.packed or s.packed
+        kept.packed = kept.packed or s.packed or (s.b, s.t) in starts
     return list(unique.values())
 
 
-def _rows_of(lay: Layout, samples: list[Sample]) -> torch.Tensor:
-    out = lay.output
-    if lay.positions:
-        return torch.stack([out[s.b, s.t] for s in samples])
-    return torch.stack([out[s.b] for s in samples])
+def _starts_example(s: Sample, seg: Segments | None) -> bool:
+    """A packed example's first token: what it may see is itself (causal or not), so several of them share a pass."""
+    if seg is None or not s.packed or int(seg.ids[s.b, s.t]) < 0:
+        return False
+    return s.t == 0 or int(seg.ids[s.b, s.t - 1]) != int(seg.ids[s.b, s.t])
 
 
-def dependency_maps(lay: Layout, samples: list[Sample], leaves: list[Leaf], seed: int = 0) -> tuple[torch.Tensor, bool]:
-    """(k, B, T) float: for sample i, how much its output depends on each input position (summed over the leaves and
-    the features, absolute), and whether one batched backward did it."""
-    rows = _rows_of(lay, samples)
-    gen = torch.Generator().manual_seed(seed)
-    k = len(samples)
-    r = torch.randn((k, *rows.shape[1:]), generator=gen).to(device=rows.device, dtype=rows.dtype)
-    cot = torch.zeros((k, *rows.shape), dtype=rows.dtype, device=rows.device)
-    for i in range(k):
-        cot[i, i] = r[i]
-    tensors = [lf.tensor for lf in leaves]
-    batched = True
-    try:
-        grads = torch.autograd.grad(rows, tensors, cot, retain_graph=True, allow_unused=True, is_grads_batched=True)
-    except Exception:  # an op vmap cannot batch: one backward per sample
-        batched = False
-        per = [torch.autograd.grad(rows, tensors, cot[i], retain_graph=True, allow_unused=True) for i in range(k)]
-        grads = tuple(torch.stack([p[j] if p[j] is not None else torch.zeros_like(tensors[j]) for p in per])
-                      if any(p[j] is not None for p in per) else None for j in range(len(tensors)))
-    T = lay.T if lay.positions else 1
-    total = torch.zeros(k, lay.B, T)
-    for g in grads:
-        if g is None:
-            continue
-        g = g.detach().abs().float()
-        g = g.reshape(k, lay.B, T, -1).sum(-1) if lay.positions else g.reshape(k, lay.B, -1).sum(-1).unsqueeze(-1)
-        total += g.cpu()
-    return total, batched
-
-
-def _leak(kind: str, s: Sample, dep: torch.Tensor, bad: torch.Tensor, allowed: torch.Tensor) -> Leak | None:
-    hit = (dep > 0) & bad
-    if not bool(hit.any()):
-        return None
-    ok = float((dep * allowed).max()) if bool(allowed.any()) else 0.0
-    worst = float((dep * bad).max())
-    seen = [(int(b), int(t)) for b, t in hit.nonzero().tolist()]
-    return Leak(kind, s.b, s.t, seen, worst / ok if ok > 0 else float("inf"))
-
-
-def judge(lay: Layout, samples: list[Sample], deps: torch.Tensor, seg: Segments | None) -> list[Leak]:
-    """The leaks of each sample: inputs after t in its own example (causal samples), inputs of another row, inputs of
-    another example packed in its row."""
-    B, T = deps.shape[1], deps.shape[2]
-    pos = torch.arange(T)
-    leaks: list[Leak] = []
+def plan(samples: list[Sample], B: int, seg: Segments | None, passes: int | None) -> list[list[int]]:
+    """The backward passes: groups of samples whose outputs are summed into one cotangent. A group holds at most one
+    sample per row (or only first tokens of packed examples): anything one sample may not see, the others of its group
+    may not see either, so a group's map shows every leak of its samples (a sum of nonzero dependencies with random
+    weights is not zero). With several rows, the first pass holds one sample alone: the rows it must not see are
+    exactly the other rows (example independence). `passes`: at most that many (the samples that do not fit are left
+    out; None: no limit)."""
+    groups: list[list[int]] = []
     for i, s in enumerate(samples):
-        dep = deps[i]
-        other_row = torch.ones(B, T, dtype=torch.bool)
-        other_row[s.b] = False
-        same_ex = ~other_row
-        if seg is not None and lay.positions:
-            ids = seg.ids[s.b]
-            same_seg = ids == ids[s.t]
-            other_seg = torch.zeros(B, T, dtype=torch.bool)
-            other_seg[s.b] = (~same_seg) & (ids >= 0)
-            same_ex = torch.zeros(B, T, dtype=torch.bool)
-            same_ex[s.b] = same_seg
-            if seg.ids[s.b, s.t] >= 0 and len(seg.spans[s.b]) >= 2:
-                found = _leak("packed", s, dep, other_seg, same_ex)
-                leaks += [found] if found is not None else []
-        if s.causal and lay.positions:
-            future = same_ex & (pos > s.t).unsqueeze(0)
-            found = _leak("future", s, dep, future, same_ex & ~future)
-            leaks += [found] if found is not None else []
-        if B >= 2:
-            found = _leak("example", s, dep, other_row, same_ex)
-            leaks += [found] if found is not None else []
+        for gi, g in enumerate(groups):
+            if gi == 0 and B >= 2:
+                continue
+            if all(samples[j].b != s.b or (_starts_example(samples[j], seg) and _starts_example(s, seg)) for j in g):
+                g.append(i)
+                break
+        else:
+            if passes is None or len(groups) < passes:
+                groups.append([i])
+    return groups
+
+
+def dependency_maps(lay: Layout, samples: list[Sample], leaves: list[Leaf], groups: list[list[int]] | None = None,
+                    seed: int = 0) -> torch.Tensor:
+    """(passes, B, T) float: for each group of samples (one backward pass each), how much the sum of their outputs
+    (each projected on a random vector) depends on each input position (absolute, summed over the leaves and the
+    features)."""
+    groups = groups if groups is not None else [[i] for i in range(len(samples))]
+    out = lay.output
+    gen = torch.Generator().manual_seed(seed)
+    tensors = [lf.tensor for lf in leaves]
+    T = lay.T if lay.positions else 1
+    maps = torch.zeros(len(groups), lay.B, T)
+    for gi, g in enumerate(groups):
+        total = None
+        for i in g:
+            s = samples[i]
+            row = out[s.b, s.t] if lay.positions else out[s.b]
+            r = torch.randn(row.shape, generator=gen).to(device=row.device, dtype=row.dtype)
+            term = (row * r).sum()
+            total = term if total is None else total + term
+        assert total is not None
+        grads = torch.autograd.grad(total, tensors, retain_graph=True, allow_unused=True)
+        for grad in grads:
+            if grad is None:
+                continue
+            a = grad.detach().abs().float()
+            a = a.reshape(lay.B, T, -1).sum(-1) if lay.positions else a.reshape(lay.B, -1).sum(-1).unsqueeze(-1)
+            maps[gi] += a.cpu()
+    return maps
+
+
+# a dependency smaller than this share of the largest allowed one is rounding or a backward's own noise (a masked
+# attention weight is exactly 0, and so is its gradient)
+NOISE = 1e-6
+
+
+def _regions(lay: Layout, s: Sample, seg: Segments | None, B: int, T: int) -> dict[str, torch.Tensor]:
+    """What sample s may see ("allowed") and, per kind of leak, what it must not."""
+    pos = torch.arange(T)
+    own = torch.zeros(B, T, dtype=torch.bool)
+    own[s.b] = True
+    out: dict[str, torch.Tensor] = {}
+    if seg is not None and lay.positions and int(seg.ids[s.b, s.t]) >= 0 and len(seg.spans[s.b]) >= 2:
+        ids = seg.ids[s.b]
+        own = torch.zeros(B, T, dtype=torch.bool)
+        own[s.b] = ids == ids[s.t]
+        other = torch.zeros(B, T, dtype=torch.bool)
+        other[s.b] = (ids != ids[s.t]) & (ids >= 0)
+        out["packed"] = other
+    allowed = own
+    if s.causal and lay.positions:
+        future = own & (pos > s.t).unsqueeze(0)
+        out["future"] = future
+        allowed = own & ~future
+    if B >= 2:
+        rows = torch.ones(B, T, dtype=torch.bool)
+        rows[s.b] = False
+        out["example"] = rows
+    out["allowed"] = allowed
+    return out
+
+
+def judge(lay: Layout, samples: list[Sample], maps: torch.Tensor, seg: Segments | None,
+          groups: list[list[int]] | None = None) -> list[Leak]:
+    """The leaks each pass shows: for each sample of the pass, dependencies on what it must not see (inputs after t in
+    its own example, inputs of another example packed in its row, and, for a sample alone in its pass, inputs of
+    another row) that no other sample of the pass may see either."""
+    groups = groups if groups is not None else [[i] for i in range(len(samples))]
+    B, T = maps.shape[1], maps.shape[2]
+    leaks: list[Leak] = []
+    for gi, g in enumerate(groups):
+        dep = maps[gi]
+        regions = [_regions(lay, samples[i], seg, B, T) for i in g]
+        allowed = torch.stack([r["allowed"] for r in regions]).any(0)
+        ok = float((dep * allowed).max()) if bool(allowed.any()) else 0.0
+        for i, reg in zip(g, regions, strict=True):
+            for kind in ("packed", "future", "example"):
+                if kind not in reg or (kind == "example" and len(g) > 1):
+                    continue
+                hit = (dep > NOISE * ok) & reg[kind] & ~allowed
+                if bool(hit.any()):
+                    worst = float((dep * (reg[kind] & ~allowed)).max())
+                    leaks.append(Leak(kind, samples[i].b, samples[i].t, [(int(b), int(t)) for b, t in hit.nonzero().tolist()],
+                                      worst / ok if ok > 0 else float("inf")))
     return leaks
+
+
+def alone(lay: Layout, samples: list[Sample], leaves: list[Leaf], seg: Segments | None, leaks: list[Leak],
+          seed: int = 0) -> list[Leak]:
+    """The leaks of shared passes measured again, one sample per pass, so that each is its own sample's."""
+    keys = {(lk.b, lk.t) for lk in leaks}
+    idx = [i for i, s in enumerate(samples) if (s.b, s.t) in keys]
+    if not idx:
+        return leaks
+    mine = [samples[i] for i in idx]
+    return judge(lay, mine, dependency_maps(lay, mine, leaves, None, seed), seg)

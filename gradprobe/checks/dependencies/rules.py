@@ -76,7 +76,10 @@ def _where(e: Explained) -> str:
         parts.append(f"; the first module whose output has it is `{e.layer}`")
     if e.attention:
         parts.append(f", whose attention call is {e.attention}")
-    if e.mask_line:
+    if e.mask_line and e.mask_how and (e.mask_how.startswith("view") or e.mask_how.startswith("reshape")):
+        parts.append(f"; the batch axis is reinterpreted at {at(e.mask_line)} ({e.mask_how}: a transpose/permute keeps "
+                     "the examples apart, a view does not)")
+    elif e.mask_line:
         parts.append(f"; the mask it used was built at {at(e.mask_line)}" + (f" ({e.mask_how})" if e.mask_how else ""))
     if e.config_key:
         parts.append(f"; `{e.config_key}` is {e.config_value} here, and with {e.config_fix} it is gone (measured)")

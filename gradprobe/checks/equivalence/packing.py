@@ -27,7 +27,7 @@ from gradprobe.checks.dependencies.explain import _kwargs, accepts, blocks_of
 from gradprobe.checks.dependencies.harness import ProbeMode, outputs_of, probed, untouched
 from gradprobe.checks.dependencies.segments import Segments, find_segments, restarting_positions
 from gradprobe.checks._step import compute_loss
-from gradprobe.findings import Finding, Rule
+from gradprobe.findings import Rule
 
 # (loss relative error, gradient relative error, cosine at least) by the dtype the parameters compute in
 TOLERANCES = {torch.float64: (1e-9, 1e-7, 1 - 1e-10), torch.float32: (1e-4, 2e-3, 0.9999),
@@ -217,7 +217,7 @@ def _where_they_part(packed: Side, padded: Side, seg: Segments, tol: float) -> t
     crossing = 0
     if packed.loss_grad is not None and packed.loss_grad.dim() == 3:
         _, read = ce_targets(packed.loss_grad)
-        for b, s, e in index:
+        for b, _, e in index:
             if e < seg.ids.shape[1] and bool(read[b, e - 1]):
                 crossing += 1
     return None, crossing
@@ -276,7 +276,7 @@ def run(loaded: Any, options: dict[str, Any]) -> dict:
     result["applies"] = True
     padded = padded_batch(loaded.batch, seg, tokens, loaded.model, causal=bool(options.get("causal")))
     if padded is None:
-        result["not_run"].append({"check": "packed vs padded", "cause": "not_applicable",
+        result["not_run"].append({"check": "packed_vs_padded", "cause": "not_applicable",
                                   "why": "the model's forward takes no attention_mask to pad the examples with, and it "
                                          "was not measured causal (right padding is safe only for a causal model)"})
         return result
@@ -286,7 +286,7 @@ def run(loaded: Any, options: dict[str, Any]) -> dict:
         a = _side(loaded.model, loaded.batch, loaded.loss_fn, loaded.user, params)
         b = _side(loaded.model, padded, loaded.loss_fn, loaded.user, params)
     except Exception as exc:
-        result["not_run"].append({"check": "packed vs padded", "cause": "gradprobe",
+        result["not_run"].append({"check": "packed_vs_padded", "cause": "gradprobe",
                                   "why": f"running the padded batch failed ({type(exc).__name__}: {exc})"[:400]})
         return result
     tol = TOLERANCES.get(_dtype(loaded.model), TOLERANCES[torch.float32])

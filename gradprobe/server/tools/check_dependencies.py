@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from gradprobe.server.runtime import Runtime
 
-Check = Literal["causality", "examples", "packed", "packed_vs_padded"]
+Check = Literal["causality", "examples", "packed", "packed_outside", "packed_vs_padded"]
 
 DESCRIPTION = f"""Measure, by autograd on the target's own model and batch, which inputs each sampled output depends
 on (the Jacobian's structure from output positions to the input embeddings: exact zeros expected), and compare that
@@ -36,7 +36,7 @@ and stay clean. facts.verified says what was measured and how many positions/exa
 what was not, and why. Script mode probes the model at the script's first step with the batch the script fed it
 (the Trainer's own settings, e.g. use_cache off).
 {TARGET_HELP}
-Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "lm.py"}}, "positions": 5}}"""
+Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "lm.py"}}, "positions": 9}}"""
 
 
 def register(server: MCPServer, runtime: Runtime) -> None:
@@ -45,9 +45,12 @@ def register(server: MCPServer, runtime: Runtime) -> None:
     async def check_dependencies(
         target: Target,
         ctx: Context,
-        positions: Annotated[int, Field(ge=1, le=32, description=(
-            "Output positions to sample for causality (first, middle, last, then random; default 5)."))] = 5,
+        positions: Annotated[int | None, Field(ge=1, le=32, description=(
+            "Output positions to sample (first, middle, last, then random). Default: 5, in at most 3 backward passes "
+            "(one per row each; those that do not fit are left out, so the check costs about one training step); a "
+            "number given here is sampled in full, however many passes it takes."))] = None,
         checks: Annotated[list[Check] | None, Field(description=(
-            "Only these checks (default: all that apply): causality, examples, packed, packed_vs_padded."))] = None,
+            "Only these checks (default: all that apply): causality, examples, packed (in the path the training "
+            "runs), packed_outside (the same rows with use_cache=True), packed_vs_padded."))] = None,
     ) -> Annotated[CallToolResult, Report]:
         return await call_tool(runtime, "check_dependencies", target, {"positions": positions, "checks": checks}, ctx)
