@@ -120,11 +120,19 @@ def _measure_untouched(loaded: Any, checks: tuple[str, ...], n: int | None, seed
     groups = _renumber(groups)
     if not samples:
         return Run(lay, claim, why, seg, [], [], 0, keep)
-    leaks = judge(lay, samples, dependency_maps(lay, samples, lay.token_leaves, groups, seed), seg, groups)
+    cl = claim_leaf(lay, claim)
+    leaks = judge(lay, samples, dependency_maps(lay, samples, lay.token_leaves, groups, seed), seg, groups, cl)
     if any(len(g) > 1 for g in groups) and leaks:
-        leaks = alone(lay, samples, lay.token_leaves, seg, leaks, seed)
+        leaks = alone(lay, samples, lay.token_leaves, seg, leaks, seed, cl)
     wanted = {"future": "causality", "example": "examples", "packed": "packed"}
     return Run(lay, claim, why, seg, samples, [lk for lk in leaks if wanted[lk.kind] in checks], len(groups), keep)
+
+
+def claim_leaf(lay: Layout, claim: NextClaim | None) -> int | None:
+    """The index of the leaf the next-element claim is about, among the layout's token leaves."""
+    if claim is None or claim.leaf is None:
+        return None
+    return next((i for i, lf in enumerate(lay.token_leaves) if lf is claim.leaf), None)
 
 
 def _renumber(groups: list[list[int]]) -> list[list[int]]:
@@ -180,7 +188,8 @@ def _call_line(loaded: Any) -> dict | None:
 
 def _explained(loaded: Any, run: Run, facts: DepFacts) -> None:
     """Explain the first leak of each kind (explain.py)."""
-    ctx = Context(loaded.model, loaded.batch, loaded.loss_fn, loaded.user, loaded.record, run.seg)
+    ctx = Context(loaded.model, loaded.batch, loaded.loss_fn, loaded.user, loaded.record, run.seg,
+                  run.claim.ids if run.claim is not None else None)
     by_sample = {(s.b, s.t): s for s in run.samples}
     done: set[str] = set()
     for lk in run.leaks:

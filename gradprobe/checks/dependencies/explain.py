@@ -45,6 +45,7 @@ class Context:
     user: Any
     record: Any
     seg: Segments | None
+    tokens: torch.Tensor | None = None  # the ids the next-element claim is about
 
 
 def blocks_of(model: nn.Module) -> set[str]:
@@ -69,9 +70,18 @@ def leaks_of(ctx: Context, sample: Sample, batch: Any = None) -> list[Leak] | No
             if lay is None:
                 return None
             deps = dependency_maps(lay, [sample], lay.token_leaves)
+            leaf = _claim_leaf(lay, ctx.tokens)
     except Exception:
         return None
-    return judge(lay, [sample], deps, ctx.seg)
+    return judge(lay, [sample], deps, ctx.seg, None, leaf)
+
+
+def _claim_leaf(lay: Any, tokens: torch.Tensor | None) -> int | None:
+    """The token leaf whose ids are the claim's (the probe is run again: its leaves are new, its ids the same)."""
+    if tokens is None:
+        return None
+    return next((i for i, lf in enumerate(lay.token_leaves) if lf.ids is not None and lf.ids.shape == tokens.shape
+                 and torch.equal(lf.ids, tokens)), None)
 
 
 def leaks_at(ctx: Context, sample: Sample, kind: str, batch: Any = None) -> bool | None:
@@ -80,11 +90,12 @@ def leaks_at(ctx: Context, sample: Sample, kind: str, batch: Any = None) -> bool
     return None if found is None else any(lk.kind == kind for lk in found)
 
 
-def _first_block(probe: Probe, leak: Leak) -> str | None:
+def _first_block(probe: Probe, leak: Leak, tokens: torch.Tensor | None) -> str | None:
     lay = layout(probe)
     if lay is None:
         return None
-    leaves = [lf.tensor for lf in lay.token_leaves]
+    only = _claim_leaf(lay, tokens) if leak.kind == "future" else None
+    leaves = [lf.tensor for i, lf in enumerate(lay.token_leaves) if only is None or i == only]
     gen = torch.Generator().manual_seed(1)
     for name, h in probe.blocks.items():
         if h.dim() < 2 or tuple(h.shape[:2]) != (lay.B, lay.T) or not h.requires_grad:
@@ -378,7 +389,7 @@ def explain(ctx: Context, leak: Leak, sample: Sample, call_line: dict | None) ->
     try:
         with untouched(ctx.model):
             probe = probed(ctx.model, ctx.batch, ctx.loss_fn, ctx.user, record=True, blocks=blocks_of(ctx.model))
-            e.layer = _first_block(probe, leak)
+            e.layer = _first_block(probe, leak, ctx.tokens)
         calls = probe.calls
         op = _attention_in(probe.ops, e.layer)
         if op is not None:

@@ -125,15 +125,15 @@ def plan(samples: list[Sample], B: int, seg: Segments | None, passes: int | None
 
 def dependency_maps(lay: Layout, samples: list[Sample], leaves: list[Leaf], groups: list[list[int]] | None = None,
                     seed: int = 0) -> torch.Tensor:
-    """(passes, B, T) float: for each group of samples (one backward pass each), how much the sum of their outputs
-    (each projected on a random vector) depends on each input position (absolute, summed over the leaves and the
+    """(passes, leaves, B, T) float: for each group of samples (one backward pass each), how much the sum of their
+    outputs (each projected on a random vector) depends on each input position of each leaf (absolute, summed over the
     features)."""
     groups = groups if groups is not None else [[i] for i in range(len(samples))]
     out = lay.output
     gen = torch.Generator().manual_seed(seed)
     tensors = [lf.tensor for lf in leaves]
     T = lay.T if lay.positions else 1
-    maps = torch.zeros(len(groups), lay.B, T)
+    maps = torch.zeros(len(groups), len(tensors), lay.B, T)
     for gi, g in enumerate(groups):
         total = None
         for i in g:
@@ -144,12 +144,12 @@ def dependency_maps(lay: Layout, samples: list[Sample], leaves: list[Leaf], grou
             total = term if total is None else total + term
         assert total is not None
         grads = torch.autograd.grad(total, tensors, retain_graph=True, allow_unused=True)
-        for grad in grads:
+        for li, grad in enumerate(grads):
             if grad is None:
                 continue
             a = grad.detach().abs().float()
             a = a.reshape(lay.B, T, -1).sum(-1) if lay.positions else a.reshape(lay.B, -1).sum(-1).unsqueeze(-1)
-            maps[gi] += a.cpu()
+            maps[gi, li] = a.cpu()
     return maps
 
 
@@ -185,22 +185,24 @@ def _regions(lay: Layout, s: Sample, seg: Segments | None, B: int, T: int) -> di
 
 
 def judge(lay: Layout, samples: list[Sample], maps: torch.Tensor, seg: Segments | None,
-          groups: list[list[int]] | None = None) -> list[Leak]:
+          groups: list[list[int]] | None = None, claim_leaf: int | None = None) -> list[Leak]:
     """The leaks each pass shows: for each sample of the pass, dependencies on what it must not see (inputs after t in
     its own example, inputs of another example packed in its row, and, for a sample alone in its pass, inputs of
-    another row) that no other sample of the pass may see either."""
+    another row) that no other sample of the pass may see either. Causality is judged on the leaf the next-element
+    claim is about (`claim_leaf`: a decoder's tokens, not the encoder's it attends to), the rest on every leaf."""
     groups = groups if groups is not None else [[i] for i in range(len(samples))]
-    B, T = maps.shape[1], maps.shape[2]
+    B, T = maps.shape[2], maps.shape[3]
     leaks: list[Leak] = []
     for gi, g in enumerate(groups):
-        dep = maps[gi]
+        every = maps[gi].sum(0)
         regions = [_regions(lay, samples[i], seg, B, T) for i in g]
         allowed = torch.stack([r["allowed"] for r in regions]).any(0)
-        ok = float((dep * allowed).max()) if bool(allowed.any()) else 0.0
         for i, reg in zip(g, regions, strict=True):
             for kind in ("packed", "future", "example"):
                 if kind not in reg or (kind == "example" and len(g) > 1):
                     continue
+                dep = maps[gi, claim_leaf] if kind == "future" and claim_leaf is not None else every
+                ok = float((dep * allowed).max()) if bool(allowed.any()) else 0.0
                 hit = (dep > NOISE * ok) & reg[kind] & ~allowed
                 if bool(hit.any()):
                     worst = float((dep * (reg[kind] & ~allowed)).max())
@@ -210,11 +212,11 @@ def judge(lay: Layout, samples: list[Sample], maps: torch.Tensor, seg: Segments 
 
 
 def alone(lay: Layout, samples: list[Sample], leaves: list[Leaf], seg: Segments | None, leaks: list[Leak],
-          seed: int = 0) -> list[Leak]:
+          seed: int = 0, claim_leaf: int | None = None) -> list[Leak]:
     """The leaks of shared passes measured again, one sample per pass, so that each is its own sample's."""
     keys = {(lk.b, lk.t) for lk in leaks}
     idx = [i for i, s in enumerate(samples) if (s.b, s.t) in keys]
     if not idx:
         return leaks
     mine = [samples[i] for i in idx]
-    return judge(lay, mine, dependency_maps(lay, mine, leaves, None, seed), seg)
+    return judge(lay, mine, dependency_maps(lay, mine, leaves, None, seed), seg, None, claim_leaf)
