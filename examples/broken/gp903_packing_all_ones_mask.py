@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 from transformers import DataCollatorWithFlattening, LlamaConfig, LlamaForCausalLM
 
-EXPECT = {"tool": "check_dependencies", "codes": ["GP903", "GP803"], "culprits": ["attention_mask"], "line": 24}
+EXPECT = {"tool": "check_dependencies", "codes": ["GP903", "GP803"], "culprits": ["attention_mask"], "line": 22}
 
 
 class PackedLM(nn.Module):

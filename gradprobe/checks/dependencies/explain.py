@@ -321,9 +321,10 @@ def _changes_of(kw: dict[str, Any], target: nn.Module, seg: Segments, what: str)
         for b, spans in enumerate(seg.spans):
             for s, e in spans:
                 starts[b, s:e] = torch.arange(e - s)
+        device = next((v.device for v in kw.values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
         out.append((f"{what} gives no position ids; with position ids that restart at each packed example they stay "
                     f"apart (measured: this attention ignores {seg.describe()})", "position_ids restarting",
-                    {"position_ids": starts}))
+                    {"position_ids": starts.to(device)}))
     return out
 
 

@@ -99,7 +99,7 @@ def restarting_positions(t: torch.Tensor, keep: torch.Tensor | None) -> torch.Te
         return None
     ids = torch.cat([torch.zeros_like(first), restart.long()], dim=-1).cumsum(-1)
     if keep is not None:
-        ids = ids.masked_fill(keep == 0, -1)
+        ids = ids.cpu().masked_fill(keep == 0, -1)
     return ids
 
 
@@ -109,7 +109,7 @@ def _segment_ids(t: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor | N
     step = torch.diff(t, dim=-1)
     if not bool(((step == 0) | (step == 1)).all()) or int((t.amax(-1) - t.amin(-1)).max()) < 2:
         return None
-    ids = t - t[:, :1]
+    ids = (t - t[:, :1]).cpu()
     return ids.masked_fill(keep == 0, -1) if keep is not None else ids
 
 
@@ -149,7 +149,7 @@ def find_padding(batch: Any, B: int, T: int) -> tuple[torch.Tensor | None, str |
         if bool((r == 1).all()):
             all_ones = True
         elif bool((r[:, 0] == 1).all() or (r[:, -1] == 1).all()):  # a padding mask keeps one end of every row
-            return r.long(), where, all_ones
+            return r.long().cpu(), where, all_ones
     return None, None, all_ones
 
 
@@ -169,6 +169,7 @@ def find_segments(batch: Any, B: int, T: int, tokens: torch.Tensor | None = None
             found = [(_block_mask(t, B, T), "a block-diagonal mask")] if t.dim() in (3, 4) else []
         for ids, how in found:
             if ids is not None:
+                ids = ids.cpu()
                 seg = Segments(ids=ids, how=how, where=where, spans=_spans(ids))
                 if seg.packed_rows:
                     return seg
