@@ -32,6 +32,7 @@ DEFAULT_POSITIONS = 5
 DEFAULT_PASSES = 3  # backward passes of a default check: the samples that do not fit are left out (cost <= 1.5x a step)
 PACKED_PASSES = 2  # packed rows: the first tokens of the packed examples share one pass, and test causality there too
 MAX_POSITIONS = 32
+SNAPSHOT_LIMIT = 50_000_000  # parameters kept aside while a train_step runs up to its model call (a bigger model: none)
 
 
 @dataclass
@@ -86,6 +87,10 @@ def captured_call(loaded: Any) -> Any:
         raise _Captured()
 
     handle = loaded.model.register_forward_pre_hook(hook, with_kwargs=True)
+    params = list(loaded.model.parameters())
+    versions = [p._version for p in params]
+    small = sum(p.numel() for p in params) <= SNAPSHOT_LIMIT
+    saved = [p.detach().clone() for p in params] if small else []
     try:
         with untouched(loaded.model), torch.enable_grad(), patched(torch.Tensor, "backward", no_backward), \
                 patched(torch.autograd, "backward", no_backward):
@@ -96,6 +101,10 @@ def captured_call(loaded: Any) -> Any:
         return None
     finally:
         handle.remove()
+        with torch.no_grad():  # what the train_step wrote into the weights before its model call, put back
+            for i, p in enumerate(params):
+                if p._version != versions[i] and saved:
+                    p.copy_(saved[i])
     return got[0] if got else None
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from gradprobe.checks.dependencies.segments import Segments
 from gradprobe.wrappers import unwrap_library
 
 MAX_FLAGS = 40
+FLAG_SECONDS = 30.0  # the flag search stops after this long (each flip is one more forward and backward)
 _MASK_MAKERS = ("triu", "tril")
 
 
@@ -237,8 +239,9 @@ def _flipped(obj: Any, attr: str) -> Iterator[None]:
 def flag_cause(ctx: Context, sample: Sample, kind: str, block: str | None) -> tuple[str, str, str, dict | None] | None:
     """The boolean whose flip removes the leak: (its name, its value, the value that removes it, where its holder was
     built)."""
+    deadline = time.monotonic() + FLAG_SECONDS
     for n, (obj, attr, shown, _) in enumerate(_holders(ctx.model, block)):
-        if n >= MAX_FLAGS:
+        if n >= MAX_FLAGS or time.monotonic() > deadline:
             break
         old = getattr(obj, attr)
         try:
