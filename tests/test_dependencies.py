@@ -233,7 +233,7 @@ def _mse(out, batch):
 
 
 def test_a_regression_on_the_next_value_claims_causality_from_the_batch():
-    from gradprobe.checks.dependencies import check_dependencies
+    from gradprobe.checks import check_dependencies  # the public library API
 
     torch.manual_seed(0)
     batch = _series()
