@@ -58,6 +58,7 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "GP511": _CUTS | {"GP303", "GP308"}, "GP508": frozenset({"GP503"}),
     "GP702": frozenset({"GP207", "GP306"}),  # fp16 weights: underflowed gradients are zero, tiny updates are lost
     "GP708": frozenset({"GP207", "GP306"}),  # fp16 autocast, no GradScaler: underflowed gradients are zero
+    "GP903": frozenset({"GP803"}),  # packed examples that see each other: the packed loss and gradients differ
 }
 
 
@@ -271,7 +272,25 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     if afacts is not None:
         findings, facts["autocast"] = findings + afindings, afacts
         facts["checks"].append("autocast")
+    if not step.failed:
+        findings += _dependencies(loaded, facts)
     return _scaler_backoff(findings, seen.amp), facts
+
+
+def _dependencies(loaded: Any, facts: dict[str, Any]) -> list[Finding]:
+    """GP9xx where the model claims an independence (next element, examples, packed examples): measured after the step,
+    on the weights it left; facts.dependencies says whether it ran, what it verified and what it cost."""
+    from gradprobe.checks.dependencies.engine import dependency_findings
+
+    try:
+        dfindings, dfacts = dependency_findings(loaded)
+    except Exception as exc:  # ours: the step ran; the probe is left out and said so
+        facts["dependencies"] = {"ran": False, "left_out": f"{type(exc).__name__}: {exc}"[:300]}
+        return []
+    facts["dependencies"] = dfacts
+    if dfacts["ran"]:
+        facts["checks"].append("dependencies")
+    return dfindings
 
 
 def _scaler_backoff(findings: list[Finding], amp: autocast_underflow.AutocastWatch) -> list[Finding]:
@@ -349,6 +368,9 @@ def diagnose_report(loaded: Any, steps: int = 0) -> dict[str, Any]:
             line += (f"; {len(unregistered)} more tensor(s) meant to learn are not registered ({', '.join(codes)}) "
                      "and cannot get a gradient")
         summary.append(line + ".")
+    deps = facts.get("dependencies") or {}
+    if deps.get("ran") and not any(f["code"].startswith("GP9") and f["severity"] == "error" for f in kept):
+        summary += [f"Dependencies verified: {v}" for v in deps.get("verified", [])[:3]]
     return make_report("diagnose", kept, summary + steps_lines, **facts)
 
 
