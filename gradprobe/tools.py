@@ -50,6 +50,9 @@ TOOLS: tuple[Tool, ...] = (
     Tool("audit_training", "gradprobe.checks.steps:audit_report", needs_step=True, allows_meta=False,
          help="several real steps of the user's loop: LR as applied, gradients at step time, updates, EMA copies",
          family="GP6"),
+    Tool("check_equivalence", "gradprobe.checks.equivalence.engine:equivalence_report", needs_step=False,
+         allows_meta=False, help="the gradient of two setups that must agree (N processes and one, k micro-batches and "
+                                 "one batch), measured against each other", family="GP8"),
 )
 
 BY_NAME: dict[str, Tool] = {t.name: t for t in TOOLS}

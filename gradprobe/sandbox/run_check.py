@@ -31,7 +31,15 @@ def run_job(job: Job | Mapping[str, Any], progress: Progress) -> ToolError | dic
     import tempfile
 
     tempfile.tempdir = None  # a warm worker's fork inherits its cached temp dir: use this call's TMPDIR
-    if job.target.get("script") or job.target.get("module") or int(job.target.get("world_size") or 1) > 1:
+    if spec.name == "check_equivalence" and (job.target.get("script") or job.target.get("module")):
+        # the setup under test and its reference, each run in processes of its own (scriptmode/paired.py)
+        from gradprobe.scriptmode.paired import run_equivalence_job
+
+        return _safe(run_equivalence_job(spec.name, job.target, job.options, progress))
+    if spec.name == "check_equivalence" and int(job.target.get("world_size") or 1) > 1:
+        job = Job(tool=job.tool, target=dict(job.target, world_size=1), options=dict(job.options, _world_size=int(
+            job.target.get("world_size") or 1)))  # a build_model() target is compared in one process
+    elif job.target.get("script") or job.target.get("module") or int(job.target.get("world_size") or 1) > 1:
         # several ranks (a script's, or a build_model() target's), or workers a script spawns; else as one
         from gradprobe.scriptmode.ranks import run_script_ranks
 

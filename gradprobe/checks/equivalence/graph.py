@@ -1,0 +1,52 @@
+"""What a loss is made of, read from its graph at backward(): its constant scaling and reduction with their lines
+(when anomaly mode recorded the forward's tracebacks), and the targets of its cross-entropy nodes. Read in both setups
+of a comparison, so the located cause (located.py) is a measured difference between them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gradprobe.checks.steps.accumulation import _scaling_step, _traced_line, loss_scaling
+from gradprobe.userframes import UserCode
+
+_NLL = ("NllLossBackward0", "NllLoss2DBackward0", "NllLossNdBackward0")
+
+
+def read_loss(loss: torch.Tensor, user: UserCode | None) -> tuple[dict[str, Any], list[tuple[dict | None, torch.Tensor]]]:
+    """The loss's scaling record (ops, their lines, the reduction and its line) and its cross-entropy targets."""
+    s = loss_scaling(loss, user)
+    scaling = {"ops": s.ops, "lines": s.lines, "reduction": s.reduction, "count": s.count, "stopped_at": s.stopped_at,
+               "line": _under_scaling(loss, len(s.ops), user) if user is not None else None}
+    return scaling, (loss_targets(loss, user) if user is not None else [])
+
+
+def _under_scaling(loss: torch.Tensor, n_ops: int, user: UserCode) -> dict | None:
+    """The user line of the operation under the loss's constant scaling (its reduction, or the loss function's call)."""
+    node = loss.grad_fn
+    for _ in range(n_ops):
+        found = _scaling_step(node) if node is not None else None
+        if found is None:
+            return None
+        node = found[1]
+    return _traced_line(node, user)[0] if node is not None else None
+
+
+def loss_targets(loss: torch.Tensor, user: UserCode, limit: int = 2000) -> list[tuple[dict | None, torch.Tensor]]:
+    """The targets of the cross-entropy (NLL) nodes in the loss's graph, with the user line that computed each, in a
+    fixed walk order (the same graph gives the same order in both setups)."""
+    out: list[tuple[dict | None, torch.Tensor]] = []
+    seen: set[int] = set()
+    stack = [loss.grad_fn]
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.name() in _NLL:
+            target = getattr(node, "_saved_target", None)
+            if isinstance(target, torch.Tensor):
+                out.append((_traced_line(node, user)[0], target.detach().to("cpu", copy=True)))
+        stack.extend(nxt for nxt, _ in node.next_functions if nxt is not None)
+    return out

@@ -1,0 +1,189 @@
+"""Where a measured departure comes from, from what both setups recorded at each backward() (pairwatch.py): the
+loss's constant scaling and reduction with their lines, the targets of its cross-entropy nodes, the collectives the
+script called itself. Each probe states a measured difference between the setups, never a guess from names:
+
+- targets: the setup under test's cross-entropy targets, taken in order (ranks, or micro-batches), differ from the
+  reference's on the same examples (labels built for rank 0, a cached label tensor reused at a later step);
+- a gather: torch.distributed.all_gather called with grad enabled on a tensor that requires grad (its output holds
+  copies without gradient) when the gradient's direction changed;
+- a per-part count: each rank's (micro-batch's) loss divided by a number that differs between them, where the
+  reference divides by one number for all (a token count of its own);
+- a sum all-reduce: the script's own all_reduce of parameter gradients with SUM, when the ratio is N;
+- the reduction: a loss that is a sum (not a mean) over its part of the batch, when the ratio is 1/N or k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gradprobe.checks.steps.facts import at
+
+
+@dataclass
+class Cause:
+    text: str  # one or two sentences, appended to the finding's message
+    remedy: str  # the fix
+    location: dict | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _steps(info: dict[str, Any] | None, step: int) -> list[dict[str, Any]]:
+    return [b for b in (info or {}).get("backwards") or [] if b.get("step") == step]
+
+
+def loss_values(infos: list[dict[str, Any] | None], step: int) -> list[list[float]]:
+    """Per process, the values of the losses backpropagated at `step`."""
+    return [[b["value"] for b in _steps(i, step) if "value" in b] for i in infos]
+
+
+def targets_cause(step: int, a_targets: list[list[torch.Tensor]], b_targets: list[torch.Tensor],
+                  lines: list[dict | None], part: str) -> Cause | None:
+    """The test setup's targets of each cross-entropy node, parts in order, against the reference's (same node order)."""
+    if not b_targets or any(len(t) != len(b_targets) for t in a_targets):
+        return None
+    for j, ref in enumerate(b_targets):
+        parts = [t[j].reshape(-1) for t in a_targets]
+        if sum(p.numel() for p in parts) != ref.numel():
+            continue
+        offset = 0
+        for r, got in enumerate(parts):
+            want = ref.reshape(-1)[offset:offset + got.numel()]
+            offset += got.numel()
+            if not torch.equal(got, want.to(got.dtype)):
+                line = lines[j] if j < len(lines) else None
+                where = f" at {at(line)}" if line else ""
+                return Cause(
+                    text=(f" The targets of the cross-entropy{where} differ at step {step}: {part} {r}'s are "
+                          f"{_short(got)}, where the reference's for the same examples are {_short(want)}."),
+                    remedy=(f"Build the targets for each {part} from what it holds at every step (e.g. the labels of a "
+                            "local loss offset by rank * local batch size), not once: a target tensor cached at the "
+                            "first step is reused for the wrong examples later."),
+                    location=line, evidence={"targets_differ": {"part": r, "step": step, "got": got[:16].tolist(),
+                                                                "reference": want[:16].tolist()}})
+    return None
+
+
+def _short(t: torch.Tensor) -> str:
+    values = t.reshape(-1).tolist()
+    return str(values[:8])[:-1] + (", ...]" if len(values) > 8 else "]")
+
+
+def gather_cause(a_infos: list[dict[str, Any] | None], step: int) -> Cause | None:
+    for info in a_infos:
+        for c in (info or {}).get("collectives") or []:
+            if c.get("kind", "").startswith("all_gather") and c.get("requires_grad") and c.get("grad_enabled"):
+                line = c.get("location")
+                return Cause(
+                    text=(f" The script gathers a tensor that requires grad with torch.distributed.{c['kind']} at "
+                          f"{at(line)}: the gathered copies carry no gradient, so what the other ranks' examples "
+                          "contribute through them (a contrastive loss's negatives) is missing from this rank's "
+                          "gradient."),
+                    remedy=(f"Gather with gradient at {at(line)}: torch.distributed.nn.functional.all_gather (its "
+                            "backward sums the gathered gradients back to each rank), or put this rank's own tensor "
+                            "back in place of its gathered copy and compute the loss over the local rows only with "
+                            "labels offset by rank * local batch size."),
+                    location=line, evidence={"collective": c})
+    return None
+
+
+def count_cause(a_infos: list[dict[str, Any] | None], b_infos: list[dict[str, Any] | None], step: int, part: str,
+                reference: str) -> Cause | None:
+    """Each part's loss divided by a number of its own (the parts' divisors differ) where the reference divides once."""
+    per_part: list[tuple[float, dict | None]] = []
+    for info in a_infos:
+        for b in _steps(info, step):
+            s = b.get("scaling") or {}
+            for v, line in zip(s.get("ops") or [], s.get("lines") or [None] * len(s.get("ops") or []), strict=False):
+                if 0 < v < 1:
+                    per_part.append((1 / v, line))
+                    break
+    divisors = sorted({round(d, 6) for d, _ in per_part})
+    if len(per_part) < 2 or len(divisors) < 2:
+        return None
+    ref = [1 / v for b in _steps((b_infos or [None])[0], step) for v in ((b.get("scaling") or {}).get("ops") or [])[:1]
+           if 0 < v < 1]
+    line = next((ln for _, ln in per_part if ln), None)
+    ref_text = f"; {reference} divides by {ref[0]:g}" if ref else ""
+    return Cause(
+        text=(f" Each {part}'s loss is divided by a number of its own{(' at ' + at(line)) if line else ''}: "
+              f"{', '.join(f'{d:g}' for d, _ in per_part[:6])}{ref_text}. Examples of different {part}s weigh "
+              f"differently than in one batch."),
+        remedy=(f"Divide every {part}'s summed loss by the one count of the whole batch (all {part}s together: "
+                "all-reduce the token count across ranks, or count the tokens of all micro-batches of the step; the "
+                "Trainer passes it as num_items_in_batch), and multiply by the number of ranks where DDP averages."),
+        location=line, evidence={"divisors": [d for d, _ in per_part], "reference_divisors": ref})
+
+
+def sum_all_reduce_cause(a_infos: list[dict[str, Any] | None], named: str | None) -> Cause | None:
+    if named != "N":
+        return None
+    for info in a_infos:
+        for c in (info or {}).get("collectives") or []:
+            if c.get("kind") == "all_reduce" and c.get("op") == "SUM" and c.get("params"):
+                line = c.get("location")
+                return Cause(
+                    text=(f" The script all-reduces the gradients with SUM at {at(line)} and does not divide by the "
+                          "world size (GP705 names the same all-reduce at the step)."),
+                    remedy=f"Divide each gradient by the world size after the SUM all-reduce at {at(line)} (or use "
+                           "ReduceOp.AVG, or let DistributedDataParallel average).",
+                    location=line, evidence={"collective": c})
+    return None
+
+
+def reduction_cause(a_infos: list[dict[str, Any] | None], step: int, named: str | None, kind: str) -> Cause | None:
+    """A loss that is a sum over its part where the ratio says the parts' sum was not a mean."""
+    if named not in ("1/N", "k", "N"):
+        return None
+    bw = next((b for b in _steps((a_infos or [None])[0], step) if b.get("scaling")), None)
+    if bw is None:
+        return None
+    s = bw["scaling"]
+    line = s.get("line") or bw.get("location")
+    factor = 1.0
+    for v in s.get("ops") or []:
+        factor *= v
+    if kind == "ranks" and s.get("reduction") == "sum" and named == "1/N":
+        return Cause(
+            text=(f" Each rank's loss is a sum over its local batch ({s.get('stopped_at')} at {at(line)}) and "
+                  "DistributedDataParallel averages the ranks' gradients: each example weighs 1/N of what it weighs "
+                  "in one process."),
+            remedy=(f"Average the loss over the local batch at {at(line)} (reduction=\"mean\"), or multiply the summed "
+                    "loss by the world size: DDP divides the sum of the ranks' gradients by N."),
+            location=line, evidence={"reduction": s})
+    if kind == "accumulation" and named == "k":
+        ops = f", multiplied by {factor:.4g}" if s.get("ops") else " with no division"
+        return Cause(
+            text=(f" The micro-batch losses are added into one step{ops} ({s.get('reduction') or s.get('stopped_at')} "
+                  f"at {at(line)}; backward() at {at(bw.get('location'))}): k micro-batches give k times the "
+                  "one-batch gradient (GP601 is the same pattern, judged there by the losses)."),
+            remedy=f"Divide each micro-batch loss by the number of micro-batches before backward() at "
+                   f"{at(bw.get('location'))}, or let the framework's accumulation scale it.",
+            location=bw.get("location"), evidence={"reduction": s})
+    return None
+
+
+def divided_twice_cause(a_infos: list[dict[str, Any] | None], step: int, k: int, named: str | None) -> Cause | None:
+    if named != "1/k" or k < 2:
+        return None
+    for b in _steps((a_infos or [None])[0], step):
+        s = b.get("scaling") or {}
+        hits = [(v, ln) for v, ln in zip(s.get("ops") or [], s.get("lines") or [], strict=False)
+                if abs(v * k - 1) < 1e-6]
+        if hits:
+            line = next((ln for _, ln in hits if ln), None) or b.get("location")
+            return Cause(
+                text=(f" Each micro-batch loss is multiplied by 1/{k} ({len(hits)} time(s) in its graph, at {at(line)}) "
+                      f"and the framework or the loop divides again: the {k} micro-batches weigh 1/{k} of one batch "
+                      "(GP611 names the same division)."),
+                remedy=f"Divide by the number of micro-batches once: remove the division at {at(line)} where the "
+                       "framework already scales the loss.",
+                location=line, evidence={"scaling": s})
+    return None
+
+
+def backward_line(a_infos: list[dict[str, Any] | None], step: int) -> dict | None:
+    bw = _steps((a_infos or [None])[0], step)
+    return bw[0].get("location") if bw else None

@@ -1,0 +1,273 @@
+"""The paired comparisons judged from what the runs wrote (scriptmode/paired.py): each step's gradients of the setup
+under test (rank 0's, what its optimizer saw) against the reference's, the first step and module that depart, the
+located cause, and the finding or the verified line with its largest difference."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gradprobe.checks.equivalence import located
+from gradprobe.checks.equivalence.compare import StepDiff, compare_step, name_ratio, named_ratios, tolerance
+from gradprobe.checks.equivalence.rules import GP801, GP802, GP806
+from gradprobe.findings import Finding
+
+# optimizers that divide each tensor's gradient by its own running scale: a constant factor on a tensor's gradient does
+# not change their update (up to eps)
+ADAPTIVE = frozenset({"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "RMSprop", "Adadelta", "SparseAdam",
+                      "Adafactor", "LAMB", "Lion"})
+MAX_ROWS = 40
+WHAT = {"ranks": ("N processes against one", "rank", "one process"),
+        "accumulation": ("k micro-batches against one batch", "micro-batch", "one batch")}
+
+
+@dataclass
+class Pair:
+    kind: str
+    entry: dict[str, Any]
+    a_infos: list[dict[str, Any] | None]
+    b_infos: list[dict[str, Any] | None]
+    a: dict[str, Any]  # rank 0's tensors (grads, targets)
+    b: dict[str, Any]
+    a_targets: list[dict[int, list[torch.Tensor]]] = field(default_factory=list)
+    n: int = 1
+    k: int = 1
+    steps: list[StepDiff] = field(default_factory=list)
+
+    @property
+    def optimizer(self) -> str:
+        return str((self.a_infos[0] or {}).get("optimizer") or "the optimizer")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.optimizer in ADAPTIVE
+
+
+def result(applies: bool, why_not: str = "", findings: list[Finding] | None = None, verified: list[str] | None = None,
+           not_run: list[dict[str, Any]] | None = None, facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"applies": applies, "why_not": why_not, "findings": findings or [], "verified": verified or [],
+            "not_run": not_run or [], "facts": facts or {}}
+
+
+def _load(path: str) -> dict[str, Any]:
+    data: dict[str, Any] = torch.load(path, weights_only=False)
+    return data
+
+
+def _setup_text(pair: Pair) -> str:
+    if pair.kind == "ranks":
+        return f"{pair.n} processes against one"
+    return f"{pair.k} micro-batches against one batch" + (f" (at {pair.n} processes)" if pair.n > 1 else "")
+
+
+def load(kind: str, paired: dict[str, Any]) -> Pair | dict[str, Any]:
+    """The pair's tensors, or a result saying why it was not compared."""
+    entry = paired.get(kind)
+    if not isinstance(entry, dict):
+        return result(False, "not asked" if paired else "the comparison runs a script twice (a `script` or `module` "
+                                                          "target)")
+    if "why_not" in entry:
+        return result(False, str(entry["why_not"]))
+    if "not_run" in entry:
+        return result(True, not_run=[entry["not_run"]])
+    if "reference_failed" in entry:
+        bad = entry["reference_failed"]
+        return result(True, not_run=[{"check": f"the {kind} comparison", "why": f"the reference setup ({entry.get('reference')}) "
+                                      f"did not run its steps: {bad['why']}", "cause": bad["cause"]}])
+    a_dir, b_dir = paired["a"]["dir"], entry["b"]["dir"]
+    a_infos, b_infos = paired.get("a_infos") or [], entry.get("b_infos") or []
+    pair = Pair(kind=kind, entry=entry, a_infos=a_infos, b_infos=b_infos, a=_load(os.path.join(a_dir, "rank0.pt")),
+                b=_load(os.path.join(b_dir, "rank0.pt")), n=int(paired.get("world_size") or 1),
+                k=int(entry.get("k") or 1))
+    pair.a_targets = [_load(os.path.join(a_dir, f"rank{i}.pt")).get("targets") or {} for i in range(len(a_infos))] \
+        if kind == "ranks" else [pair.a.get("targets") or {}]
+    b0 = b_infos[0] if b_infos else None
+    if not b0 or not b0.get("fed") or not b0.get("loaded"):
+        return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "gradprobe",
+                                      "why": "the reference setup ran but was not fed the recorded batches and weights "
+                                             f"(batches fed {b0.get('fed') if b0 else 0}, weights loaded "
+                                             f"{(b0 or {}).get('loaded')})"}])
+    return pair
+
+
+def compare(pair: Pair, steps: int) -> None:
+    a0, b0 = pair.a_infos[0] or {}, pair.b_infos[0] or {}
+    dtypes = set(a0.get("grad_dtypes") or []) | set(b0.get("grad_dtypes") or [])
+    tol = tolerance(dtypes, a0.get("autocast") or b0.get("autocast"))
+    names = named_ratios(pair.n if pair.kind == "ranks" else None, pair.k if pair.kind == "accumulation" else None)
+    order = _param_order(a0.get("module_order") or [], list((pair.a["grads"].get(1) or {}).keys()))
+    for s in range(1, steps + 1):
+        ga, gb = pair.a["grads"].get(s), pair.b["grads"].get(s)
+        if ga is None or gb is None:
+            break
+        pair.steps.append(compare_step(s, ga, gb, tol, names, order))
+
+
+def _param_order(modules: list[str], params: list[str]) -> list[str]:
+    """Parameter names in the forward order of their modules (the module a parameter's name begins with)."""
+    rank = {m: i for i, m in enumerate(modules)}
+
+    def key(p: str) -> int:
+        owner = p.rsplit(".", 1)[0] if "." in p else ""
+        return rank.get(owner, len(rank))
+
+    return sorted(params, key=key)
+
+
+def judge(kind: str, paired: dict[str, Any]) -> dict[str, Any]:
+    loaded = load(kind, paired)
+    if not isinstance(loaded, Pair):
+        return loaded
+    pair = loaded
+    steps = int(paired.get("steps") or 2)
+    compare(pair, steps)
+    facts = _facts(pair)
+    if not pair.steps:
+        return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "gradprobe",
+                                      "why": "no step's gradients were recorded in both setups"}], facts=facts)
+    bad = next((s for s in pair.steps if s.departing), None)
+    if bad is None:
+        return result(True, verified=[_verified_line(pair)], facts=facts)
+    finding = _finding(pair, bad)
+    verified = [_verified_line(pair)] if finding["severity"] == "info" else []
+    return result(True, findings=[finding], verified=verified, facts=facts)
+
+
+def _examples(pair: Pair) -> str:
+    n = pair.entry.get("examples")
+    return (f"{n} examples" if n else "examples") + (" (the ranks' batches joined)" if pair.kind == "ranks"
+                                                     else " (the micro-batches joined)")
+
+
+def _verified_line(pair: Pair) -> str:
+    worst = max((r for s in pair.steps for r in s.rows), key=lambda r: r.rel, default=None)
+    n_rows = len(pair.steps[0].rows)
+    where = f" on {worst.name}" if worst is not None else ""
+    ratio = f"{worst.rel:.2g}" if worst is not None else "0"
+    extra = _by_design(pair)
+    return (f"{_setup_text(pair)}: the gradient the optimizer sees at steps 1-{len(pair.steps)} equals the reference's "
+            f"({pair.entry.get('reference')}) on the same {_examples(pair)} from the same weights: {n_rows} tensors, "
+            f"largest relative difference {ratio}{where} (tolerance {pair.steps[0].tol:.0e}){extra}")
+
+
+def _by_design(pair: Pair) -> str:
+    a0 = pair.a_infos[0] or {}
+    parts = []
+    if a0.get("dropout_calls"):
+        parts.append("dropout off in both")
+    if a0.get("batchnorm_eval"):
+        parts.append(f"{a0['batchnorm_eval']} BatchNorm layer(s) on their running statistics in both (per-part batch "
+                     "statistics differ by design)")
+    return "; " + ", ".join(parts) if parts else ""
+
+
+def _history(pair: Pair, bad: StepDiff) -> str:
+    if bad.step == 1:
+        return ""
+    first = pair.steps[0]
+    w = first.worst
+    return (f" Step 1 agreed (largest relative difference {w.rel if w else 0:.2g}) and both setups started step "
+            f"{bad.step} from the same weights: the difference is step {bad.step}'s own.")
+
+
+def _cause(pair: Pair, bad: StepDiff, named: str | None, turned: bool) -> located.Cause | None:
+    _, part, reference = WHAT[pair.kind]
+    a, b = pair.a_infos, pair.b_infos
+    if turned:
+        b_targets = (pair.b.get("targets") or {}).get(bad.step) or []
+        a_targets = [t.get(bad.step) or [] for t in pair.a_targets]
+        lines = ((a[0] or {}).get("target_lines") or {}).get(str(bad.step)) or []
+        per_part = a_targets if pair.kind == "ranks" else _split_micro(a_targets[0], pair.k)
+        for probe in (lambda: located.targets_cause(bad.step, per_part, b_targets, lines, part),
+                      lambda: located.gather_cause(a, bad.step) if pair.kind == "ranks" else None,
+                      lambda: located.count_cause(a if pair.kind == "ranks" else a[:1], b, bad.step, part, reference)):
+            found = probe()
+            if found is not None:
+                return found
+        return None
+    for probe2 in (lambda: located.sum_all_reduce_cause(a, named),
+                   lambda: located.divided_twice_cause(a, bad.step, pair.k, named),
+                   lambda: located.reduction_cause(a, bad.step, named, pair.kind),
+                   lambda: located.count_cause(a if pair.kind == "ranks" else a[:1], b, bad.step, part, reference)):
+        found = probe2()
+        if found is not None:
+            return found
+    return None
+
+
+def _split_micro(targets: list[torch.Tensor], k: int) -> list[list[torch.Tensor]]:
+    """A micro-batched run's per-node targets at a step (k backward calls, each with the same nodes) as k parts."""
+    if k < 2 or not targets or len(targets) % k:
+        return []
+    per = len(targets) // k
+    return [targets[i * per:(i + 1) * per] for i in range(k)]
+
+
+def _finding(pair: Pair, bad: StepDiff) -> Finding:
+    rule = GP801 if pair.kind == "ranks" else GP802
+    turned = bool(bad.turned())
+    uniform = bad.uniform_ratio() if not turned and len(bad.departing) == len(bad.rows) else None
+    names = named_ratios(pair.n if pair.kind == "ranks" else None, pair.k if pair.kind == "accumulation" else None)
+    named = name_ratio(uniform, names) if uniform is not None else None
+    cause = _cause(pair, bad, named, turned)
+    fields = _fields(pair, bad, cause)
+    evidence = {"steps": [s.summary() for s in pair.steps], "departing": [r.row() for r in bad.departing[:MAX_ROWS]],
+                "losses": _losses(pair, bad.step), **(cause.evidence if cause else {})}
+    location = cause.location if cause and cause.location else located.backward_line(pair.a_infos, bad.step)
+    params = [r.name for r in bad.departing]
+    if turned:
+        return rule.finding(parameters=params, location=location, evidence=evidence, **fields)
+    if uniform is not None:
+        situation = "scale_adaptive" if pair.adaptive else "scale"
+        return rule.finding(situation, parameters=params, location=location, evidence=evidence, ratio=uniform,
+                            named=named or f"{uniform:.3g}", **fields)
+    label, ratio, rows = max(bad.scale_groups(), key=lambda g: len(g[2]))
+    rest = [r for r in bad.rows if r not in rows]
+    scaled = ", ".join(r.name for r in rows[:6]) + (f" and {len(rows) - 6} more" if len(rows) > 6 else "")
+    rest_worst = max((r.rel for r in rest), default=0.0)
+    kw: dict[str, Any] = dict(scaled=scaled, ratio=ratio, named=label or f"{ratio:.3g}", rest=len(rest),
+                              rest_worst=rest_worst)
+    if pair.adaptive and all(not r.departs for r in rest) and _same_every_step(pair, {r.name for r in rows}):
+        return GP806.finding(parameters=[r.name for r in rows], location=location, evidence=evidence,
+                             setup=fields["setup"], optimizer=pair.optimizer, **kw)
+    return rule.finding("tensor_scale", parameters=params, location=location, evidence=evidence, **fields, **kw)
+
+
+def _same_every_step(pair: Pair, names: set[str]) -> bool:
+    return all({r.name for r in s.departing} == names and not s.turned() for s in pair.steps)
+
+
+def _fields(pair: Pair, bad: StepDiff, cause: located.Cause | None) -> dict[str, Any]:
+    dep = bad.departing
+    w = bad.worst
+    cos = f"{w.cosine:.4f}" if w is not None and w.cosine is not None else "undefined: one side is zero"
+    remedy = cause.remedy if cause else (
+        "Make each rank's loss its share of the global batch's loss: average over the local batch (DDP averages the "
+        "ranks), normalise by counts taken over all ranks, gather the other ranks' tensors with their gradient, and "
+        "build per-rank targets at every step." if pair.kind == "ranks" else
+        "Make the micro-batch losses add up to the one-batch loss: divide each by the number of micro-batches (or by "
+        "the token count of all micro-batches of the step), and recompute nothing that the one batch computes once.")
+    return {"setup": _setup_text(pair), "step": bad.step, "count": len(dep), "total": len(bad.rows),
+            "examples": _examples(pair), "worst": w.rel if w else 0.0, "worst_name": w.name if w else "-",
+            "cosine": cos, "tol": bad.tol, "first": dep[0].name if dep else "-", "last": dep[-1].name if dep else "-",
+            "history": _history(pair, bad), "cause": cause.text if cause else "", "remedy": remedy,
+            "optimizer": pair.optimizer}
+
+
+def _losses(pair: Pair, step: int) -> dict[str, Any]:
+    return {"test": located.loss_values(pair.a_infos, step), "reference": located.loss_values(pair.b_infos, step)}
+
+
+def _facts(pair: Pair) -> dict[str, Any]:
+    a0 = pair.a_infos[0] or {}
+    return {"setup": _setup_text(pair), "reference": pair.entry.get("reference"),
+            "world_size": pair.n, "micro_batches": pair.k if pair.kind == "accumulation" else None,
+            "optimizer": pair.optimizer, "framework": a0.get("framework"),
+            "batches_per_step": pair.entry.get("rate"), "padded": pair.entry.get("padded"),
+            "dropout_off_calls": a0.get("dropout_calls"), "batchnorm_on_running_stats": a0.get("batchnorm_eval"),
+            "random_in_step": a0.get("random_in_step"),
+            "seconds": {"test": (pair.entry.get("a_seconds")), "reference": (pair.entry.get("b") or {}).get("seconds")},
+            "steps": [dict(s.summary(), rows=[r.row() for r in (s.departing or s.rows)[:MAX_ROWS]]) for s in pair.steps]}
