@@ -82,9 +82,8 @@ def gather_cause(a_infos: list[dict[str, Any] | None], step: int) -> Cause | Non
                           "contribute through them (a contrastive loss's negatives) is missing from this rank's "
                           "gradient."),
                     remedy=(f"Gather with gradient at {at(line)}: torch.distributed.nn.functional.all_gather (its "
-                            "backward sums the gathered gradients back to each rank), or put this rank's own tensor "
-                            "back in place of its gathered copy and compute the loss over the local rows only with "
-                            "labels offset by rank * local batch size."),
+                            "backward sums the gathered gradients back to each rank). Putting this rank's own tensor "
+                            "back in place of its gathered copy keeps only the gradient through the local rows."),
                     location=line, evidence={"collective": c})
     return None
 

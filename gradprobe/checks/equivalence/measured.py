@@ -108,7 +108,7 @@ def compare(pair: Pair, steps: int) -> None:
 
 def _param_order(modules: list[str], params: list[str]) -> list[str]:
     """Parameter names in the forward order of their modules (the module a parameter's name begins with)."""
-    rank = {m: i for i, m in enumerate(modules)}
+    rank = {m: i for i, m in enumerate(m for m in modules if m)}  # the root's own parameters (a logit scale): last
 
     def key(p: str) -> int:
         owner = p.rsplit(".", 1)[0] if "." in p else ""
