@@ -132,7 +132,7 @@ def judge(kind: str, paired: dict[str, Any]) -> dict[str, Any]:
     if bad is None:
         return result(True, verified=[_verified_line(pair)], facts=facts)
     finding = _finding(pair, bad)
-    verified = [_verified_line(pair)] if finding["severity"] == "info" else []
+    verified = [_verified_line(pair, finding)] if finding["severity"] == "info" else []
     return result(True, findings=[finding], verified=verified, facts=facts)
 
 
@@ -142,13 +142,19 @@ def _examples(pair: Pair) -> str:
                                                      else " (the micro-batches joined)")
 
 
-def _verified_line(pair: Pair) -> str:
-    worst = max((r for s in pair.steps for r in s.rows), key=lambda r: r.rel, default=None)
-    n_rows = len(pair.steps[0].rows)
+def _verified_line(pair: Pair, apart: Finding | None = None) -> str:
+    """What agreed, with the largest difference; `apart`: a GP806 finding whose tensors are said separately."""
+    left = set(apart["parameters"]) if apart is not None else set()
+    worst = max((r for s in pair.steps for r in s.rows if r.name not in left), key=lambda r: r.rel, default=None)
+    n_rows = len([r for r in pair.steps[0].rows if r.name not in left])
     where = f" on {worst.name}" if worst is not None else ""
     ratio = f"{worst.rel:.2g}" if worst is not None else "0"
     extra = _by_design(pair)
-    return (f"{_setup_text(pair)}: the gradient the optimizer sees at steps 1-{len(pair.steps)} equals the reference's "
+    if apart is not None:
+        extra += (f"; {', '.join(sorted(left))}: {apart['evidence'].get('ratio_text', 'a constant multiple')} of the "
+                  "reference's, by design (GP806)")
+    what = "the gradient the optimizer sees" if apart is None else f"the gradient of the other {n_rows} tensors"
+    return (f"{_setup_text(pair)}: {what} at steps 1-{len(pair.steps)} equals the reference's "
             f"({pair.entry.get('reference')}) on the same {_examples(pair)} from the same weights: {n_rows} tensors, "
             f"largest relative difference {ratio}{where} (tolerance {pair.steps[0].tol:.0e}){extra}")
 
@@ -231,6 +237,7 @@ def _finding(pair: Pair, bad: StepDiff) -> Finding:
     kw: dict[str, Any] = dict(scaled=scaled, ratio=ratio, named=label or f"{ratio:.3g}", rest=len(rest),
                               rest_worst=rest_worst)
     if pair.adaptive and all(not r.departs for r in rest) and _same_every_step(pair, {r.name for r in rows}):
+        evidence["ratio_text"] = f"{ratio:.4g}x ({kw['named']})"
         return GP806.finding(parameters=[r.name for r in rows], location=location, evidence=evidence,
                              setup=fields["setup"], optimizer=pair.optimizer, **kw)
     return rule.finding("tensor_scale", parameters=params, location=location, evidence=evidence, **fields, **kw)
@@ -242,7 +249,7 @@ def _same_every_step(pair: Pair, names: set[str]) -> bool:
 
 def _fields(pair: Pair, bad: StepDiff, cause: located.Cause | None) -> dict[str, Any]:
     dep = bad.departing
-    w = bad.worst
+    w = max(bad.turned(), key=lambda r: r.rel, default=None) or bad.worst  # the direction's worst, where it turned
     cos = f"{w.cosine:.4f}" if w is not None and w.cosine is not None else "undefined: one side is zero"
     remedy = cause.remedy if cause else (
         "Make each rank's loss its share of the global batch's loss: average over the local batch (DDP averages the "
