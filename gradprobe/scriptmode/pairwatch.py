@@ -121,6 +121,8 @@ class PairWatch:
         self.framework: str | None = None
         self.knobs: dict[str, Any] = {}
         self.same = SameComputation()
+        self.clips: list[dict[str, Any]] = []  # clip_grad_norm_ calls: max_norm, the norm before, the line
+        self.pre_clip: set[int] = set()  # steps whose gradients were taken before a clip_grad_norm_
         self.autocast: str | None = None
         self.finished = False
         self._undo: list[Any] = []
@@ -139,6 +141,7 @@ class PairWatch:
         self._patch_loaders()
         self._patch_backward()
         self._patch_collectives()
+        self._patch_clipping()
         self.same.install()
         self._undo.append(self.same)
         if self.trace:
@@ -274,13 +277,20 @@ class PairWatch:
                 names.setdefault(id(p), _clean(n))
         return names
 
-    def _take_grads(self) -> None:
-        if self.main_opt is None:
+    def _take_grads(self, params: list[torch.Tensor] | None = None) -> None:
+        """Each parameter's gradient now (the main optimizer's, or `params` before a clip), unless taken this step."""
+        if self.step in self.pre_clip:
+            return
+        if params is not None:
+            groups = [params]
+        elif self.main_opt is not None:
+            groups = [g["params"] for g in self.main_opt.param_groups]
+        else:
             return
         names = self.param_names()
         out: dict[str, torch.Tensor | None] = {}
-        for gi, group in enumerate(self.main_opt.param_groups):
-            for pi, p in enumerate(group["params"]):
+        for gi, group in enumerate(groups):
+            for pi, p in enumerate(group):
                 name = names.get(id(p), f"group{gi}.param{pi}")
                 g = p.grad
                 if g is not None:
@@ -376,6 +386,34 @@ class PairWatch:
             setattr(dist, name, wrapped)
             self._undo.append((dist, name, orig))
 
+    def _patch_clipping(self) -> None:
+        """clip_grad_norm_ and clip_grads_with_norm_ (what accelerate and the Trainer call): the gradients are taken
+        before the clip, which both setups apply alike, and the clip is recorded."""
+        import torch.nn.utils as nn_utils
+
+        watch = self
+        for name in ("clip_grad_norm_", "clip_grads_with_norm_"):
+            orig = getattr(nn_utils, name, None)
+            if orig is None:
+                continue
+
+            def clip(parameters: Any, max_norm: float, *args: Any, _orig: Callable[..., Any] = orig,
+                     **kwargs: Any) -> Any:
+                params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+                if watch._main() and watch.step not in watch.grads:  # compared before the clip: both setups clip
+                    watch._take_grads(params)
+                    watch.pre_clip.add(watch.step)
+                out = _orig(params, max_norm, *args, **kwargs)
+                if watch._main() and len(watch.clips) < MAX_EVENTS and watch.step not in {c["step"] for c in watch.clips}:
+                    total = out if isinstance(out, torch.Tensor) else (args[0] if args else kwargs.get("total_norm"))
+                    watch.clips.append({"step": watch.step, "max_norm": float(max_norm),
+                                        "norm": float(total) if isinstance(total, torch.Tensor) else None,
+                                        "location": watch.user.innermost(skip=2)})
+                return out
+
+            setattr(nn_utils, name, clip)
+            self._undo.append((nn_utils, name, orig))
+
     # ---- the end ---------------------------------------------------------------------------------------------------
     def module_order(self) -> list[str]:
         names: dict[int, str] = {}
@@ -406,7 +444,8 @@ class PairWatch:
                 "module_order": self.module_order(), "optimizer": type(self.main_opt).__name__ if self.main_opt else None,
                 "optimizer_module": type(self.main_opt).__module__ if self.main_opt else None,
                 "grad_dtypes": sorted(self.grad_dtypes), "autocast": self.autocast, "framework": self.framework,
-                "knobs": self.knobs, "random_in_step": self.random_in_step, "dropout_calls": self.same.dropout_calls,
+                "knobs": self.knobs, "clips": self.clips, "pre_clip": sorted(self.pre_clip),
+                "random_in_step": self.random_in_step, "dropout_calls": self.same.dropout_calls,
                 "batchnorm_eval": len(self.same.batchnorm),
                 "target_lines": {str(s): [line for line, _ in v] for s, v in self.targets.items()}}
         write_json(os.path.join(self.out_dir, f"rank{self.index}.json"), info)
@@ -424,13 +463,13 @@ def _load(module: nn.Module, state: dict[str, torch.Tensor]) -> int:
 
 
 def _framework_on_stack() -> str:
+    """The outermost framework on the stack of a backward() call (the Trainer drives accelerate's backward)."""
+    found = "plain loop"
     f = sys._getframe(2)
     while f is not None:
         path = f.f_code.co_filename
-        for name, marker in FRAMEWORKS:
-            if marker in path:
-                return name
+        found = next((name for name, marker in FRAMEWORKS if marker in path), found)
         f = f.f_back  # type: ignore[assignment]
-    return "plain loop"
+    return found
 
 

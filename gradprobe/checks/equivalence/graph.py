@@ -17,7 +17,8 @@ _NLL = ("NllLossBackward0", "NllLoss2DBackward0", "NllLossNdBackward0")
 def read_loss(loss: torch.Tensor, user: UserCode | None) -> tuple[dict[str, Any], list[tuple[dict | None, torch.Tensor]]]:
     """The loss's scaling record (ops, their lines, the reduction and its line) and its cross-entropy targets."""
     s = loss_scaling(loss, user)
-    scaling = {"ops": s.ops, "lines": s.lines, "reduction": s.reduction, "count": s.count, "stopped_at": s.stopped_at,
+    scaling = {"ops": s.ops, "lines": s.lines, "in_library": s.in_library, "reduction": s.reduction, "count": s.count,
+               "stopped_at": s.stopped_at,
                "line": _under_scaling(loss, len(s.ops), user) if user is not None else None}
     return scaling, (loss_targets(loss, user) if user is not None else [])
 

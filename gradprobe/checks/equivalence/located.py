@@ -144,6 +144,7 @@ def reduction_cause(a_infos: list[dict[str, Any] | None], step: int, named: str 
     factor = 1.0
     for v in s.get("ops") or []:
         factor *= v
+    framework = str(((a_infos or [None])[0] or {}).get("framework") or "plain loop")
     if kind == "ranks" and s.get("reduction") == "sum" and named == "1/N":
         return Cause(
             text=(f" Each rank's loss is a sum over its local batch ({s.get('stopped_at')} at {at(line)}) and "
@@ -153,14 +154,21 @@ def reduction_cause(a_infos: list[dict[str, Any] | None], step: int, named: str 
                     "loss by the world size: DDP divides the sum of the ranks' gradients by N."),
             location=line, evidence={"reduction": s})
     if kind == "accumulation" and named == "k":
-        ops = f", multiplied by {factor:.4g}" if s.get("ops") else " with no division"
+        ops = f", multiplied by {factor:.4g}" if abs(factor - 1) > 1e-12 else " with no division"
+        by = {"plain loop": "the loop", "transformers": "the Trainer", "lightning": "Lightning"}.get(framework, framework)
+        where = bw.get("location") if framework == "plain loop" else line
         return Cause(
-            text=(f" The micro-batch losses are added into one step{ops} ({s.get('reduction') or s.get('stopped_at')} "
-                  f"at {at(line)}; backward() at {at(bw.get('location'))}): k micro-batches give k times the "
-                  "one-batch gradient (GP601 is the same pattern, judged there by the losses)."),
-            remedy=f"Divide each micro-batch loss by the number of micro-batches before backward() at "
-                   f"{at(bw.get('location'))}, or let the framework's accumulation scale it.",
-            location=bw.get("location"), evidence={"reduction": s})
+            text=(f" The micro-batch losses are added into one step{ops} by {by} (each a "
+                  f"{s.get('reduction') or s.get('stopped_at')} at {at(line)}; backward() at {at(bw.get('location'))}): "
+                  "k micro-batches give k times the one-batch gradient (GP601 is the same pattern, judged there from "
+                  "the losses)."),
+            remedy=(f"Divide each micro-batch loss by the number of micro-batches before backward() at {at(where)}"
+                    if framework == "plain loop" else
+                    f"Make the loss at {at(line)} its share of the accumulated batch: divide its sum by the example or "
+                    f"token count of the whole accumulated batch (the Trainer passes it as num_items_in_batch to a "
+                    "forward that takes **kwargs, and then no longer divides by gradient_accumulation_steps itself), or "
+                    "leave the division to the framework (a forward without **kwargs)."),
+            location=where, evidence={"reduction": s})
     return None
 
 
@@ -169,10 +177,13 @@ def divided_twice_cause(a_infos: list[dict[str, Any] | None], step: int, k: int,
         return None
     for b in _steps((a_infos or [None])[0], step):
         s = b.get("scaling") or {}
-        hits = [(v, ln) for v, ln in zip(s.get("ops") or [], s.get("lines") or [], strict=False)
-                if abs(v * k - 1) < 1e-6]
+        lib = list(s.get("in_library") or [])
+        hits = [(v, ln, i < len(lib) and lib[i]) for i, (v, ln) in enumerate(zip(s.get("ops") or [], s.get("lines") or [],
+                                                                             strict=False)) if abs(v * k - 1) < 1e-6]
         if hits:
-            line = next((ln for _, ln in hits if ln), None) or b.get("location")
+            own = [ln for _, ln, inside in hits if ln and not inside]
+            line = (own[0] if own and len(own) < len(hits) else next((ln for _, ln, _ in hits if ln), None)) or \
+                b.get("location")
             return Cause(
                 text=(f" Each micro-batch loss is multiplied by 1/{k} ({len(hits)} time(s) in its graph, at {at(line)}) "
                       f"and the framework or the loop divides again: the {k} micro-batches weigh 1/{k} of one batch "

@@ -153,10 +153,21 @@ def _verified_line(pair: Pair, apart: Finding | None = None) -> str:
     if apart is not None:
         extra += (f"; {', '.join(sorted(left))}: {apart['evidence'].get('ratio_text', 'a constant multiple')} of the "
                   "reference's, by design (GP806)")
-    what = "the gradient the optimizer sees" if apart is None else f"the gradient of the other {n_rows} tensors"
+    what = _when(pair) if apart is None else f"the gradient of the other {n_rows} tensors"
     return (f"{_setup_text(pair)}: {what} at steps 1-{len(pair.steps)} equals the reference's "
             f"({pair.entry.get('reference')}) on the same {_examples(pair)} from the same weights: {n_rows} tensors, "
             f"largest relative difference {ratio}{where} (tolerance {pair.steps[0].tol:.0e}){extra}")
+
+
+def _when(pair: Pair) -> str:
+    """Which gradient was compared: at optimizer.step(), or before the script's clip_grad_norm_ (both setups clip)."""
+    a0 = pair.a_infos[0] or {}
+    clips = a0.get("clips") or []
+    if a0.get("pre_clip") and clips:
+        c = clips[0]
+        return (f"the gradient before clip_grad_norm_ (max norm {c['max_norm']:g} at {located.at(c['location'])}, which "
+                "both setups call)")
+    return "the gradient the optimizer sees"
 
 
 def _by_design(pair: Pair) -> str:
@@ -275,6 +286,7 @@ def _facts(pair: Pair) -> dict[str, Any]:
             "optimizer": pair.optimizer, "framework": a0.get("framework"),
             "batches_per_step": pair.entry.get("rate"), "padded": pair.entry.get("padded"),
             "dropout_off_calls": a0.get("dropout_calls"), "batchnorm_on_running_stats": a0.get("batchnorm_eval"),
-            "random_in_step": a0.get("random_in_step"),
+            "random_in_step": a0.get("random_in_step"), "compared": _when(pair),
+            "clipped": {"test": a0.get("clips"), "reference": (pair.b_infos[0] or {}).get("clips")},
             "seconds": {"test": (pair.entry.get("a_seconds")), "reference": (pair.entry.get("b") or {}).get("seconds")},
             "steps": [dict(s.summary(), rows=[r.row() for r in (s.departing or s.rows)[:MAX_ROWS]]) for s in pair.steps]}
