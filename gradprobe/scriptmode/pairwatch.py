@@ -123,6 +123,8 @@ class PairWatch:
         self.same = SameComputation()
         self.clips: list[dict[str, Any]] = []  # clip_grad_norm_ calls: max_norm, the norm before, the line
         self.pre_clip: set[int] = set()  # steps whose gradients were taken before a clip_grad_norm_
+        self._names: dict[int, str] | None = None
+        self._roots: list[nn.Module] = []  # the modules parameter names are taken in, the outermost first
         self.autocast: str | None = None
         self.finished = False
         self._undo: list[Any] = []
@@ -270,11 +272,22 @@ class PairWatch:
             os._exit(0)
         self.step += 1
 
-    def param_names(self) -> dict[int, str]:
+    def param_names(self, params: list[torch.Tensor] | None = None) -> dict[int, str]:
+        """Names in the outermost module holding most of the parameters (a LightningModule whose training_step calls
+        its children, not only the modules called at top level), the same in both setups; cached after the first."""
+        if self._names is not None and (params is None or all(id(p) in self._names for p in params)):
+            return self._names
+        from gradprobe.scriptmode.rankwatch import _outermost
+
+        wanted = list(params or []) + ([p for g in self.main_opt.param_groups for p in g["params"]] if self.main_opt else [])
+        roots = list(self.tops) + [m for m in _outermost(wanted) if not any(m is t for t in self.tops)] if wanted else []
         names: dict[int, str] = {}
-        for top in self.tops:
-            for n, p in unwrapped(top).named_parameters():
+        ids = {id(p) for p in wanted}
+        ordered = sorted(roots, key=lambda m: -sum(id(p) in ids for p in m.parameters()))
+        for root in ordered:
+            for n, p in unwrapped(root).named_parameters():
                 names.setdefault(id(p), _clean(n))
+        self._names, self._roots = names, ordered
         return names
 
     def _take_grads(self, params: list[torch.Tensor] | None = None) -> None:
@@ -287,7 +300,7 @@ class PairWatch:
             groups = [g["params"] for g in self.main_opt.param_groups]
         else:
             return
-        names = self.param_names()
+        names = self.param_names([p for g in groups for p in g])
         out: dict[str, torch.Tensor | None] = {}
         for gi, group in enumerate(groups):
             for pi, p in enumerate(group):
@@ -417,7 +430,7 @@ class PairWatch:
     # ---- the end ---------------------------------------------------------------------------------------------------
     def module_order(self) -> list[str]:
         names: dict[int, str] = {}
-        for top in self.tops:
+        for top in self._roots or self.tops:
             for n, m in unwrapped(top).named_modules():
                 names.setdefault(id(m), _clean(n))
         return [names[i] for i in self.order if i in names]

@@ -17,21 +17,31 @@ _NLL = ("NllLossBackward0", "NllLoss2DBackward0", "NllLossNdBackward0")
 def read_loss(loss: torch.Tensor, user: UserCode | None) -> tuple[dict[str, Any], list[tuple[dict | None, torch.Tensor]]]:
     """The loss's scaling record (ops, their lines, the reduction and its line) and its cross-entropy targets."""
     s = loss_scaling(loss, user)
+    node = _node_under_scaling(loss, len(s.ops))
     scaling = {"ops": s.ops, "lines": s.lines, "in_library": s.in_library, "reduction": s.reduction, "count": s.count,
-               "stopped_at": s.stopped_at,
-               "line": _under_scaling(loss, len(s.ops), user) if user is not None else None}
+               "stopped_at": s.stopped_at, "own_count": _total_weight(node),
+               "line": _traced_line(node, user)[0] if user is not None and node is not None else None}
     return scaling, (loss_targets(loss, user) if user is not None else [])
 
 
-def _under_scaling(loss: torch.Tensor, n_ops: int, user: UserCode) -> dict | None:
-    """The user line of the operation under the loss's constant scaling (its reduction, or the loss function's call)."""
+def _node_under_scaling(loss: torch.Tensor, n_ops: int) -> Any:
+    """The operation under the loss's constant scaling (its reduction, or the loss function's node)."""
     node = loss.grad_fn
     for _ in range(n_ops):
         found = _scaling_step(node) if node is not None else None
         if found is None:
             return None
         node = found[1]
-    return _traced_line(node, user)[0] if node is not None else None
+    return node
+
+
+def _total_weight(node: Any) -> float | None:
+    """The number of targets (the total weight) a cross-entropy node averaged or summed over, when it is one."""
+    total = getattr(node, "_saved_total_weight", None) if node is not None and node.name() in _NLL else None
+    try:
+        return float(total) if isinstance(total, torch.Tensor) and total.numel() == 1 else None
+    except RuntimeError:
+        return None
 
 
 def loss_targets(loss: torch.Tensor, user: UserCode, limit: int = 2000) -> list[tuple[dict | None, torch.Tensor]]:

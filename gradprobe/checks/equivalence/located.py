@@ -91,29 +91,48 @@ def gather_cause(a_infos: list[dict[str, Any] | None], step: int) -> Cause | Non
 def count_cause(a_infos: list[dict[str, Any] | None], b_infos: list[dict[str, Any] | None], step: int, part: str,
                 reference: str) -> Cause | None:
     """Each part's loss divided by a number of its own (the parts' divisors differ) where the reference divides once."""
-    per_part: list[tuple[float, dict | None]] = []
+    source = _divisors
+    per_part = source(a_infos, step)
+    if len({round(d, 6) for d, _ in per_part}) < 2:
+        source = _own_counts
+        per_part = source(a_infos, step)
+    divisors = sorted({round(d, 6) for d, _ in per_part})
+    if len(per_part) < 2 or len(divisors) < 2:
+        return None
+    ref = [d for d, _ in source((b_infos or [None])[:1], step)]
+    line = next((ln for _, ln in per_part if ln), None)
+    how = "is a mean over its own targets" if source is _own_counts else "is divided by a number of its own"
+    ref_text = f"; {reference} {'averages over' if source is _own_counts else 'divides by'} {ref[0]:g}" if ref else ""
+    remedy = ("Divide every rank's summed loss by the target (token) count of the global batch, all-reduced across "
+              "ranks, and multiply by the number of ranks, which DistributedDataParallel's average divides back out "
+              "(the Trainer: average_tokens_across_devices)." if part == "rank" else
+              "Sum each micro-batch's loss and divide it by the target (token) count of all the micro-batches of the "
+              "step together (counted before the first of them; multiply by the number of micro-batches where the "
+              "framework divides by it: accelerator.backward, the Trainer without num_items_in_batch).")
+    return Cause(
+        text=(f" Each {part}'s loss {how}{(' at ' + at(line)) if line else ''}: "
+              f"{', '.join(f'{d:g}' for d, _ in per_part[:6])}{ref_text}. The examples of different {part}es weigh "
+              "differently than in one batch.".replace("rankes", "ranks")),
+        remedy=remedy, location=line, evidence={"divisors": [d for d, _ in per_part], "reference_divisors": ref})
+
+
+def _divisors(a_infos: list[dict[str, Any] | None], step: int) -> list[tuple[float, dict | None]]:
+    """Per part (rank or micro-batch), the first division of its loss's constant scaling, and its line."""
+    out: list[tuple[float, dict | None]] = []
     for info in a_infos:
         for b in _steps(info, step):
             s = b.get("scaling") or {}
             for v, line in zip(s.get("ops") or [], s.get("lines") or [None] * len(s.get("ops") or []), strict=False):
                 if 0 < v < 1:
-                    per_part.append((1 / v, line))
+                    out.append((1 / v, line))
                     break
-    divisors = sorted({round(d, 6) for d, _ in per_part})
-    if len(per_part) < 2 or len(divisors) < 2:
-        return None
-    ref = [1 / v for b in _steps((b_infos or [None])[0], step) for v in ((b.get("scaling") or {}).get("ops") or [])[:1]
-           if 0 < v < 1]
-    line = next((ln for _, ln in per_part if ln), None)
-    ref_text = f"; {reference} divides by {ref[0]:g}" if ref else ""
-    return Cause(
-        text=(f" Each {part}'s loss is divided by a number of its own{(' at ' + at(line)) if line else ''}: "
-              f"{', '.join(f'{d:g}' for d, _ in per_part[:6])}{ref_text}. Examples of different {part}s weigh "
-              f"differently than in one batch."),
-        remedy=(f"Divide every {part}'s summed loss by the one count of the whole batch (all {part}s together: "
-                "all-reduce the token count across ranks, or count the tokens of all micro-batches of the step; the "
-                "Trainer passes it as num_items_in_batch), and multiply by the number of ranks where DDP averages."),
-        location=line, evidence={"divisors": [d for d, _ in per_part], "reference_divisors": ref})
+    return out
+
+
+def _own_counts(a_infos: list[dict[str, Any] | None], step: int) -> list[tuple[float, dict | None]]:
+    """Per part, the number of targets its cross-entropy averaged over (a mean with ignored targets), and its line."""
+    return [(float(s["own_count"]), s.get("line")) for info in a_infos for b in _steps(info, step)
+            if (s := b.get("scaling") or {}).get("reduction") == "mean" and s.get("own_count")]
 
 
 def sum_all_reduce_cause(a_infos: list[dict[str, Any] | None], named: str | None) -> Cause | None:
@@ -192,6 +211,31 @@ def divided_twice_cause(a_infos: list[dict[str, Any] | None], step: int, k: int,
                        "framework already scales the loss.",
                 location=line, evidence={"scaling": s})
     return None
+
+
+def divided_twice_graph(a_infos: list[dict[str, Any] | None], step: int) -> dict[str, Any] | None:
+    """GP611's measurement on the test setup's recorded losses (checks/steps/accumulation.py divided_twice): the k
+    micro-batch losses of `step` each multiplied by exactly 1/k and weighing 1/k of one mean together."""
+    from types import SimpleNamespace
+
+    from gradprobe.checks.steps.accumulation import divided_twice
+    from gradprobe.checks.steps.facts import LossScaling
+
+    bws = [b for b in _steps((a_infos or [None])[0], step) if b.get("scaling")]
+    calls = [SimpleNamespace(scaling=LossScaling(ops=list(s["ops"]), reduction=s.get("reduction"), count=s.get("count"),
+                                                 lines=list(s.get("lines") or []),
+                                                 in_library=list(s.get("in_library") or [])))
+             for s in (b["scaling"] for b in bws)]
+    found = divided_twice(calls)  # type: ignore[arg-type]
+    if found is None:
+        return None
+    first = found.scalings[0]
+    lib = list(first.in_library)
+    own = [ln for i, (v, ln) in enumerate(zip(first.ops, first.lines, strict=False))
+           if ln and abs(v * found.k - 1) < 1e-6 and not (i < len(lib) and lib[i])]
+    ops = ", ".join(f"{v:.4g}" + (" (inside the library)" if i < len(lib) and lib[i] else "")
+                    for i, v in enumerate(first.ops) if v != 1.0)
+    return {"k": found.k, "mass": found.mass, "ops": ops, "location": own[0] if own else bws[0].get("location")}
 
 
 def backward_line(a_infos: list[dict[str, Any] | None], step: int) -> dict | None:

@@ -85,12 +85,32 @@ def load(kind: str, paired: dict[str, Any]) -> Pair | dict[str, Any]:
     pair.a_targets = [_load(os.path.join(a_dir, f"rank{i}.pt")).get("targets") or {} for i in range(len(a_infos))] \
         if kind == "ranks" else [pair.a.get("targets") or {}]
     b0 = b_infos[0] if b_infos else None
+    b_ks = [int(s.get("backward_calls") or 0) for s in (b0 or {}).get("per_step") or []]
+    want = 1 if kind == "accumulation" else int(entry.get("rate") or 1)
+    got = _rate(b0)
+    if got is not None and got != want:
+        return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "refused",
+                                      "why": f"the reference ({entry.get('reference')}) consumed {got} batch(es) of its "
+                                             f"DataLoader per optimizer step where it is fed {want}: the script groups its "
+                                             "batches by a setting of its own; name the reference with "
+                                             "`reference: {\"args\": [...]}`"}])
+    if kind == "accumulation" and b_ks and max(b_ks) > 1:
+        return result(True, not_run=[{"check": "the accumulation comparison", "cause": "refused",
+                                      "why": f"the reference ({entry.get('reference')}) still runs {max(b_ks)} backward() "
+                                             "calls per optimizer step: the script accumulates by a setting of its own; "
+                                             "name the reference with `reference: {\"args\": [...]}`"}])
     if not b0 or not b0.get("fed") or not b0.get("loaded"):
         return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "gradprobe",
                                       "why": "the reference setup ran but was not fed the recorded batches and weights "
                                              f"(batches fed {b0.get('fed') if b0 else 0}, weights loaded "
                                              f"{(b0 or {}).get('loaded')})"}])
     return pair
+
+
+def _rate(info: dict[str, Any] | None) -> int | None:
+    """Batches consumed per optimizer step (the yields between the ends of steps 1 and 2), as scriptmode/feeds.py."""
+    per = (info or {}).get("per_step") or []
+    return int(per[1]["yields"]) - int(per[0]["yields"]) if len(per) > 1 else None
 
 
 def compare(pair: Pair, steps: int) -> None:
@@ -129,6 +149,10 @@ def judge(kind: str, paired: dict[str, Any]) -> dict[str, Any]:
         return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "gradprobe",
                                       "why": "no step's gradients were recorded in both setups"}], facts=facts)
     bad = next((s for s in pair.steps if s.departing), None)
+    if bad is None and pair.kind == "accumulation":
+        twice = located.divided_twice_graph(pair.a_infos, 1)
+        if twice is not None:
+            return result(True, findings=[_both_divide(pair, twice)], facts=facts)
     if bad is None:
         return result(True, verified=[_verified_line(pair)], facts=facts)
     finding = _finding(pair, bad)
@@ -252,6 +276,17 @@ def _finding(pair: Pair, bad: StepDiff) -> Finding:
         return GP806.finding(parameters=[r.name for r in rows], location=location, evidence=evidence,
                              setup=fields["setup"], optimizer=pair.optimizer, **kw)
     return rule.finding("tensor_scale", parameters=params, location=location, evidence=evidence, **fields, **kw)
+
+
+def _both_divide(pair: Pair, twice: dict[str, Any]) -> Finding:
+    worst = max((r.rel for s in pair.steps for r in s.rows), default=0.0)
+    framework = {"transformers": "the Trainer", "lightning": "Lightning", "accelerate": "accelerate"}.get(
+        str((pair.a_infos[0] or {}).get("framework")), "the framework")
+    return GP802.finding("both_divide", parameters=[r.name for r in pair.steps[0].rows], location=twice["location"],
+                         evidence={"steps": [s.summary() for s in pair.steps], "graph": twice},
+                         setup=_setup_text(pair), steps=len(pair.steps), reference=pair.entry.get("reference"),
+                         worst=worst, k=twice["k"], mass=twice["mass"], ops=twice["ops"], framework=framework,
+                         line=located.at(twice["location"]) if twice["location"] else "where the loss is divided")
 
 
 def _same_every_step(pair: Pair, names: set[str]) -> bool:

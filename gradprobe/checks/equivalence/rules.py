@@ -78,6 +78,16 @@ GP802: Rule[object] = Rule(
                     "gradient of the same {examples} as one batch. {optimizer} divides each gradient by its own running "
                     "scale, so its update is nearly the same; gradient clipping, eps and any switch to SGD see the "
                     "{named} scale.{history}{cause}"),
+        "both_divide": Situation(
+            when="the accumulated gradient equals the reference's, and the test setup's loss graphs show the division "
+                 "by k applied twice: the script divides by its own accumulation constant, which the reference at "
+                 "accumulation 1 keeps, and the framework divides again",
+            message="{setup}: the accumulated gradient at steps 1-{steps} equals the reference's ({reference}; largest "
+                    "relative difference {worst:.2g}), and both carry the script's own division by {k}: read from the "
+                    "losses' graphs, the {k} micro-batch losses of a step weigh {mass:.3g} of one mean over the step's "
+                    "batch (1.00 when the division by {k} is applied once), each multiplied by {ops}. The script "
+                    "divides by {k} whatever the framework's setting, and {framework} divides again.",
+            fix="Remove the division by {k} at {line}: {framework} divides the loss by the accumulation steps already."),
         "tensor_scale": Situation(
             severity="warning",
             when="some tensors' accumulated gradients are scaled (direction kept) while the others agree, under an "
