@@ -141,8 +141,12 @@ def judge(kind: str, paired: dict[str, Any]) -> dict[str, Any]:
     loaded = load(kind, paired)
     if not isinstance(loaded, Pair):
         return loaded
-    pair = loaded
-    steps = int(paired.get("steps") or 2)
+    return evaluate(loaded, int(paired.get("steps") or 2))
+
+
+def evaluate(pair: Pair, steps: int) -> dict[str, Any]:
+    """Compare the pair's recorded steps and judge them: the finding, or the verified line."""
+    kind = pair.kind
     compare(pair, steps)
     facts = _facts(pair)
     if not pair.steps:
@@ -162,8 +166,9 @@ def judge(kind: str, paired: dict[str, Any]) -> dict[str, Any]:
 
 def _examples(pair: Pair) -> str:
     n = pair.entry.get("examples")
-    return (f"{n} examples" if n else "examples") + (" (the ranks' batches joined)" if pair.kind == "ranks"
-                                                     else " (the micro-batches joined)")
+    how = pair.entry.get("examples_text") or ("the ranks' batches joined" if pair.kind == "ranks"
+                                              else "the micro-batches joined")
+    return (f"{n} examples" if n else "examples") + f" ({how})"
 
 
 def _verified_line(pair: Pair, apart: Finding | None = None) -> str:
