@@ -32,13 +32,14 @@ def make_inputs():
     return {"images": torch.randn(8, 12), "texts": torch.randn(8, 10)}
 
 
-def clip_loss(image, text, scale):
+def clip_losses(image, text, scale):
     labels = torch.arange(image.shape[0])
-    return (F.cross_entropy(scale * image @ text.T, labels) + F.cross_entropy(scale * text @ image.T, labels)) / 2
+    return {"image_to_text": F.cross_entropy(scale * image @ text.T, labels),
+            "text_to_image": F.cross_entropy(scale * text @ image.T, labels)}
 
 
 def loss_fn(out, batch):
-    return clip_loss(*out)
+    return sum(clip_losses(*out).values())
 
 
 def make_optimizer(model):
@@ -54,5 +55,6 @@ def train_step(model, batch, optimizer):
         image, text, scale = model(images, texts)
         all_image = torch.cat([c[0] for c in cached[:j]] + [image] + [c[0] for c in cached[j + 1:]])
         all_text = torch.cat([c[1] for c in cached[:j]] + [text] + [c[1] for c in cached[j + 1:]])
-        clip_loss(all_image, all_text, scale).backward()
+        total_loss = sum(clip_losses(all_image, all_text, scale).values())  # as open_clip's train loop sums them
+        total_loss.backward()
     optimizer.step()

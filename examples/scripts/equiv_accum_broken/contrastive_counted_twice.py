@@ -32,9 +32,10 @@ class TwoTowers(nn.Module):
         return F.normalize(self.image(images), dim=-1), F.normalize(self.text(texts), dim=-1), self.logit_scale.exp()
 
 
-def clip_loss(image, text, scale):
+def clip_losses(image, text, scale):
     labels = torch.arange(image.shape[0])
-    return (F.cross_entropy(scale * image @ text.T, labels) + F.cross_entropy(scale * text @ image.T, labels)) / 2
+    return {"image_to_text": F.cross_entropy(scale * image @ text.T, labels),
+            "text_to_image": F.cross_entropy(scale * text @ image.T, labels)}
 
 
 parser = argparse.ArgumentParser()
@@ -56,5 +57,6 @@ for _ in range(args.steps):
         image, text, scale = model(images, texts)  # this micro-batch again, with gradient
         all_image = torch.cat([c[0] for c in cached[:j]] + [image] + [c[0] for c in cached[j:]])
         all_text = torch.cat([c[1] for c in cached[:j]] + [text] + [c[1] for c in cached[j:]])
-        clip_loss(all_image, all_text, scale).backward()
+        total_loss = sum(clip_losses(all_image, all_text, scale).values())  # as open_clip's train loop sums them
+        total_loss.backward()
     optimizer.step()
