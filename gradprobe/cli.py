@@ -97,6 +97,8 @@ def _run_check(args: argparse.Namespace) -> int:
         options["steps"] = args.steps
     if getattr(args, "overfit_steps", None):
         options["overfit_steps"] = args.overfit_steps
+    if args.command == "diagnose" and args.compare:
+        options["compare"] = True
     if args.command == "check_equivalence":
         import shlex
 
@@ -314,6 +316,9 @@ def _main(argv: list[str] | None = None) -> None:
         if tool in ("diagnose", "audit_training"):
             p.add_argument("--steps", type=int, default=None if tool == "diagnose" else 4, metavar="N",
                            help="run N real training steps, observed (diagnose: 0 = one step only)")
+        if tool == "diagnose":
+            p.add_argument("--compare", action="store_true",
+                           help="also run check_equivalence's comparisons that apply (a second run of the script)")
         if tool == "check_equivalence":
             p.add_argument("--compare", action="append", default=None, metavar="NAME",
                            help="a comparison to run (ranks, accumulation, ...; repeatable; default: all that apply)")

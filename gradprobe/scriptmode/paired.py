@@ -279,3 +279,56 @@ def run_equivalence_job(tool: str, target: dict[str, Any], options: dict[str, An
         out["facts"].setdefault("not_run", []).append({"check": f"the {name} comparison", "why": why, "cause": "gradprobe"})
     out["findings"] += [f for f in report.get("findings") or [] if f.get("code") in ("GP112", "GP113")]
     return out
+
+
+# ---- diagnose with the comparisons ----------------------------------------------------------------------------------
+
+NOT_ASKED = ("not asked: `compare: true` runs check_equivalence's comparisons that apply (N processes against one, k "
+             "micro-batches against one batch); they cost a second run of the script")
+
+
+def diagnose_with_comparisons(job: Any, progress: Progress, dispatch: Callable[..., Any]) -> ToolError | dict[str, Any]:
+    """diagnose, with check_equivalence's comparisons when `compare` is true (a script's paired runs first, forked
+    before the script runs in this process; a build_model() target's on the same loaded target, after diagnose's
+    checks), merged into diagnose's report; when it is false, the report says they did not run."""
+    from gradprobe.sandbox.protocol import Job
+    from gradprobe.tools import BY_NAME, run_tool
+
+    compare = bool(job.options.get("compare"))
+    options = {k: v for k, v in job.options.items() if k != "compare"}
+    plain = Job(tool=job.tool, target=job.target, options=options)
+    script = bool(job.target.get("script") or job.target.get("module"))
+    if not compare:
+        report = dispatch(BY_NAME["diagnose"], plain, progress)
+        if isinstance(report, dict) and (script or int(job.target.get("world_size") or 1) > 1):
+            report.setdefault("facts", {}).setdefault("not_run", []).append(
+                {"check": "the equivalence comparisons", "why": NOT_ASKED, "cause": "not_applicable"})
+        return report
+    eq_options = {"steps": max(2, int(options.get("steps") or 2))}
+    equivalence: Any
+    if script:
+        paired = compare_pairs(job.target, eq_options, progress)
+        equivalence = run_tool("check_equivalence", None, dict(eq_options, _paired=paired, _script=True))
+        report = dispatch(BY_NAME["diagnose"], plain, progress)
+    else:
+        report = dispatch(BY_NAME["diagnose"], plain, progress,
+                          lambda loaded: run_tool("check_equivalence", loaded, dict(eq_options)))
+        equivalence = (report.get("facts") or {}).pop("_also", None) if isinstance(report, dict) else None
+    if isinstance(report, ToolError) or not isinstance(equivalence, dict):
+        return report
+    return merge_equivalence(report, equivalence)
+
+
+def merge_equivalence(report: dict[str, Any], equivalence: dict[str, Any]) -> dict[str, Any]:
+    """check_equivalence's findings, verified lines and not-run entries, added to a diagnose report."""
+    from gradprobe.report import make_report
+
+    facts = dict(report.get("facts") or {})
+    eq_facts = equivalence.get("facts") or {}
+    facts["equivalence"] = eq_facts.get("comparisons") or {}
+    facts["verified"] = list(facts.get("verified") or []) + list(eq_facts.get("verified") or [])
+    facts["not_run"] = list(facts.get("not_run") or []) + list(eq_facts.get("not_run") or [])
+    lines = (report.get("summary") or "").splitlines()[1:]
+    lines += [line for line in (equivalence.get("summary") or "").splitlines()[1:] if line]
+    return make_report(report["tool"], list(report.get("findings") or []) + list(equivalence.get("findings") or []),
+                       lines, **facts)
