@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 EXPECT = {"tool": "check_equivalence", "codes": ["GP802"], "culprits": ["image.0.weight", "text.2.bias"],
-          "line": 59, "args": ["--steps=4"], "options": {"reference": {"args": ["--accum-freq", "1"]}}}
+          "line": 61, "args": ["--steps=4"], "options": {"reference": {"args": ["--accum-freq", "1"]}}}
 
 
 class TwoTowers(nn.Module):

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 EXPECT = {"tool": "check_equivalence", "world_size": 2, "codes": ["GP801"], "culprits": ["0.weight", "2.bias"],
-          "line": 38, "args": ["--steps=4"], "ratio_is": "1/N"}
+          "line": 39, "args": ["--steps=4"], "ratio_is": "1/N"}
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=100)
