@@ -76,7 +76,7 @@ def _setup_process(target: dict[str, Any], role: str, index: int, env: dict[str,
 
     from gradprobe.loading import seed_everything
     from gradprobe.scriptmode.knobs import accumulation_hooks
-    from gradprobe.scriptmode.pairwatch import PairWatch
+    from gradprobe.scriptmode.pairwatch import PairWatch, SpawnedWorkers
     from gradprobe.userframes import UserCode
 
     os.environ.update(env)
@@ -99,6 +99,8 @@ def _setup_process(target: dict[str, Any], role: str, index: int, env: dict[str,
     ended, error, loc = "finished", None, None
     try:
         _exec_target(target)
+    except SpawnedWorkers:
+        ended = "spawned"
     except SystemExit as exc:
         ended, error = "exited", f"sys.exit({exc.code!r})"
         loc = user.innermost_of_traceback(exc)
@@ -200,6 +202,11 @@ def _failed_a(run: SetupRun, steps: int) -> str | None:
         if info is None:
             return f"process {i} of the script ended without gradprobe's record (exit {run.exits.get(i)})" + (
                 ", killed at the deadline" if i in run.killed else "")
+        if info.get("ended") == "spawned":
+            loc = info.get("spawned") or {}
+            return (f"the script starts its own worker processes (torch.multiprocessing at line {loc.get('line')} of "
+                    f"{os.path.basename(str(loc.get('file')))}), whose steps gradprobe does not watch: run it "
+                    "torchrun-style (world_size, the script reading RANK and WORLD_SIZE) to compare it")
         if info.get("ended") != "stepped":
             how = {"timeout": "ran out of its share of the time", "exited": "exited", "raised": "raised",
                    "finished": "ended"}.get(str(info.get("ended")), str(info.get("ended")))
@@ -210,6 +217,8 @@ def _failed_a(run: SetupRun, steps: int) -> str | None:
 
 def _cause_of(run: SetupRun) -> str:
     ended = {str((info or {}).get("ended")) for info in run.infos}
+    if "spawned" in ended:
+        return "refused"
     return "timeout" if "timeout" in ended or run.killed else "user_code" if ended & {"raised", "exited"} else "gradprobe"
 
 

@@ -46,6 +46,10 @@ FRAMEWORKS = (("transformers", os.sep + "transformers" + os.sep + "trainer"), ("
               ("lightning", os.sep + "pytorch_lightning" + os.sep), ("accelerate", os.sep + "accelerate" + os.sep))
 
 
+class SpawnedWorkers(BaseException):
+    """Raised into a script that starts its own workers (not an Exception: its `except Exception` lets it pass)."""
+
+
 @dataclass
 class Feed:
     """What the reference setup is fed: the training loader's index, its batches in yield order, and the weights of each
@@ -121,6 +125,8 @@ class PairWatch:
         self.framework: str | None = None
         self.knobs: dict[str, Any] = {}
         self.same = SameComputation()
+        self.sharded = False  # a gradient the optimizer sees is a shard (FSDP2, DTensor): not comparable whole
+        self.spawned: dict[str, Any] | None = None  # the script started its own workers (torch.multiprocessing)
         self.clips: list[dict[str, Any]] = []  # clip_grad_norm_ calls: max_norm, the norm before, the line
         self.pre_clip: set[int] = set()  # steps whose gradients were taken before a clip_grad_norm_
         self._names: dict[int, str] | None = None
@@ -144,6 +150,7 @@ class PairWatch:
         self._patch_backward()
         self._patch_collectives()
         self._patch_clipping()
+        self._patch_spawn()
         self.same.install()
         self._undo.append(self.same)
         if self.trace:
@@ -307,7 +314,10 @@ class PairWatch:
                 name = names.get(id(p), f"group{gi}.param{pi}")
                 g = p.grad
                 if g is not None:
-                    local = g.to_local() if callable(getattr(g, "to_local", None)) else g
+                    to_local = getattr(g, "to_local", None)
+                    if callable(to_local) and any(type(pl).__name__ == "Shard" for pl in getattr(g, "placements", ())):
+                        self.sharded = True
+                    local: torch.Tensor = to_local() if callable(to_local) else g
                     self.grad_dtypes.add(str(local.dtype).replace("torch.", ""))
                     out[name] = local.detach().to("cpu", torch.float64 if local.dtype == torch.float64 else torch.float32,
                                                   copy=True)
@@ -427,6 +437,26 @@ class PairWatch:
             setattr(nn_utils, name, clip)
             self._undo.append((nn_utils, name, orig))
 
+    def _patch_spawn(self) -> None:
+        """A script that starts its own workers (torch.multiprocessing.spawn / start_processes): their steps happen in
+        interpreters this watch is not in; the run is ended there and says so."""
+        import importlib
+
+        import torch.multiprocessing as tmp
+
+        module = importlib.import_module("torch.multiprocessing.spawn")
+        orig = module.start_processes
+        watch = self
+
+        def start_processes(*args: Any, **kwargs: Any) -> Any:
+            watch.spawned = watch.user.innermost(skip=2) or {"file": "", "line": 0, "function": "", "code": ""}
+            raise SpawnedWorkers("the script starts its own worker processes")
+
+        for owner in (module, tmp):
+            if getattr(owner, "start_processes", None) is orig:
+                owner.start_processes = start_processes  # type: ignore[attr-defined]
+                self._undo.append((owner, "start_processes", orig))
+
     # ---- the end ---------------------------------------------------------------------------------------------------
     def module_order(self) -> list[str]:
         names: dict[int, str] = {}
@@ -457,6 +487,7 @@ class PairWatch:
                 "module_order": self.module_order(), "optimizer": type(self.main_opt).__name__ if self.main_opt else None,
                 "optimizer_module": type(self.main_opt).__module__ if self.main_opt else None,
                 "grad_dtypes": sorted(self.grad_dtypes), "autocast": self.autocast, "framework": self.framework,
+                "sharded": self.sharded, "spawned": self.spawned,
                 "knobs": self.knobs, "clips": self.clips, "pre_clip": sorted(self.pre_clip),
                 "random_in_step": self.random_in_step, "dropout_calls": self.same.dropout_calls,
                 "batchnorm_eval": len(self.same.batchnorm),

@@ -84,6 +84,10 @@ def load(kind: str, paired: dict[str, Any]) -> Pair | dict[str, Any]:
                 k=int(entry.get("k") or 1))
     pair.a_targets = [_load(os.path.join(a_dir, f"rank{i}.pt")).get("targets") or {} for i in range(len(a_infos))] \
         if kind == "ranks" else [pair.a.get("targets") or {}]
+    if any((i or {}).get("sharded") for i in a_infos):
+        return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "refused",
+                                      "why": "the optimizer sees sharded gradients (FSDP2 / DTensor shards): each rank "
+                                             "holds a slice, not comparable whole with one process's gradient yet"}])
     b0 = b_infos[0] if b_infos else None
     b_ks = [int(s.get("backward_calls") or 0) for s in (b0 or {}).get("per_step") or []]
     want = 1 if kind == "accumulation" else int(entry.get("rate") or 1)
@@ -153,6 +157,15 @@ def evaluate(pair: Pair, steps: int) -> dict[str, Any]:
         return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "gradprobe",
                                       "why": "no step's gradients were recorded in both setups"}], facts=facts)
     bad = next((s for s in pair.steps if s.departing), None)
+    drawn = next((i["random_in_step"] for i in [*pair.a_infos, *pair.b_infos] if i and i.get("random_in_step")), None)
+    if bad is not None and drawn is not None:  # the setups drew different random numbers: a difference means nothing
+        w = bad.worst
+        return result(True, facts=facts, not_run=[{
+            "check": f"the {kind} comparison", "cause": "refused", "location": drawn.get("backward"),
+            "why": (f"the step draws random numbers between its batch and backward() (besides dropout, which both "
+                    f"setups run off), so the two setups cannot draw the same ones: step {bad.step} differs (largest "
+                    f"relative difference {w.rel if w else 0:.2g} on {w.name if w else '-'}) and that difference is not "
+                    "attributed to the code")}])
     if bad is None and pair.kind == "accumulation":
         twice = located.divided_twice_graph(pair.a_infos, 1)
         if twice is not None:
