@@ -266,7 +266,6 @@ def _split_micro(targets: list[torch.Tensor], k: int) -> list[list[torch.Tensor]
 
 
 def _finding(pair: Pair, bad: StepDiff) -> Finding:
-    rule = GP801 if pair.kind == "ranks" else GP802
     turned = bool(bad.turned())
     uniform = bad.uniform_ratio() if not turned and len(bad.departing) == len(bad.rows) else None
     names = named_ratios(pair.n if pair.kind == "ranks" else None, pair.k if pair.kind == "accumulation" else None)
@@ -278,10 +277,10 @@ def _finding(pair: Pair, bad: StepDiff) -> Finding:
     location = cause.location if cause and cause.location else located.backward_line(pair.a_infos, bad.step)
     params = [r.name for r in bad.departing]
     if turned:
-        return rule.finding(parameters=params, location=location, evidence=evidence, **fields)
+        return _departure(pair, None, parameters=params, location=location, evidence=evidence, **fields)
     if uniform is not None:
         situation = "scale_adaptive" if pair.adaptive else "scale"
-        return rule.finding(situation, parameters=params, location=location, evidence=evidence, ratio=uniform,
+        return _departure(pair, situation, parameters=params, location=location, evidence=evidence, ratio=uniform,
                             named=named or f"{uniform:.3g}", **fields)
     label, ratio, rows = max(bad.scale_groups(), key=lambda g: len(g[2]))
     rest = [r for r in bad.rows if r not in rows]
@@ -293,7 +292,14 @@ def _finding(pair: Pair, bad: StepDiff) -> Finding:
         evidence["ratio_text"] = f"{ratio:.4g}x ({kw['named']})"
         return GP806.finding(parameters=[r.name for r in rows], location=location, evidence=evidence,
                              setup=fields["setup"], optimizer=pair.optimizer, **kw)
-    return rule.finding("tensor_scale", parameters=params, location=location, evidence=evidence, **fields, **kw)
+    return _departure(pair, "tensor_scale", parameters=params, location=location, evidence=evidence, **fields, **kw)
+
+
+def _departure(pair: Pair, situation: str | None, **kw: Any) -> Finding:
+    """GP801 (N processes against one) or GP802 (k micro-batches against one batch), with the same fields."""
+    if pair.kind == "ranks":
+        return GP801.finding(situation, **kw)
+    return GP802.finding(situation, **kw)
 
 
 def _both_divide(pair: Pair, twice: dict[str, Any]) -> Finding:
