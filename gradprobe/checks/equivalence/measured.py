@@ -36,6 +36,7 @@ class Pair:
     n: int = 1
     k: int = 1
     steps: list[StepDiff] = field(default_factory=list)
+    a_seconds: float | None = None  # the setup under test's run (the reference's is in entry["b"])
 
     @property
     def optimizer(self) -> str:
@@ -81,7 +82,7 @@ def load(kind: str, paired: dict[str, Any]) -> Pair | dict[str, Any]:
     a_infos, b_infos = paired.get("a_infos") or [], entry.get("b_infos") or []
     pair = Pair(kind=kind, entry=entry, a_infos=a_infos, b_infos=b_infos, a=_load(os.path.join(a_dir, "rank0.pt")),
                 b=_load(os.path.join(b_dir, "rank0.pt")), n=int(paired.get("world_size") or 1),
-                k=int(entry.get("k") or 1))
+                k=int(entry.get("k") or 1), a_seconds=paired["a"].get("seconds"))
     pair.a_targets = [_load(os.path.join(a_dir, f"rank{i}.pt")).get("targets") or {} for i in range(len(a_infos))] \
         if kind == "ranks" else [pair.a.get("targets") or {}]
     if any((i or {}).get("sharded") for i in a_infos):
@@ -347,5 +348,5 @@ def _facts(pair: Pair) -> dict[str, Any]:
             "dropout_off_calls": a0.get("dropout_calls"), "batchnorm_on_running_stats": a0.get("batchnorm_eval"),
             "random_in_step": a0.get("random_in_step"), "compared": _when(pair),
             "clipped": {"test": a0.get("clips"), "reference": (pair.b_infos[0] or {}).get("clips")},
-            "seconds": {"test": (pair.entry.get("a_seconds")), "reference": (pair.entry.get("b") or {}).get("seconds")},
+            "seconds": {"test": pair.a_seconds, "reference": (pair.entry.get("b") or {}).get("seconds")},
             "steps": [dict(s.summary(), rows=[r.row() for r in (s.departing or s.rows)[:MAX_ROWS]]) for s in pair.steps]}
