@@ -153,3 +153,41 @@ async def test_diagnose_compares_a_build_model_target(client):
     report = result.structured_content
     hit = next(f for f in report["findings"] if f["code"] == "GP802")
     assert "4x (k)" in hit["message"] and hit["location"]["line"] == 45, hit
+
+
+def test_batches_join_as_one_batch_or_refuse_with_why():
+    """The reference's batch: the parts joined along the batch dimension, per-example lists joined, a token batch padded
+    on the right under its attention mask (labels -100), anything else that differs refused with where."""
+    import torch
+
+    from gradprobe.checks.equivalence.batches import Unjoinable, join
+
+    a = {"x": torch.ones(2, 3), "y": torch.tensor([0, 1]), "ids": ["a", "b"], "tag": "train"}
+    b = {"x": torch.zeros(1, 3), "y": torch.tensor([2]), "ids": ["c"], "tag": "train"}
+    joined = join([a, b])
+    assert joined["x"].shape == (3, 3) and joined["y"].tolist() == [0, 1, 2] and joined["ids"] == ["a", "b", "c"]
+    assert joined["tag"] == "train"
+    short = {"input_ids": torch.ones(1, 2, dtype=torch.long), "attention_mask": torch.ones(1, 2, dtype=torch.long),
+             "labels": torch.ones(1, 2, dtype=torch.long)}
+    long = {k: torch.ones(1, 4, dtype=torch.long) for k in short}
+    padded = join([short, long])
+    assert padded["labels"][0].tolist() == [1, 1, -100, -100] and padded["attention_mask"][0].tolist() == [1, 1, 0, 0]
+    (x1, y1), (x2, y2) = (torch.ones(2, 3), torch.ones(2)), (torch.ones(2, 5), torch.ones(2))
+    with pytest.raises(Unjoinable, match=r"batch\[0\].*differ beyond the batch dimension"):
+        join([(x1, y1), (x2, y2)])
+    with pytest.raises(Unjoinable, match="scalar that differs"):
+        join([{"n": torch.tensor(3)}, {"n": torch.tensor(4)}])
+
+
+def test_a_zero_gradient_is_never_a_scale():
+    """A tensor with no gradient where the reference has one is a change of direction (never GP806's by-design
+    scale); one factor on every tensor is a named ratio."""
+    import torch
+
+    from gradprobe.checks.equivalence.compare import compare_step, named_ratios
+
+    ref = {"tower": torch.ones(3), "scale": torch.ones(1)}
+    step = compare_step(1, {"tower": torch.zeros(3), "scale": torch.ones(1)}, ref, 1e-3, named_ratios(2, None))
+    assert [r.name for r in step.turned()] == ["tower"] and not step.scale_groups()
+    half = compare_step(1, {k: v / 2 for k, v in ref.items()}, ref, 1e-3, named_ratios(2, None))
+    assert half.uniform_ratio() == pytest.approx(0.5) and {r.named for r in half.rows} == {"1/N"}

@@ -130,13 +130,14 @@ class StepDiff:
         """The departing tensors whose direction is kept, grouped by their named ratio (named first)."""
         groups: dict[str | None, list[TensorDiff]] = {}
         for r in self.departing:
-            if r.named is not None:
+            if r.named is not None and r.named != "0":
                 groups.setdefault(r.named, []).append(r)
         return [(label, sum(x.ratio or 0.0 for x in rs) / len(rs), rs) for label, rs in groups.items()]
 
     def turned(self) -> list[TensorDiff]:
-        """The departing tensors whose direction changed (cosine below 1 - tol, or a gradient on one side only)."""
-        return [r for r in self.departing if r.named is None]
+        """The departing tensors whose direction changed (cosine below 1 - tol, a gradient on one side only, or none
+        where the reference has one: a zero gradient is never a scale)."""
+        return [r for r in self.departing if r.named is None or r.named == "0"]
 
     def summary(self) -> dict[str, object]:
         w = self.worst

@@ -154,9 +154,11 @@ def evaluate(pair: Pair, steps: int) -> dict[str, Any]:
     kind = pair.kind
     compare(pair, steps)
     facts = _facts(pair)
-    if not pair.steps:
+    if not pair.steps or not pair.steps[0].rows:
         return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "gradprobe",
-                                      "why": "no step's gradients were recorded in both setups"}], facts=facts)
+                                      "why": "no parameter's gradient was recorded under the same name in both setups "
+                                             f"(the test setup's: {', '.join(list(pair.a['grads'].get(1) or {})[:5])})"}],
+                      facts=facts)
     bad = next((s for s in pair.steps if s.departing), None)
     drawn = next((i["random_in_step"] for i in [*pair.a_infos, *pair.b_infos] if i and i.get("random_in_step")), None)
     if bad is not None and drawn is not None:  # the setups drew different random numbers: a difference means nothing
