@@ -68,6 +68,9 @@ def _judge(report: dict, expect: dict, name: str) -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("path", RANKS, ids=[f"{p.parent.name}/{p.stem}" for p in RANKS])
 async def test_ranks_against_one_process(client, path):
+    needs = _needs(path)
+    if needs and importlib.util.find_spec(needs) is None:
+        pytest.skip(f"needs {needs}")
     expect = example_expect(path)
     report = await _call(client, path.parent, path.name, expect.get("args", []), world_size=expect["world_size"],
                          **expect.get("options", {}))
