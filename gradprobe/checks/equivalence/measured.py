@@ -184,6 +184,8 @@ def _examples(pair: Pair) -> str:
     n = pair.entry.get("examples")
     how = pair.entry.get("examples_text") or ("the ranks' batches joined" if pair.kind == "ranks"
                                               else "the micro-batches joined")
+    if pair.kind == "ranks" and int(pair.entry.get("rate") or 1) > 1:  # the script accumulates: several batches a step
+        return f"batches ({n} examples each, the ranks' batches joined; {pair.entry.get('rate')} per step)"
     return (f"{n} examples" if n else "examples") + f" ({how})"
 
 
