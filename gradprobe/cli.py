@@ -97,8 +97,8 @@ def _run_check(args: argparse.Namespace) -> int:
         options["steps"] = args.steps
     if getattr(args, "overfit_steps", None):
         options["overfit_steps"] = args.overfit_steps
-    if args.command == "diagnose" and args.compare:
-        options["compare"] = True
+    if args.command == "diagnose":
+        options["compare"] = bool(args.compare)  # as over MCP: when off, the report says the comparisons did not run
     if args.command == "check_equivalence":
         import shlex
 

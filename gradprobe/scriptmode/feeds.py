@@ -81,6 +81,11 @@ def ranks_plan(a: SetupRun, target: dict[str, Any], options: dict[str, Any]) -> 
     if a.processes < 2:
         return {"why_not": "the target runs as one process (world_size 1): give world_size 2-4 to compare N processes "
                            "with one on the same global batch"}
+    worlds = {(i or {}).get("world_size") for i in a.infos}
+    if worlds != {a.processes}:
+        return {"why_not": f"the script ran as {a.processes} processes but did not join them into one process group "
+                           f"(torch.distributed's world size seen: {sorted(str(w) for w in worlds)}): its processes train "
+                           "apart, there is no N-process gradient to compare"}
     loader, refused = _loader(a, check)
     if refused is not None:
         return refused
