@@ -101,6 +101,13 @@ def _run_check(args: argparse.Namespace) -> int:
         options["positions"] = args.positions
     if getattr(args, "checks", None):
         options["checks"] = [c.strip() for c in args.checks.split(",") if c.strip()]
+    if args.command == "diagnose":
+        options["compare"] = bool(args.compare)  # as over MCP: when off, the report says the comparisons did not run
+    if args.command == "check_equivalence":
+        import shlex
+
+        options.update(compare=list(args.compare or []),
+                       reference={"args": shlex.split(args.reference_args)} if args.reference_args else {})
     from gradprobe.sandbox.runner import Limits
     from gradprobe.server.options import default_memory_bytes
 
@@ -318,6 +325,15 @@ def _main(argv: list[str] | None = None) -> None:
                            help="output positions to sample for causality (default 5)")
             p.add_argument("--checks", default=None, metavar="LIST",
                            help="comma-separated: causality,examples,packed,packed_vs_padded (default: all that apply)")
+        if tool == "diagnose":
+            p.add_argument("--compare", action="store_true",
+                           help="also run check_equivalence's comparisons that apply (a second run of the script)")
+        if tool == "check_equivalence":
+            p.add_argument("--compare", action="append", default=None, metavar="NAME",
+                           help="a comparison to run (ranks, accumulation, ...; repeatable; default: all that apply)")
+            p.add_argument("--steps", type=int, default=2, metavar="N", help="optimizer steps compared (2-8)")
+            p.add_argument("--reference-args", dest="reference_args", default=None, metavar="ARGS",
+                           help='the reference run\'s extra script arguments, e.g. --reference-args="--grad-accum 1"')
         if tool == "audit_training":
             p.add_argument("--overfit-steps", dest="overfit_steps", type=int, default=0, metavar="K",
                            help="also run K steps on one fixed batch and check that the loss goes down (e.g. 20)")

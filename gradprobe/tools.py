@@ -53,6 +53,9 @@ TOOLS: tuple[Tool, ...] = (
     Tool("check_dependencies", "gradprobe.checks.dependencies:dependencies_report", needs_step=True, allows_meta=False,
          help="what each output may not see: later positions, other examples, other packed examples (by autograd)",
          family="GP9"),
+    Tool("check_equivalence", "gradprobe.checks.equivalence.engine:equivalence_report", needs_step=False,
+         allows_meta=False, help="the gradient of two setups that must agree (N processes and one, k micro-batches and "
+                                 "one batch), measured against each other", family="GP8"),
 )
 
 BY_NAME: dict[str, Tool] = {t.name: t for t in TOOLS}

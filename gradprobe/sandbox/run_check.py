@@ -31,19 +31,39 @@ def run_job(job: Job | Mapping[str, Any], progress: Progress) -> ToolError | dic
     import tempfile
 
     tempfile.tempdir = None  # a warm worker's fork inherits its cached temp dir: use this call's TMPDIR
-    if job.target.get("script") or job.target.get("module") or int(job.target.get("world_size") or 1) > 1:
+    if spec.name == "diagnose" and "compare" in job.options:  # check_equivalence's comparisons, run beside diagnose
+        from gradprobe.scriptmode.paired import diagnose_with_comparisons
+
+        return _safe(diagnose_with_comparisons(job, progress, _dispatch))
+    return _dispatch(spec, job, progress)
+
+
+def _dispatch(spec: Tool, job: Job, progress: Progress,
+              also: Callable[[Any], dict[str, Any]] | None = None) -> ToolError | dict[str, Any]:
+    """The job as its target asks: a script's (or several ranks'), or a build_model() target loaded here."""
+    if spec.name == "check_equivalence" and (job.target.get("script") or job.target.get("module")):
+        # the setup under test and its reference, each run in processes of its own (scriptmode/paired.py)
+        from gradprobe.scriptmode.paired import run_equivalence_job
+
+        return _safe(run_equivalence_job(spec.name, job.target, job.options, progress))
+    if spec.name == "check_equivalence" and int(job.target.get("world_size") or 1) > 1:
+        job = Job(tool=job.tool, target=dict(job.target, world_size=1), options=dict(job.options, _world_size=int(
+            job.target.get("world_size") or 1)))  # a build_model() target is compared in one process
+    elif job.target.get("script") or job.target.get("module") or int(job.target.get("world_size") or 1) > 1:
         # several ranks (a script's, or a build_model() target's), or workers a script spawns; else as one
         from gradprobe.scriptmode.ranks import run_script_ranks
 
         return _safe(run_script_ranks(spec.name, job.target, job.options, progress))
-    return _check_target(spec, job, progress)
+    return _check_target(spec, job, progress, also)
 
 
 def _safe(report: ToolError | dict[str, Any]) -> ToolError | dict[str, Any]:
     return report if isinstance(report, ToolError) else json_safe(report)
 
 
-def _check_target(spec: Tool, job: Job, progress: Progress) -> ToolError | dict[str, Any]:
+def _check_target(spec: Tool, job: Job, progress: Progress,
+                  also: Callable[[Any], dict[str, Any]] | None = None) -> ToolError | dict[str, Any]:
+    """Load a build_model() target and run the tool on it (and `also` on the same loaded target, into facts._also)."""
     from gradprobe.errors import TargetError, TargetRefError
     from gradprobe.loading import load_target
     from gradprobe.userframes import UserCode
@@ -73,6 +93,8 @@ def _check_target(spec: Tool, job: Job, progress: Progress) -> ToolError | dict[
         from gradprobe.sandbox.failures import internal_error_report
 
         report = internal_error_report(spec.name, exc)
+    if also is not None:
+        report.setdefault("facts", {})["_also"] = also(loaded)
     report.setdefault("facts", {})["target"] = loaded.info
     report["facts"]["child_peak_rss_mb"] = _peak_rss_mb()
     if str(loaded.device).startswith("cuda"):

@@ -71,7 +71,10 @@ def run(loaded: Loaded, options: dict[str, Any]) -> dict[str, Any]:
         skipped.append({"check": "gradcheck", "why": f"the step raised {error}: Functions after it were not reached",
                         "cause": "user_code"})
     out_facts: dict[str, Any] = {"functions": functions}
-    option = options.get("reference")
+    # check_equivalence's `reference` names the reference setup: `args` for a script's reference run (the paired
+    # comparisons), `module`/`replaces` for a module that replaces another (this comparison)
+    reference = options.get("reference") or {}
+    option = reference if isinstance(reference, dict) and ("module" in reference or "replaces" in reference) else None
     if option is not None:
         rfindings, rfacts = reference_report(loaded, option)
         findings += rfindings

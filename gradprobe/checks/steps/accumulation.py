@@ -259,9 +259,13 @@ def accumulation_lines(factors: list[float | None], facts: AuditFacts) -> list[s
         return []
     it = iter(factors)
     order = [[next(it) for _ in range(k)] for k in _per_step(facts)]
+    from gradprobe.checks.steps.gradients import one_loss_in_parts
+
     for step, fs in zip(facts.opt_steps, order, strict=False):
         k = len(step.backwards)
         if k < 2 or any(f is None for f in fs) or len({round(f, 12) for f in fs if f is not None}) != 1:
+            continue
+        if one_loss_in_parts(step):  # one loss computed in parts: k x factor is not its ratio to one batch
             continue
         f = fs[0] or 1.0
         return [f"{k} micro-batch losses per optimizer step from {at(step.backwards[0].location)}, each multiplied by "

@@ -53,6 +53,7 @@ class BackwardCall:
     stale_norm: float = 0.0
     after_norm: float = 0.0  # the total gradient norm right after this backward
     scaling: LossScaling | None = None  # the loss's constant scaling and reduction (None: not a scalar, or not read)
+    value: float | None = None  # the loss's value (a scalar loss), read at backward()
 
 
 @dataclass

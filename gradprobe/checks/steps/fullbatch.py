@@ -31,6 +31,7 @@ import torch
 from gradprobe.checks._step import call_model
 from gradprobe.checks.steps.accumulation import described, divided_twice_at
 from gradprobe.checks.steps.facts import AuditFacts, FullBatch, OptStep, at
+from gradprobe.checks.steps.gradients import MEASURED_ONE
 from gradprobe.findings import Finding, Rule, Situation
 
 GP611: Rule[AuditFacts] = Rule(
@@ -130,8 +131,9 @@ def full_batch_facts(fb: FullBatch | None, left_out: str | None) -> dict[str, An
 
 
 def full_batch_line(fb: FullBatch | None) -> list[str]:
-    """The all-clear line: the accumulated gradient as a multiple of the full-batch gradient, per group."""
-    if fb is None or fb.ratio is None:
+    """The all-clear line: the accumulated gradient as a multiple of the full-batch gradient, per group, when it is 1.00
+    (another ratio is a finding, GP601 `measured` or GP611, never a line beside an all-clear)."""
+    if fb is None or fb.ratio is None or abs(fb.ratio - 1) > MEASURED_ONE:
         return []
     groups = "; ".join(f"group {g} {a / f:.3f}x" for g, a, f in fb.groups if a is not None and f)
     return [f"accumulated gradient of {fb.k} micro-batches (step {fb.call + 1}, {at(fb.step_location)}) against the "

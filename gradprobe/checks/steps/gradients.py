@@ -3,6 +3,7 @@ and gradient penalties that carry no graph."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from gradprobe.checks.steps.facts import AuditFacts, OptStep, at, listed
@@ -22,6 +23,17 @@ GP601: Rule[AuditFacts] = Rule(
     fix="Divide each micro-batch loss by the number of accumulation steps before backward() at {line}: "
         "`(loss / accum_steps).backward()` (or scale by each micro-batch's share of the tokens).",
     situations={
+        "measured": Situation(
+            severity="warning",
+            when="the build_model() form: the accumulated gradient measured against the same batch as one batch is "
+                 "neither 1.00 (divided once), 1/k (GP611) nor explained by the pattern",
+            message="{k} backward() calls from {line} feed one optimizer step ({step_line}); measured after it, from the "
+                    "same pre-step weights, the accumulated gradient is {ratio:.3g}x the gradient of the same batch as "
+                    "one batch ({loss}): the micro-batch losses do not add up to the one-batch loss (1.00x when they "
+                    "do).",
+            fix="Make the {k} micro-batch losses add up to the loss of the whole batch (divide each by {k}, or by the "
+                "count of all the step's examples or tokens); check_equivalence compares the two gradients tensor by "
+                "tensor and says which ones differ."),
         "zeroed_inside": Situation(
             when="zero_grad() runs between the micro-steps of one optimizer step",
             message="zero_grad() at {zero_line} runs between the {k} backward() calls from {line} that feed one optimizer "
@@ -88,6 +100,41 @@ GP608: Rule[AuditFacts] = Rule(
 )
 
 
+SAME_LOSS = 1e-6  # relative: one loss recomputed through each part (cached features) has one value to float32 rounding
+MEASURED_ONE = 0.1  # a full-batch ratio within 10% of 1.00: the division is right, whatever the pattern
+
+
+def one_loss_in_parts(step: OptStep) -> bool:
+    """The step's k backward() calls backpropagate one loss value, each adding a different gradient: the gradient of one
+    loss over the whole batch computed in parts (contrastive accumulation with cached features: each micro-batch's
+    features recomputed with gradient in place of their cached copy). Measured: the losses' values are equal, and the
+    norm after the j-th backward() is not j times the first (which the same gradient added k times gives)."""
+    bw = step.backwards
+    values = [b.value for b in bw]
+    if len(bw) < 2 or any(v is None or not math.isfinite(v) for v in values):
+        return False
+    known = [v for v in values if v is not None]
+    if max(known) - min(known) > SAME_LOSS * max(max(abs(v) for v in known), 1e-12):
+        return False
+    first = bw[0].after_norm
+    repeated = all(abs(b.after_norm - (j + 1) * first) <= 1e-4 * (j + 1) * first for j, b in enumerate(bw))
+    return first > 0 and not repeated
+
+
+def _measured_one(facts: AuditFacts, step: OptStep) -> bool:
+    """The full-batch gradient was measured for this step (the build_model() form) and the ratio is 1.00."""
+    fb = facts.full_batch
+    return fb is not None and fb.call == step.call and fb.ratio is not None and abs(fb.ratio - 1) <= MEASURED_ONE
+
+
+def _measured_off(facts: AuditFacts, step: OptStep) -> bool:
+    """The full-batch ratio of this step is measured and neither 1.00 nor 1/k (GP611's)."""
+    fb = facts.full_batch
+    if fb is None or fb.call != step.call or fb.ratio is None or fb.zeroed_inside or fb.k < 2:
+        return False
+    return abs(fb.ratio - 1) > MEASURED_ONE and not (0.75 <= fb.ratio * fb.k <= 1.33)
+
+
 def _same_line(step: OptStep) -> str | None:
     lines = {at(b.location) for b in step.backwards}
     return lines.pop() if len(lines) == 1 and all(b.location for b in step.backwards) else None
@@ -108,10 +155,17 @@ def detect_accumulation(facts: AuditFacts) -> Iterator[Finding]:
             seen.add(line)
             yield GP601.finding("zeroed_inside", location=inside[0], evidence=ev, k=len(bw), line=line,
                                 step_line=at(step.location), zero_line=at(inside[0]))
-        elif not any(b.scaled for b in bw) and bw[0].after_norm > 0:
+        elif (not any(b.scaled for b in bw) and bw[0].after_norm > 0 and not _measured_one(facts, step)
+              and not one_loss_in_parts(step)):
             seen.add(line)
             yield GP601.finding(location=loc, evidence=ev, k=len(bw), line=line, step_line=at(step.location),
                                 top=bw[0].top or "no operation", total=bw[-1].after_norm, first=bw[0].after_norm)
+        elif _measured_off(facts, step) and not one_loss_in_parts(step):
+            seen.add(line)
+            fb = facts.full_batch
+            assert fb is not None and fb.ratio is not None
+            yield GP601.finding("measured", location=loc, evidence=dict(ev, full_batch_ratio=round(fb.ratio, 6)),
+                                k=len(bw), line=line, step_line=at(step.location), ratio=fb.ratio, loss=fb.loss)
 
 
 @GP602.detector

@@ -179,7 +179,8 @@ class StepObserver:
         scale = getattr(getattr(loss, "grad_fn", None), "name", lambda: None)()
         stale_norm = math.sqrt(sum(v * v for v in before.values() if v))
         self.backwards.append(BackwardCall(call=self.call, location=self.where_outer(), scaled=scale in _SCALING,
-                                           top=scale, stale=stale, stale_norm=stale_norm, scaling=self._scaling(loss)))
+                                           top=scale, stale=stale, stale_norm=stale_norm, scaling=self._scaling(loss),
+                                           value=_value(loss)))
         self.events.append(Event(self.call, "backward", self.backwards[-1].location))
 
     def _scaling(self, loss: Any) -> LossScaling | None:
@@ -489,3 +490,11 @@ def _is_dropout(m: nn.Module) -> bool:
 def _total(values: Iterator[float | None]) -> float | None:
     vs = [v for v in values if v is not None]
     return math.sqrt(sum(v * v for v in vs)) if vs else None
+
+
+def _value(loss: Any) -> float | None:
+    """A scalar loss's value (read before its backward), for telling one loss computed in parts from k losses."""
+    try:
+        return float(loss.detach().float()) if isinstance(loss, torch.Tensor) and loss.numel() == 1 else None
+    except RuntimeError:
+        return None

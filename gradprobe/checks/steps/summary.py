@@ -8,6 +8,7 @@ from typing import Any
 
 from gradprobe.checks.steps.accumulation import mass_text
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, GroupStep, at, listed
+from gradprobe.checks.steps.gradients import one_loss_in_parts
 from gradprobe.checks.steps.schedule import schedule_lines
 from gradprobe.findings import Finding
 
@@ -114,10 +115,15 @@ def verified(facts: AuditFacts, measured: list[str] | None = None) -> list[str]:
     multi = [s for s in facts.opt_steps if len(s.backwards) > 1]
     if multi:
         s = multi[0]
-        out.append(f"{len(s.backwards)} backward() calls per optimizer step from {at(s.backwards[0].location)}, "
-                   f"each loss scaled ({s.backwards[0].top}); gradient at the step "
-                   f"{s.backwards[-1].after_norm / (s.backwards[0].after_norm or 1):.2f}x the first micro-batch's"
-                   + (mass_text(s, facts.scaler_steps) if facts.full_batch is None else ""))
+        k, line = len(s.backwards), at(s.backwards[0].location)
+        if one_loss_in_parts(s):
+            out.append(f"{k} backward() calls per optimizer step from {line}, each backpropagating the same loss value "
+                       f"({s.backwards[0].value:.6g}) through a different part of the batch: the gradient of one loss over "
+                       f"the whole batch computed in parts (cached features), so no division by {k} is needed "
+                       "(check_equivalence compares the step with one batch, tensor by tensor)")
+        else:
+            out.append(f"{k} backward() calls per optimizer step from {line}, each loss scaled ({s.backwards[0].top})"
+                       + (mass_text(s, facts.scaler_steps) if facts.full_batch is None else ""))
     out += measured or []
     frozen = [v for v in facts.verdicts.values() if not v.requires_grad]
     if frozen:

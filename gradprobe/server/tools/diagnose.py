@@ -31,7 +31,9 @@ With `steps` > 0 it also runs that many real training steps, observed (audit_tra
 facts.steps, with a per-group SVG chart of the lr, grad norm and update ratio over the steps); an EMA
 copy left with requires_grad=True outside the optimizer that its EMA update moved at every step is then
 recognised as such (no GP201). On a script target the script's own loop is watched for those steps, and
-the checks run on the step after them (one run of the script).
+the checks run on the step after them (one run of the script). With `compare: true` it also runs
+check_equivalence's comparisons that apply (GP8xx; a second run of the script); otherwise facts.not_run says they
+did not run.
 {TARGET_HELP}
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}}}"""
 
@@ -56,5 +58,11 @@ def register(server: MCPServer, runtime: Runtime) -> None:
         steps: Annotated[int, Field(ge=0, le=32, description=(
             "0 (default): one observed step. N > 0: also run N real training steps, observed (audit_training's "
             "checks), and merge their findings."))] = 0,
+        compare: Annotated[bool, Field(description=(
+            "Also run check_equivalence's comparisons that apply (N processes against one at world_size > 1; k "
+            "micro-batches against one batch): they run the script a second time. Off by default; the report then "
+            "says they did not run."))] = False,
     ) -> Annotated[CallToolResult, Report]:
-        return await call_tool(runtime, "diagnose", target, {"steps": steps} if steps else {}, ctx, post=_picture)
+        options: dict[str, object] = {"steps": steps} if steps else {}
+        options["compare"] = compare
+        return await call_tool(runtime, "diagnose", target, options, ctx, post=_picture)

@@ -1,0 +1,54 @@
+"""Healthy twin of equiv_ranks_broken/trainer_tokens_per_device.py: the Trainer's default
+`average_tokens_across_devices=True` gathers num_items_in_batch across the processes and scales the loss by their
+number (https://github.com/huggingface/transformers/pull/34373), so every labelled item weighs the same as in one
+process on the global batch.
+
+    torchrun --nproc_per_node=2 trainer_tokens_across_devices.py --max_steps 100
+    gradprobe check_equivalence --script trainer_tokens_across_devices.py --world-size 2 -- --max_steps 8
+"""
+
+import argparse
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+from torch.utils.data import Dataset
+from transformers import Trainer, TrainingArguments
+
+EXPECT = {"tool": "check_equivalence", "world_size": 2, "codes": [], "healthy": True, "absent": ["GP801"],
+          "args": ["--max_steps=8"], "options": {"compare": ["ranks"]}}
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--max_steps", type=int, default=100)
+parser.add_argument("--output_dir", default="out")
+args = parser.parse_args()
+
+
+class Points(Dataset):
+    def __init__(self, n=256):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+        self.y[torch.rand(n, generator=g) < 0.4] = -100  # unlabelled examples: each process holds a different number
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "labels": self.y[i]}
+
+
+class Classifier(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 32), nn.ReLU())
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x, labels=None, num_items_in_batch=None, **kwargs):
+        logits = self.head(self.body(x))
+        return {"loss": F.cross_entropy(logits, labels, reduction="sum") / num_items_in_batch, "logits": logits}
+
+
+training_args = TrainingArguments(output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=8,
+                                  optim="sgd", learning_rate=0.05, report_to=[], save_strategy="no", logging_steps=10,
+                                  use_cpu=True, dataloader_num_workers=0, remove_unused_columns=False)
+Trainer(model=Classifier(), args=training_args, train_dataset=Points()).train()

@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/equiv_accum/accelerate_token_mean_accumulated.py

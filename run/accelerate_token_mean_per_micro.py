@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/equiv_accum_broken/accelerate_token_mean_per_micro.py

@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/equiv_accum/contrastive_cached_features.py

@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/equiv_accum/loop_divided.py

@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/equiv_accum_broken/loop_not_divided.py

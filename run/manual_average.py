@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/spawn/manual_average.py

@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/equiv_ranks/mean_loss_batchnorm.py

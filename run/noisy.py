@@ -1,0 +1,1 @@
+/tmp/rnd/noisy.py

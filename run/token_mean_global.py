@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/equiv_ranks/token_mean_global.py

@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/hf_trainer_accum_broken/train.py

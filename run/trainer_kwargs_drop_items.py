@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/equiv_accum_broken/trainer_kwargs_drop_items.py

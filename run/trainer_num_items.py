@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/equiv_accum/trainer_num_items.py

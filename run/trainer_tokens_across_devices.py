@@ -1,0 +1,1 @@
+/work/wt/equiv/examples/scripts/equiv_ranks/trainer_tokens_across_devices.py
