@@ -238,6 +238,32 @@ def _script_runs_this_interpreter(script: str) -> bool:
     return bool(exe) and os.path.realpath(exe) == os.path.realpath(sys.executable)
 
 
+def _tool_options(p: argparse.ArgumentParser, tool: str) -> None:
+    """The options only some tools take."""
+    if tool == "check_optimizer_coverage":
+        p.add_argument("--no-step", action="store_true")
+    if tool in ("diagnose", "audit_training"):
+        p.add_argument("--steps", type=int, default=None if tool == "diagnose" else 4, metavar="N",
+                       help="run N real training steps, observed (diagnose: 0 = one step only)")
+    if tool == "check_dependencies":
+        p.add_argument("--positions", type=int, default=None, metavar="N",
+                       help="output positions to sample for causality (default 5)")
+        p.add_argument("--checks", default=None, metavar="LIST",
+                       help="comma-separated: causality,examples,packed,packed_vs_padded (default: all that apply)")
+    if tool == "diagnose":
+        p.add_argument("--compare", action="store_true",
+                       help="also run check_equivalence's comparisons that apply (a second run of the script)")
+    if tool == "check_equivalence":
+        p.add_argument("--compare", action="append", default=None, metavar="NAME",
+                       help="a comparison to run (ranks, accumulation, ...; repeatable; default: all that apply)")
+        p.add_argument("--steps", type=int, default=2, metavar="N", help="optimizer steps compared (2-8)")
+        p.add_argument("--reference-args", dest="reference_args", default=None, metavar="ARGS",
+                       help='the reference run\'s extra script arguments, e.g. --reference-args="--grad-accum 1"')
+    if tool == "audit_training":
+        p.add_argument("--overfit-steps", dest="overfit_steps", type=int, default=0, metavar="K",
+                       help="also run K steps on one fixed batch and check that the loss goes down (e.g. 20)")
+
+
 def _main(argv: list[str] | None = None) -> None:
     _Parser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
     parser = _Parser(prog="gradprobe", description="Measure why gradients do not flow in PyTorch code.")
@@ -315,28 +341,7 @@ def _main(argv: list[str] | None = None) -> None:
         p.add_argument("--json", action="store_true", help="print the report as JSON")
         p.add_argument("--no-color", action="store_true")
         p.add_argument("--mermaid", action="store_true", help="also print the Mermaid flowchart (diagnose)")
-        if tool == "check_optimizer_coverage":
-            p.add_argument("--no-step", action="store_true")
-        if tool in ("diagnose", "audit_training"):
-            p.add_argument("--steps", type=int, default=None if tool == "diagnose" else 4, metavar="N",
-                           help="run N real training steps, observed (diagnose: 0 = one step only)")
-        if tool == "check_dependencies":
-            p.add_argument("--positions", type=int, default=None, metavar="N",
-                           help="output positions to sample for causality (default 5)")
-            p.add_argument("--checks", default=None, metavar="LIST",
-                           help="comma-separated: causality,examples,packed,packed_vs_padded (default: all that apply)")
-        if tool == "diagnose":
-            p.add_argument("--compare", action="store_true",
-                           help="also run check_equivalence's comparisons that apply (a second run of the script)")
-        if tool == "check_equivalence":
-            p.add_argument("--compare", action="append", default=None, metavar="NAME",
-                           help="a comparison to run (ranks, accumulation, ...; repeatable; default: all that apply)")
-            p.add_argument("--steps", type=int, default=2, metavar="N", help="optimizer steps compared (2-8)")
-            p.add_argument("--reference-args", dest="reference_args", default=None, metavar="ARGS",
-                           help='the reference run\'s extra script arguments, e.g. --reference-args="--grad-accum 1"')
-        if tool == "audit_training":
-            p.add_argument("--overfit-steps", dest="overfit_steps", type=int, default=0, metavar="K",
-                           help="also run K steps on one fixed batch and check that the loss goes down (e.g. 20)")
+        _tool_options(p, tool)
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args: list[str] = []
     if "--" in argv:  # `gradprobe diagnose --script train.py -- --max_iters=1`
