@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from gradprobe.tools import TOOLS
 
@@ -90,13 +90,17 @@ def _run_check(args: argparse.Namespace) -> int:
         target = Target.model_validate(_target_from_args(args))
     except ValidationError as exc:
         return _fail(args, "bad-target", f"bad target: {explain_validation_error(exc)}", 2)
-    options = {}
+    options: dict[str, Any] = {}
     if args.command == "check_optimizer_coverage":
         options["step"] = not args.no_step
     if getattr(args, "steps", None):
         options["steps"] = args.steps
     if getattr(args, "overfit_steps", None):
         options["overfit_steps"] = args.overfit_steps
+    if getattr(args, "positions", None):
+        options["positions"] = args.positions
+    if getattr(args, "checks", None):
+        options["checks"] = [c.strip() for c in args.checks.split(",") if c.strip()]
     from gradprobe.sandbox.runner import Limits
     from gradprobe.server.options import default_memory_bytes
 
@@ -309,6 +313,11 @@ def _main(argv: list[str] | None = None) -> None:
         if tool in ("diagnose", "audit_training"):
             p.add_argument("--steps", type=int, default=None if tool == "diagnose" else 4, metavar="N",
                            help="run N real training steps, observed (diagnose: 0 = one step only)")
+        if tool == "check_dependencies":
+            p.add_argument("--positions", type=int, default=None, metavar="N",
+                           help="output positions to sample for causality (default 5)")
+            p.add_argument("--checks", default=None, metavar="LIST",
+                           help="comma-separated: causality,examples,packed,packed_vs_padded (default: all that apply)")
         if tool == "audit_training":
             p.add_argument("--overfit-steps", dest="overfit_steps", type=int, default=0, metavar="K",
                            help="also run K steps on one fixed batch and check that the loss goes down (e.g. 20)")

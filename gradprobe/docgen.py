@@ -22,6 +22,8 @@ FAMILIES = {
     "GP5": "Prompt tuning (GP5xx)",
     "GP6": "Several training steps (GP6xx)",
     "GP7": "Compiled graphs and mixed precision (GP7xx)",
+    "GP8": "Equivalence (GP8xx)",
+    "GP9": "Dependencies (GP9xx)",
 }
 
 

@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from gradprobe.errors import TargetError, TargetRefError
 from gradprobe.phases import Phase
-from gradprobe.checks.torchcompat import requires_grad_descriptor
+from gradprobe.checks.torchcompat import data_descriptor, requires_grad_descriptor
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 from gradprobe.wrappers import unwrap_library
 
@@ -49,9 +49,11 @@ class BuildRecord:
     # (file, line) of a freeze -> (locals, globals) of the user frame at its first freeze: what its condition read
     freeze_frames: dict = field(default_factory=dict)
     hook_sites: dict = field(default_factory=dict)  # id(tensor) -> (seq, location) of register_hook
+    data_sites: dict = field(default_factory=dict)  # id(Parameter) -> (seq, location) of `p.data = ...` (a tie by .data)
     grad_off_sites: list = field(default_factory=list)  # (seq, location) where grad mode was switched off
     group_sources: Any = None  # checks.group_sources.GroupSources: where make_optimizer's param groups came from
     keep: list = field(default_factory=list)  # keeps recorded objects alive so ids stay unique
+    stepped: list = field(default_factory=list)  # script mode: the optimizers whose step() the script's own loop ran
 
     def site_of(self, module: nn.Module, name: str) -> dict | None:
         hit = self.setattr_sites.get((id(module), name))
@@ -173,9 +175,24 @@ class _StateRecorder:
         self._saved = (orig_hook, orig_gm)
         self._own = {k: v for k, v in ((k, torch.Tensor.__dict__.get(k)) for k in ("requires_grad_",)) if v is not None}
         self._own_param = nn.Parameter.__dict__.get("requires_grad")
+        self._own_data = nn.Parameter.__dict__.get("data")
+        base_data = data_descriptor()
+
+        def set_data(t: torch.Tensor, value: torch.Tensor) -> None:
+            # the user's own `p.data = other.data` (two Parameters over one storage: GP805 names the line), not
+            # torch's own (Module._apply sets .data under the user's `model.to(...)`)
+            caller = sys._getframe(1)
+            if self.user.is_user_file(caller.f_code.co_filename):
+                rec.seq += 1
+                rec.data_sites[id(t)] = (rec.seq, self.user.location_of(caller.f_code.co_filename, caller.f_lineno,
+                                                                        caller.f_code.co_name))
+                rec.keep.append(t)
+            base_data.__set__(t, value)
+
         torch.Tensor.requires_grad_ = requires_grad_  # type: ignore[method-assign, assignment]
         torch.Tensor.register_hook = register_hook  # type: ignore[method-assign]
         nn.Parameter.requires_grad = property(base_rg.__get__, set_requires_grad)  # type: ignore[assignment]
+        nn.Parameter.data = property(base_data.__get__, set_data)  # type: ignore[assignment, method-assign]
         torch.autograd.grad_mode.set_grad_enabled.__init__ = set_grad_enabled_init  # type: ignore[method-assign, assignment]
         return self
 
@@ -189,6 +206,10 @@ class _StateRecorder:
             nn.Parameter.requires_grad = self._own_param  # type: ignore[assignment]
         else:
             del nn.Parameter.requires_grad
+        if self._own_data is not None:
+            nn.Parameter.data = self._own_data  # type: ignore[method-assign]
+        else:
+            del nn.Parameter.data
         torch.Tensor.register_hook = orig_hook  # type: ignore[method-assign]
         torch.autograd.grad_mode.set_grad_enabled.__init__ = orig_gm  # type: ignore[method-assign]
         return False
@@ -345,15 +366,21 @@ def _resolve_references(target: dict[str, Any], resolver: Resolver, found: dict[
 
 
 def _build_model(model: Any, user: UserCode, record: BuildRecord, meta: bool) -> nn.Module:
+    from gradprobe.checks.several.modelset import from_given
+
     if model is None:
         raise TargetRefError("no model: give `model` or define `model` in setup")
-    if not isinstance(model, nn.Module):
+    if not isinstance(model, nn.Module) and from_given(model) is None:
         if not callable(model):
             raise TargetError("building", f"model is a {type(model).__name__}, not an nn.Module or a callable returning one")
         with BuildRecorder(user, record), (torch.device("meta") if meta else contextlib.nullcontext()):
             model = _call_user("building the model", model)
+    several = from_given(model)  # a tuple, list or dict of modules: several models, checked as one
+    if several is not None:
+        return several
     if not isinstance(model, nn.Module):
-        raise TargetError("building", f"the model callable returned a {type(model).__name__}, not an nn.Module")
+        raise TargetError("building", f"the model callable returned a {type(model).__name__}, not an nn.Module (or a "
+                                      "tuple, list or dict of nn.Modules)")
     return model
 
 
@@ -409,6 +436,8 @@ def load_target(target: dict[str, Any], progress: Callable[[str], None] = lambda
         _resolve_references(target, Resolver(project_dir), found)
 
     progress(Phase.BUILDING)
+    from gradprobe.checks.several.modelset import ModelSet, for_user
+
     model, wrapper = unwrap_library(_build_model(found.get("model"), user, record, meta))
     info: dict[str, Any] = {"device": device, "grad_enabled_after_build": torch.is_grad_enabled()}
     if wrapper is not None:
@@ -426,6 +455,15 @@ def load_target(target: dict[str, Any], progress: Callable[[str], None] = lambda
         model = model.to(device)
         batch = move_batch(batch, device)
         info["moved_to"] = device
+    if isinstance(model, ModelSet):  # the user's functions take the models as build_model() returned them
+        found.update({k: for_user(found[k]) for k in ("optimizer", "train_step") if callable(found.get(k))
+                      and not isinstance(found[k], torch.optim.Optimizer)})
+        info["models"] = {"given_as": model.given, "names": model.labels}
+        if found.get("train_step") is None and batch is not None:  # gradprobe does not guess how a step uses them
+            batch = None
+            info["models"]["note"] = (f"build_model() returned {len(model.labels)} models ({', '.join(model.labels)}) and "
+                                      "no train_step: the step-based checks were skipped (a train_step(models, batch, "
+                                      "optimizer) says how one step uses them)")
     optimizer, make_optimizer, optimizer_error = None, found.get("optimizer"), None
     if make_optimizer is not None and not meta:
         optimizer, make_optimizer, optimizer_error = _make_optimizer(make_optimizer, model, user, record)

@@ -50,6 +50,9 @@ TOOLS: tuple[Tool, ...] = (
     Tool("audit_training", "gradprobe.checks.steps:audit_report", needs_step=True, allows_meta=False,
          help="several real steps of the user's loop: LR as applied, gradients at step time, updates, EMA copies",
          family="GP6"),
+    Tool("check_dependencies", "gradprobe.checks.dependencies:dependencies_report", needs_step=True, allows_meta=False,
+         help="what each output may not see: later positions, other examples, other packed examples (by autograd)",
+         family="GP9"),
 )
 
 BY_NAME: dict[str, Tool] = {t.name: t for t in TOOLS}

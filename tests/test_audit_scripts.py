@@ -10,6 +10,7 @@ import os
 import pytest
 
 from conftest import ROOT, assert_expected
+from report_consistency import assert_consistent
 
 SCRIPTS = ROOT / "examples" / "scripts"
 GP6 = [f"GP60{i}" for i in range(1, 10)] + ["GP610", "GP611", "GP612"]
@@ -93,6 +94,7 @@ async def test_audit_script_through_mcp(client, case):
     report = await audit_script(client, project, args)
     assert not [f for f in report["findings"] if f["code"] == "GP000"], report["findings"]
     assert_expected(report, expect, project)
+    assert_consistent(report, project)
     step = report["facts"]["script_step"]
     assert step["optimizer_steps_watched"] == 4 and step["ended"] == "stopped before optimizer step 5", step
     assert step["watched"].startswith("the script's own steps") and step["model"], step
@@ -198,6 +200,7 @@ async def test_diagnose_watches_the_script_first_step(client, case):
     result = await client.call_tool("diagnose", {"target": target})
     assert not result.is_error, result.content
     assert_expected(result.structured_content, expect, project)
+    assert_consistent(result.structured_content, project)
 
 
 @pytest.mark.anyio

@@ -61,6 +61,7 @@ def test_ci_runs_the_readme_test_command_inside_a_virtualenv_it_makes():
     venv, test = _readme_commands()
     assert test == "pip install torch==2.13.0 -e '.[test]' && python -m pytest", test
     assert "python3 -m venv .venv && . .venv/bin/activate" in venv, venv
-    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    text = (ROOT / ".ci" / "run").read_text()
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     made = lines.index("python3 -m venv .venv && . .venv/bin/activate")
     assert lines[made + 1:] == [test], lines

@@ -11,6 +11,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from conftest import ROOT
+from gradprobe.tools import NAMES
 
 CLIENTS = ROOT / "examples" / "clients"
 
@@ -41,4 +42,4 @@ async def test_mcp_config_starts_a_server_without_the_users_path():
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]  # a development checkout; an installed gradprobe needs none
     params = StdioServerParameters(command=server["command"], args=server["args"], env=env, cwd="/")
     async with Client(params, read_timeout_seconds=120) as c:
-        assert len((await c.list_tools()).tools) == 7
+        assert len((await c.list_tools()).tools) == len(NAMES)

@@ -14,6 +14,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from conftest import EXAMPLES, ROOT, wait_healthy
+from gradprobe.tools import NAMES
 
 TOKENS = "alice:alice-secret-token\nbob:bob-secret-token\n"
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -156,7 +157,7 @@ def test_bad_host_and_origin_are_refused(http_server):
 async def test_authenticated_calls_in_both_eras(http_server, mode):
     async with authed() as http:
         async with Client(streamable_http_client(http_server["url"] + "/mcp", http_client=http), mode=mode) as c:
-            assert len((await c.list_tools()).tools) == 7
+            assert len((await c.list_tools()).tools) == len(NAMES)
             target = {"project_dir": str(EXAMPLES), "model": "gp101_temperature_tensor.py"}
             r = await c.call_tool("inspect_parameters", {"target": target})
             assert r.structured_content["findings"][0]["code"] == "GP101"

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 
 from conftest import EXAMPLES
+from report_consistency import assert_consistent
 
 
 async def _audit(client, name: str) -> list[dict]:
     result = await client.call_tool("audit_training", {"target": {"project_dir": str(EXAMPLES), "model": name}, "steps": 4})
     assert not result.is_error, result.content
+    assert_consistent(result.structured_content, name)
     return result.structured_content["findings"]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import EXAMPLES, ROOT, one_process_at_a_time
+from gradprobe.tools import NAMES
 
 PACKAGES = ["@modelcontextprotocol/inspector@2.12.0", "@modelcontextprotocol/sdk@1.32.2"]
 CACHE = Path(os.environ.get("GRADPROBE_NPM_CACHE", Path.home() / ".cache" / "gradprobe-test-npm"))
@@ -60,7 +61,7 @@ def test_typescript_sdk_client(npm_dir):
                          capture_output=True, text=True, timeout=300, cwd=npm_dir)
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    assert data["hasOutputSchema"] and len(data["tools"]) == 7
+    assert data["hasOutputSchema"] and len(data["tools"]) == len(NAMES)
     assert data["root"]["code"] == "GP305" and data["ok"] is False
     assert "image/svg+xml" in data["contentTypes"]
     assert "checking" in data["progress"]

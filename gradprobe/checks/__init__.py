@@ -22,6 +22,7 @@ __all__ = [
     "run_gradcheck",
     "verify_prompt_tuning",
     "diagnose",
+    "check_dependencies",
     "run_tool",
 ]
 
@@ -39,6 +40,8 @@ def __getattr__(name: str) -> Any:
         from gradprobe.checks.prompt_tuning import verify_prompt_tuning as fn
     elif name == "diagnose":
         from gradprobe.checks.diagnosis import diagnose as fn
+    elif name == "check_dependencies":
+        from gradprobe.checks.dependencies import check_dependencies as fn
     else:
         raise AttributeError(name)
     return fn

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import torch
 
+from gradprobe.checks.equivalence.op_states import weight_like
 from gradprobe.checks.torchcompat import custom_function_entry, untraced
 
 MAX_CALLS_PER_FN = 64  # parameter positions are recorded for the first calls of each Function
@@ -90,6 +91,8 @@ class ApplyWatch:
                 "count": 0,
                 "params_at": {},
                 "location": self.user.innermost(skip=3) if self.user else None,
+                # positions that are a parameter (or a cast/view of one): gradcheck also checks them moved (GP401)
+                "weights_at": [i for i, a in enumerate(args) if weight_like(a, self.param_ids)],
             }
         entry["count"] += 1
         if entry["count"] <= self.max_calls:

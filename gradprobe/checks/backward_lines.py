@@ -98,7 +98,7 @@ def _nudged(inputs: tuple, j: int, delta: float) -> tuple:
     return tuple(a.detach() + delta if i == j else a for i, a in enumerate(inputs))
 
 
-def _reference_values(cls: type[Function], inputs: tuple, req: list[int]) -> list[torch.Tensor]:
+def _reference_values(cls: type[Function], inputs: tuple, req: list[int], eps: float = EPS) -> list[torch.Tensor]:
     """Forward values and elementwise derivatives between forward values (inputs included)."""
     code = _code_of(cls, "forward")
     if code is None:
@@ -108,10 +108,10 @@ def _reference_values(cls: type[Function], inputs: tuple, req: list[int]) -> lis
         return []
     refs = [*base, *(inputs[j].detach() for j in req)]
     for j in req:
-        plus, minus = _forward_values(cls, code, _nudged(inputs, j, EPS)), _forward_values(cls, code, _nudged(inputs, j, -EPS))
+        plus, minus = _forward_values(cls, code, _nudged(inputs, j, eps)), _forward_values(cls, code, _nudged(inputs, j, -eps))
         if plus is None or minus is None or len(plus) != len(base) or len(minus) != len(base):
             continue
-        deltas = [(p - m) / (2 * EPS) for p, m in zip(plus, minus, strict=True)] + [
+        deltas = [(p - m) / (2 * eps) for p, m in zip(plus, minus, strict=True)] + [
             torch.ones_like(inputs[k].detach()) if k == j else torch.zeros_like(inputs[k].detach()) for k in req]
         if len(deltas) > MAX_DERIVATIVE_VALUES:
             continue
@@ -122,13 +122,15 @@ def _reference_values(cls: type[Function], inputs: tuple, req: list[int]) -> lis
     return refs
 
 
-def _verified(value: torch.Tensor, refs: list[torch.Tensor]) -> bool:
+def _verified(value: torch.Tensor, refs: list[torch.Tensor], rtol: float = 1e-5, atol: float = 1e-7) -> bool:
     v = value.detach()
-    return any(r.shape == v.shape and torch.allclose(v, r.to(v.dtype), rtol=1e-5, atol=1e-7) for r in refs)
+    return any(r.shape == v.shape and torch.allclose(v, r.to(v.dtype), rtol=rtol, atol=atol) for r in refs)
 
 
-def wrong_gradient_line(cls: type[Function], inputs: tuple, req: list[int], worst: int) -> int | None:
-    """The backward's line that computes input `worst`'s wrong gradient, or None when it cannot be told."""
+def wrong_gradient_line(cls: type[Function], inputs: tuple, req: list[int], worst: int, eps: float = EPS,
+                        rtol: float = 1e-5, atol: float = 1e-7) -> int | None:
+    """The backward's line that computes input `worst`'s wrong gradient, or None when it cannot be told. A Function
+    computing below float64 gives its own step and tolerances (equivalence/op_precision.py)."""
     code = _code_of(cls, "backward")
     if code is None:
         return None
@@ -148,13 +150,13 @@ def wrong_gradient_line(cls: type[Function], inputs: tuple, req: list[int], wors
         target = returned[worst] if worst < len(returned) else None
         if not isinstance(target, torch.Tensor) or id(target) not in rec.by_id:
             return None
-        refs = _reference_values(cls, inputs, req) + grads_out
+        refs = _reference_values(cls, inputs, req, eps) + grads_out
     except Exception:  # localisation is best effort: the finding keeps the return line
         return None
-    return _culprit_line(rec, rec.by_id[id(target)], refs)
+    return _culprit_line(rec, rec.by_id[id(target)], refs, rtol, atol)
 
 
-def _culprit_line(rec: _Recorder, target: _Op, refs: list[torch.Tensor]) -> int:
+def _culprit_line(rec: _Recorder, target: _Op, refs: list[torch.Tensor], rtol: float = 1e-5, atol: float = 1e-7) -> int:
     # the ops on the path to the target, and per line what it produces for other lines and reads from them
     path: dict[int, _Op] = {}
     stack = [target]
@@ -174,7 +176,7 @@ def _culprit_line(rec: _Recorder, target: _Op, refs: list[torch.Tensor]) -> int:
                 produced_by_line.setdefault(src.line, []).append(src)
                 reads.setdefault(op.line, set()).add(src.line)
     produced_by_line.setdefault(target.line, []).append(target)
-    ok = {line: all(_verified(op.out, refs) for op in ops) for line, ops in produced_by_line.items()}
+    ok = {line: all(_verified(op.out, refs, rtol, atol) for op in ops) for line, ops in produced_by_line.items()}
     for op in order:
         line = op.line
         if ok.get(line, True):

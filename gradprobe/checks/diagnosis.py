@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks import autocast_underflow, compiled, gradcheck, optimizer, precision, prompt_tuning, registration, trace
+from gradprobe.checks.equivalence import storage
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks.carried_state import carried_graph_findings
 from gradprobe.checks._step import StepResult, param_names
@@ -46,7 +47,8 @@ _CUTS = frozenset({"GP301", "GP310", "GP501"})  # "no gradient arrived": what ev
 EXPLAINS: dict[str, frozenset[str]] = {
     "GP101": _CUTS, "GP102": _CUTS, "GP103": _CUTS, "GP109": _CUTS | {"GP206", "GP308", "GP510"}, "GP107": _CUTS | {"GP110"},
     "GP110": _CUTS | {"GP308", "GP311"}, "GP111": _CUTS | {"GP303", "GP308"},
-    "GP201": frozenset({"GP207", "GP504"}), "GP202": frozenset({"GP201", "GP207", "GP504", "GP311"}),
+    "GP201": frozenset({"GP207", "GP504", "GP606"}), "GP202": frozenset({"GP201", "GP207", "GP504", "GP311", "GP606"}),
+    "GP213": frozenset({"GP201", "GP207", "GP606"}),  # an optimizer never stepped: its parameters never move
     "GP204": frozenset({"GP207"}), "GP206": frozenset({"GP207"}), "GP207": frozenset({"GP205"}),
     "GP208": frozenset({"GP201", "GP207", "GP504"}),
     "GP302": _CUTS, "GP303": _CUTS, "GP304": _CUTS, "GP305": _CUTS, "GP309": _CUTS, "GP307": frozenset({"GP207"}),
@@ -56,6 +58,7 @@ EXPLAINS: dict[str, frozenset[str]] = {
     "GP511": _CUTS | {"GP303", "GP308"}, "GP508": frozenset({"GP503"}),
     "GP702": frozenset({"GP207", "GP306"}),  # fp16 weights: underflowed gradients are zero, tiny updates are lost
     "GP708": frozenset({"GP207", "GP306"}),  # fp16 autocast, no GradScaler: underflowed gradients are zero
+    "GP903": frozenset({"GP803"}),  # packed examples that see each other: the packed loss and gradients differ
 }
 
 
@@ -131,7 +134,7 @@ class _Observed:
     amp: autocast_underflow.AutocastWatch  # the autocasts the step entered, and whether a GradScaler scaled the loss
 
 
-def _observe(loaded: Any, prompt_on: bool) -> _Observed:
+def _observe(loaded: Any, prompt_on: bool, shared: storage.StorageFacts) -> _Observed:
     """Run the step once with the trace mode, the gradient hooks, the optimizer, Function and base-model observers."""
     model = loaded.model
     base = prompt_tuning.find_base(model) if prompt_on else None
@@ -158,6 +161,7 @@ def _observe(loaded: Any, prompt_on: bool) -> _Observed:
             stack.enter_context(base_obs)
         stack.enter_context(use)
         stack.enter_context(amp)
+        stack.enter_context(storage.StorageStep(shared, opt))  # GP805: the update of a storage two Parameters share
         step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
     return _Observed(tracer, grads, step, buffers, capture, direct, base_obs, use, opt, before, step_obs, amp)
 
@@ -165,7 +169,8 @@ def _observe(loaded: Any, prompt_on: bool) -> _Observed:
 def _not_stepped(loaded: Any, findings: list[Finding], facts: dict[str, Any]) -> bool:
     """Whether the step-based checks cannot run (no inputs, or the optimizer train_step needs failed); says why."""
     if loaded.batch is None and loaded.train_step is None:
-        facts["note"] = "no inputs and no train_step: the step-based checks were skipped"
+        several = (loaded.info.get("models") or {}) if isinstance(getattr(loaded, "info", None), dict) else {}
+        facts["note"] = several.get("note") or "no inputs and no train_step: the step-based checks were skipped"
         return True
     if loaded.optimizer_error is not None and loaded.train_step is not None and loaded.optimizer is None:
         # reported once above, as the root: train_step cannot run without the optimizer it takes
@@ -214,13 +219,16 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     findings: list[Finding] = registration.check_registration(model, loaded.record, loaded.info, user=loaded.user)
     facts: dict[str, Any] = {"checks": ["registration"]}
     coverage: list[Finding] = []
+    shared = storage.measure_storage(model, loaded.optimizer, loaded.record)
+    facts.setdefault("verified", []).append(storage.verified_line(shared))
     if loaded.optimizer_error is not None or loaded.optimizer is not None:
-        coverage, ofacts = optimizer.optimizer_findings(loaded, step=False)
+        coverage, ofacts = optimizer.optimizer_findings(loaded, step=False, storage=False)
         findings += coverage
         facts["optimizer"] = ofacts
         facts["checks"].append("optimizer")
     if _not_stepped(loaded, findings, facts):
-        return findings, facts
+        facts["shared_storage"] = storage.facts_dict(shared)
+        return findings + storage.storage_findings(shared), facts
     nonleaf_before = {f["evidence"]["attribute"]: _attribute(model, f["evidence"]["attribute"])
                       for f in findings if f["code"] == "GP109" and "attribute" in f["evidence"]}
     found = prompt_tuning.find_prompt(model)
@@ -228,7 +236,9 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     # the input embedding trained alone in a frozen LM is (new token embeddings as the tuning mechanism). A prompt of
     # the user's own is recognised by what the step does with it: the base is watched where the user's code may place one
     watch = (found.any and found.how in ("caller", "peft", "embedding")) or prompt_tuning.may_place_prompt(model, loaded.user)
-    seen = _observe(loaded, watch)
+    seen = _observe(loaded, watch, shared)
+    findings += storage.storage_findings(shared)  # after the step: with the update it measured
+    facts["shared_storage"] = storage.facts_dict(shared)
     found = prompt_tuning.find_prompt(model, used=seen.use)
     prompt_on = prompt_tuning.tunes_a_prompt(model, found)
     tracer, step = seen.tracer, seen.step
@@ -262,7 +272,25 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     if afacts is not None:
         findings, facts["autocast"] = findings + afindings, afacts
         facts["checks"].append("autocast")
+    if not step.failed:
+        findings += _dependencies(loaded, facts)
     return _scaler_backoff(findings, seen.amp), facts
+
+
+def _dependencies(loaded: Any, facts: dict[str, Any]) -> list[Finding]:
+    """GP9xx where the model claims an independence (next element, examples, packed examples): measured after the step,
+    on the weights it left; facts.dependencies says whether it ran, what it verified and what it cost."""
+    from gradprobe.checks.dependencies.engine import dependency_findings
+
+    try:
+        dfindings, dfacts = dependency_findings(loaded)
+    except Exception as exc:  # ours: the step ran; the probe is left out and said so
+        facts["dependencies"] = {"ran": False, "left_out": f"{type(exc).__name__}: {exc}"[:300]}
+        return []
+    facts["dependencies"] = dfacts
+    if dfacts["ran"]:
+        facts["checks"].append("dependencies")
+    return dfindings
 
 
 def _scaler_backoff(findings: list[Finding], amp: autocast_underflow.AutocastWatch) -> list[Finding]:
@@ -340,6 +368,9 @@ def diagnose_report(loaded: Any, steps: int = 0) -> dict[str, Any]:
             line += (f"; {len(unregistered)} more tensor(s) meant to learn are not registered ({', '.join(codes)}) "
                      "and cannot get a gradient")
         summary.append(line + ".")
+    deps = facts.get("dependencies") or {}
+    if deps.get("ran") and not any(f["code"].startswith("GP9") and f["severity"] == "error" for f in kept):
+        summary += [f"Dependencies verified: {v}" for v in deps.get("verified", [])[:3]]
     return make_report("diagnose", kept, summary + steps_lines, **facts)
 
 

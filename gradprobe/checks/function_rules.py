@@ -68,6 +68,10 @@ class FunctionFacts:
     nondeterministic: list[tuple[int, float]] = field(default_factory=list)  # (input, max diff between two passes)
     second_order_failed: bool = False
     second_order_error: str | None = None
+    step: float = 1e-6  # the central-difference step (larger when the Function computes below float64)
+    precision: dict[str, Any] | None = None  # the dtype it computes in and the tolerances that follow, when below float64
+    perturbed: list[dict[str, Any]] | None = None  # `wrong` was measured at these inputs moved from the recorded call
+    largest: float = 0.0  # the largest |analytical - numerical| seen over the full Jacobians compared
 
     def label(self, j: int) -> str:
         ps = self.params_at.get(j, [])
@@ -105,6 +109,20 @@ GP401: Rule[FunctionFacts] = Rule(
         "fast": Situation(
             when="the Function was too large for full Jacobians: random projections v^T J u were compared",
             message="{name}.backward disagrees with finite differences for {inputs} (fast mode: v^T J u differs)."),
+        "perturbed": Situation(
+            when="exact at the recorded call, wrong once its weight-like inputs (parameters, or casts/views of one) are "
+                 "moved by seeded noise: a backward right only at a special state such as a norm weight of all ones",
+            message="{name}.backward is exact at the recorded weights ({recorded}) but wrong at perturbed weights "
+                    "({moved}): the gradient of {inputs} is wrong, worst at d(output[{output_index}])/d(input{input_index}"
+                    "{element}) = {analytical:.6g} analytically but {numerical:.6g} numerically (max abs error "
+                    "{max_abs_error:.3g}).",
+            fix="Re-derive the backward for the reported input with the weights general (not 1, not 0): every factor "
+                "the forward multiplies by must appear in the gradient."),
+        "perturbed_fast": Situation(
+            when="as `perturbed`, on a Function too large for full Jacobians (random projections compared)",
+            message="{name}.backward is exact at the recorded weights ({recorded}) but disagrees with finite differences "
+                    "at perturbed weights ({moved}) for {inputs} (fast mode: v^T J u differs).",
+            fix="Re-derive the backward for the reported input with the weights general (not 1, not 0)."),
     },
 )
 
@@ -160,6 +178,13 @@ GP405: Rule[FunctionFacts] = Rule(
     example="float32 activations",
     message="{name}: the captured inputs were not float64; checked on float64 copies.",
     fix="Nothing to fix: informational.",
+    situations={
+        "computes_lower": Situation(
+            when="the Function computes below float64 even on float64 copies (a cast inside): the step and tolerances "
+                 "come from that dtype (docs/custom-ops.md gives the formula)",
+            message="{name} computes in {dtype} inside even on float64 copies{at}: checked with a finite-difference step "
+                    "of {step:.3g} and tolerances from {dtype} (rtol {rtol:.3g}, atol {atol:.3g}; reduction size {n})."),
+    },
 )
 
 GP406: Rule[list[DirectCall]] = Rule(
@@ -222,7 +247,13 @@ FUNCTION_RULES: tuple[Rule[FunctionFacts], ...] = (GP405, GP402, GP403, GP404, G
 
 @GP405.detector
 def low_precision(facts: FunctionFacts) -> Iterator[Finding]:
-    if facts.converted:
+    p = facts.precision
+    if p is not None:
+        at = f" ({p['at']['file'].rsplit('/', 1)[-1]}:{p['at']['line']})" if p.get("at") else ""
+        yield GP405.finding("computes_lower", name=facts.name, dtype=p["compute_dtype"], at=at, step=p["step"],
+                            rtol=p["rtol"], atol=p["atol"], n=p["reduction_size"], parameters=[facts.name],
+                            location=p.get("at"), evidence={"function": facts.name, **p})
+    elif facts.converted:
         yield GP405.finding(name=facts.name, parameters=[facts.name], evidence={"function": facts.name})
 
 
@@ -297,6 +328,13 @@ def gradcheck_mismatch(facts: FunctionFacts) -> Iterator[Finding]:
         return
     name = facts.name
     where = w.line or facts.backward_loc
+    if w.mismatches is None and facts.perturbed:
+        yield GP401.finding("perturbed_fast", name=name, inputs=", ".join(facts.label(j) for j in w.inputs),
+                            recorded=_recorded(facts.perturbed), moved=_moved(facts.perturbed),
+                            parameters=[name, *(p for j in w.inputs for p in facts.params_at.get(j, []))], location=where,
+                            evidence={"function": name, "mode": "fast", "perturbed": facts.perturbed,
+                                      "projections": {j: w.projections[j] for j in w.inputs}})
+        return
     if w.mismatches is None:
         yield GP401.finding("fast", name=name, inputs=", ".join(facts.label(j) for j in w.inputs),
                             parameters=[name, *(p for j in w.inputs for p in facts.params_at.get(j, []))], location=where,
@@ -304,6 +342,9 @@ def gradcheck_mismatch(facts: FunctionFacts) -> Iterator[Finding]:
                                       "projections": {j: w.projections[j] for j in w.inputs}})
         return
     worst = w.mismatches[0]
+    if facts.perturbed:
+        yield _perturbed(facts, w, worst, where)
+        return
     yield GP401.finding(
         "uniform" if w.uniform else None, name=name, inputs=", ".join(m["input"] for m in w.mismatches),
         output_index=worst["output_index"], input_index=worst["input_index"], element=worst["element"],
@@ -311,6 +352,26 @@ def gradcheck_mismatch(facts: FunctionFacts) -> Iterator[Finding]:
         parameters=[name, *(p for m in w.mismatches for p in m["parameters"])], location=where,
         evidence={"function": name, "mismatches": w.mismatches, "atol": facts.atol, "rtol": facts.rtol,
                   **({"uniform_factor": w.uniform} if w.uniform else {})})
+
+
+def _recorded(states: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{s['input']} {s['recorded']}" for s in states)
+
+
+def _moved(states: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{s['input']} moved by {s['perturbed_by']}" for s in states)
+
+
+def _perturbed(facts: FunctionFacts, w: WrongGradient, worst: dict[str, Any], where: Loc | None) -> Finding:
+    assert facts.perturbed is not None and w.mismatches is not None
+    return GP401.finding(
+        "perturbed", name=facts.name, inputs=", ".join(m["input"] for m in w.mismatches),
+        recorded=_recorded(facts.perturbed), moved=_moved(facts.perturbed), output_index=worst["output_index"],
+        input_index=worst["input_index"], element=worst["element"], analytical=worst["analytical"],
+        numerical=worst["numerical"], max_abs_error=worst["max_abs_error"],
+        parameters=[facts.name, *(p for m in w.mismatches for p in m["parameters"])], location=where,
+        evidence={"function": facts.name, "mismatches": w.mismatches, "atol": facts.atol, "rtol": facts.rtol,
+                  "exact_at_recorded_inputs": True, "perturbed": facts.perturbed})
 
 
 @GP408.detector

@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch.autograd.function import Function
 
 from gradprobe.checks import backward_lines, rewrites
+from gradprobe.checks.equivalence import custom_ops, op_precision, op_states
 from gradprobe.checks._apply import ApplyWatch, inside_custom_function
 from gradprobe.checks._step import call_model, param_names
 from gradprobe.checks.function_rules import (
@@ -81,7 +82,10 @@ def _measure_structure(facts: FunctionFacts, exc: Exception, user: UserCode | No
 
 
 def _wrong_line(cls: type[Function], facts: FunctionFacts, inputs64: tuple, req: list[int], worst: int) -> Loc | None:
-    line = backward_lines.wrong_gradient_line(cls, inputs64, req, worst)
+    if facts.precision is None:
+        line = backward_lines.wrong_gradient_line(cls, inputs64, req, worst)
+    else:  # computing below float64: its step, and the check's own tolerances for what counts as the same value
+        line = backward_lines.wrong_gradient_line(cls, inputs64, req, worst, facts.step, facts.rtol, facts.atol)
     d = facts.def_loc
     return location(d["file"], line, d["function"]) if d and line else None
 
@@ -90,16 +94,19 @@ def _explained(rewrite: rewrites.Rewrite) -> set[int]:
     return set(rewrite.surrogate) | (set(rewrite.scaled) if rewrite.recognised else set())
 
 
-def _measure_fast(facts: FunctionFacts, cls: type[Function], fn: FnLike, inputs64: tuple, req: list[int]) -> None:
-    """Random projections v^T J u, for Functions too large for full Jacobians."""
+def _measure_fast(facts: FunctionFacts, cls: type[Function], fn: FnLike, inputs64: tuple, req: list[int],
+                  explain: bool = True) -> None:
+    """Random projections v^T J u, for Functions too large for full Jacobians. `explain`: also torch's own fast
+    gradcheck, whose error message (it computes the full Jacobians on failure) the evidence quotes."""
     atol, rtol = facts.atol, facts.rtol
+    gradcheck_error = None
     try:  # raise_exception=False would return False on exactly this error and drop PyTorch's explanation
-        torch.autograd.gradcheck(fn, inputs64, atol=atol, rtol=rtol, fast_mode=True, raise_exception=True)
-        gradcheck_error = None
+        if explain:
+            torch.autograd.gradcheck(fn, inputs64, eps=facts.step, atol=atol, rtol=rtol, fast_mode=True, raise_exception=True)
     except GradcheckError as exc:
         gradcheck_error = str(exc)
     # torch's fast mode misses small elementwise errors (a dropped factor in one term): our own projections too
-    projected, through = rewrites.projected_jacobians(fn, inputs64, req, flat_out)
+    projected, through = rewrites.projected_jacobians(fn, inputs64, req, flat_out, eps=facts.step)
     wrong = [j for j, (a, n) in projected.items() if bool(((a - n).abs() > atol + rtol * n.abs()).any())]
     if gradcheck_error is None and not wrong:
         return
@@ -132,6 +139,7 @@ def _judge_input(facts: FunctionFacts, j: int, ana: torch.Tensor | None, numeric
             facts.missing.append(MissingGradient(j, what, numerical.abs().max().item()))
         return None
     diff = (ana - numerical).abs()
+    facts.largest = max(facts.largest, float(diff.max()) if diff.numel() else 0.0)
     excess = diff - (atol + rtol * numerical.abs())
     if not bool((excess > 0).any()):
         return None
@@ -150,7 +158,7 @@ def _measure_full(facts: FunctionFacts, cls: type[Function], fn: FnLike, inputs6
     mismatches = []
     jacobians: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for pos, j in enumerate(req):
-        numerical = numerical_jacobian(fn, inputs64, j)
+        numerical = numerical_jacobian(fn, inputs64, j, eps=facts.step)
         ana = analytical[pos]
         if ana is not None:
             jacobians[j] = (ana, numerical)
@@ -182,7 +190,8 @@ def _measure_repeat(facts: FunctionFacts, fn: FnLike, inputs64: tuple, req: list
             facts.nondeterministic.append((j, (a1 - a2).abs().max().item()))
     if check_second_order:
         try:
-            ok = torch.autograd.gradgradcheck(fn, inputs64, atol=facts.atol, rtol=facts.rtol, raise_exception=False)
+            ok = torch.autograd.gradgradcheck(fn, inputs64, eps=facts.step, atol=facts.atol, rtol=facts.rtol,
+                                              raise_exception=False)
         except Exception as exc:
             ok, facts.second_order_error = False, f"{type(exc).__name__}: {exc}"[:300]
         facts.second_order_failed = not ok
@@ -208,7 +217,7 @@ def _differentiable_outputs(fn: FnLike, inputs64: tuple, info: dict[str, Any]) -
 
 
 def _measure(cls: type[Function], inputs64: tuple, facts: FunctionFacts, info: dict[str, Any], user: UserCode | None,
-             fast_mode: bool | None, check_second_order: bool, starved: frozenset[str]) -> list[Finding]:
+             fast_mode: bool | None, check_second_order: bool, starved: frozenset[str], repeat: bool = True) -> list[Finding]:
     """Fill `facts` for one Function on its float64 inputs; returns what other families report (a memory limit, the
     backward raising)."""
     req = [i for i, a in enumerate(inputs64) if isinstance(a, torch.Tensor) and a.requires_grad]
@@ -233,28 +242,57 @@ def _measure(cls: type[Function], inputs64: tuple, facts: FunctionFacts, info: d
     use_fast = fast_mode if fast_mode is not None else (
         n_out > MAX_OUTPUT_ELEMS or sum(inputs64[j].numel() for j in req) > 4 * MAX_INPUT_ELEMS)
     info["mode"] = "fast (random projections)" if use_fast else "full Jacobian"
-    if use_fast:
-        _measure_fast(facts, cls, fn, inputs64, req)
+    if use_fast:  # the perturbed pass (repeat=False) compares its own projections only: torch's message costs full Jacobians
+        _measure_fast(facts, cls, fn, inputs64, req, explain=repeat)
         return []
     analytical = _measure_full(facts, cls, fn, inputs64, req, starved)
-    _measure_repeat(facts, fn, inputs64, req, analytical, check_second_order)
+    if repeat:
+        _measure_repeat(facts, fn, inputs64, req, analytical, check_second_order)
     return []
 
 
 def check_function(cls: type[Function], inputs: tuple, params_at: Mapping[int, list[str]], user: UserCode | None = None,
                    atol: float = 1e-5, rtol: float = 1e-3, check_second_order: bool = False, fast_mode: bool | None = None,
-                   starved: frozenset[str] = frozenset()) -> tuple[list[Finding], dict[str, Any]]:
+                   starved: frozenset[str] = frozenset(), weights_at: Sequence[int] = ()
+                   ) -> tuple[list[Finding], dict[str, Any]]:
     """All GP4xx findings for one Function on one set of inputs. `starved`: the parameters that got no gradient
-    in the observed step (diagnose), so that a None for a piecewise-constant input is judged by its effect."""
+    in the observed step (diagnose), so that a None for a piecewise-constant input is judged by its effect.
+    `weights_at`: the weight-like input positions; a Function exact at the recorded inputs is checked again with them
+    perturbed (equivalence/op_states.py). Step and tolerances follow the dtype it computes in (op_precision.py)."""
     def_loc, ret_loc = backward_source(cls)
     inputs64, converted = as_double(inputs)
-    facts = FunctionFacts(cls.__name__, params_at, def_loc, ret_loc, len(inputs), atol, rtol, converted=converted)
     info: dict[str, Any] = {"function": cls.__name__, "inputs": _input_facts(inputs, params_at)}
     inputs64, how = shrink(inputs64) if fast_mode is not True else (inputs64, None)
     if how:
         info["shrunk"] = how
+    prec = op_precision.measure(cls, inputs64, atol, rtol)
+    facts = FunctionFacts(cls.__name__, params_at, def_loc, ret_loc, len(inputs), prec.atol, prec.rtol, converted=converted,
+                          step=prec.step, precision=prec.facts() if prec.lowered else None)
+    if prec.lowered:
+        info["precision"] = prec.facts()
     others = _measure(cls, inputs64, facts, info, user, fast_mode, check_second_order, starved)
+    clean = not (others or facts.structure or facts.missing or facts.wrong or "skipped" in info)
+    if clean and weights_at:
+        _measure_perturbed(cls, inputs64, facts, info, user, fast_mode, starved, list(weights_at))
+    info["largest_abs_error"], info["atol"], info["rtol"] = facts.largest, facts.atol, facts.rtol
     return run_rules(FUNCTION_RULES, facts) + others, info
+
+
+def _measure_perturbed(cls: type[Function], inputs64: tuple, facts: FunctionFacts, info: dict[str, Any],
+                       user: UserCode | None, fast_mode: bool | None, starved: frozenset[str], weights_at: list[int]) -> None:
+    """The same check with the weight-like inputs moved away from the recorded call (a backward exact only at init)."""
+    moved, states = op_states.perturb(inputs64, weights_at, facts.label)
+    if not states:
+        return
+    again = FunctionFacts(facts.name, facts.params_at, facts.def_loc, facts.ret_loc, facts.n_inputs, facts.atol,
+                          facts.rtol, step=facts.step, precision=facts.precision)
+    sub: dict[str, Any] = {}
+    _measure(cls, moved, again, sub, user, fast_mode, False, starved, repeat=False)
+    wrong = again.wrong is not None
+    info["perturbed"] = {"inputs": states, "mode": sub.get("mode"), "result": "wrong" if wrong else "exact",
+                         "largest_abs_error": again.largest}
+    if wrong:
+        facts.wrong, facts.perturbed = again.wrong, states
 
 
 def _is_user_class(cls: type, user: UserCode | None) -> bool:
@@ -358,7 +396,7 @@ def gradcheck_findings(loaded: Loaded, watch: ApplyWatch, direct: DirectForwardW
     checked = []
     for cls, entry in _checked_calls(loaded, watch, function):
         more, facts = check_function(cls, entry["inputs"], entry["params_at"], loaded.user, atol, rtol, check_second_order,
-                                     fast_mode, starved)
+                                     fast_mode, starved, entry.get("weights_at", ()))
         facts["calls"] = entry["count"]
         facts["called_at"] = entry["location"]
         findings += more
@@ -367,7 +405,8 @@ def gradcheck_findings(loaded: Loaded, watch: ApplyWatch, direct: DirectForwardW
 
 
 def gradcheck_report(loaded: Loaded, function: str | None = None, check_second_order: bool = False,
-                     fast_mode: bool | None = None, atol: float | None = None, rtol: float | None = None) -> dict[str, Any]:
+                     fast_mode: bool | None = None, atol: float | None = None, rtol: float | None = None,
+                     reference: dict[str, Any] | None = None) -> dict[str, Any]:
     watch, direct, error, limited = discover(loaded)
     if function and not any(cls.__name__ == function.rpartition(":")[2] for cls in watch.calls):
         watch = _explicit(loaded, function, watch)
@@ -379,6 +418,15 @@ def gradcheck_report(loaded: Loaded, function: str | None = None, check_second_o
     n = len(facts["functions"])
     summary = [f"{n} custom autograd.Function(s) checked: " + ", ".join(f["function"] for f in facts["functions"])
                if n else "No user-defined autograd.Function was called by the forward."]
+    facts["verified"] = [line for f in facts["functions"] if (line := custom_ops.verified_line(f, findings))]
+    facts["not_run"] = custom_ops.not_run(facts["functions"])
+    if reference is not None:  # a custom module against the reference it replaces (GP804)
+        rfindings, rfacts = custom_ops.reference_report(loaded, reference)
+        findings += rfindings
+        facts["reference"] = rfacts
+        facts["verified"] += rfacts["verified"]
+        facts["not_run"] += rfacts["not_run"]
+        summary.append(rfacts["summary"])
     return make_report("run_gradcheck", findings, summary, **facts)
 
 

@@ -38,6 +38,8 @@ from gradprobe.checks.torchcompat import (
     allocation_failure,
 )
 from gradprobe.checks.freeze_rules import GP319, measure_left_out
+from gradprobe.checks.equivalence.storage import StorageStep, facts_dict, measure_storage, storage_findings, verified_line
+from gradprobe.checks.several.modelset import ModelSet, idle_members
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.outcomes import resource_limit_finding, target_failed_finding
 from gradprobe.report import make_report
@@ -80,6 +82,14 @@ GP201: Rule[CoverageFacts] = Rule(
                     "{names}. step() never updates them.",
             fix="They learn nothing while they get gradients: build the optimizer from model.parameters() once the model "
                 "is complete, or add them: optimizer.add_param_group({{'params': [<these parameters>]}})."),
+        "fed_models": Situation(
+            when="the measured step gave them a gradient, and they belong to some of several models trained together "
+                 "(a script's text encoder beside its UNet, a build_model() that returned a dict of models)",
+            message="{count} trainable parameter(s) of {models} got a gradient in this step but are in no param group of "
+                    "the optimizer: {names}. step() never updates them.",
+            fix="Give the optimizer the trainable parameters of {models} too, where it is built (a parameter group of "
+                "their own: {{'params': [p for p in {first}.parameters() if p.requires_grad]}}), or add them: "
+                "optimizer.add_param_group({{'params': [p for p in {first}.parameters() if p.requires_grad]}})."),
         "idle": Situation(
             when="the measured step gave them no gradient: nothing is lost in this step",
             severity="info",
@@ -300,7 +310,8 @@ def measure_coverage(model: nn.Module, optimizer: torch.optim.Optimizer, record:
                      during_step: bool = False) -> CoverageFacts:
     names = param_names(model)
     seq, site = _opt_site(record, optimizer)
-    facts = CoverageFacts(kind=type(optimizer).__name__, site=site, during_step=during_step)
+    facts = CoverageFacts(kind=type(optimizer).__name__, site=site, during_step=during_step,
+                          members=model.labels if isinstance(model, ModelSet) else [])
     seen: dict[int, int] = {}
     stale = scan_groups(facts, optimizer, names, seen)
     facts.total = sum(len(g["params"]) for g in optimizer.param_groups)
@@ -344,6 +355,9 @@ def detect_stale(facts: CoverageFacts) -> Iterator[Finding]:
         return
     mods = [m for m in sorted({module_of(n) for n in facts.replaced}) if m][:3]
     loads = "; ".join(f"model.{m}.load_state_dict(new.state_dict())" for m in mods)
+    rebuilt = sorted({n.split(".", 1)[0] for n in facts.replaced} & set(facts.members))
+    if rebuilt:  # several models: the one rebuilt is the script's own variable
+        mods, loads = rebuilt, "; ".join(f"{m}.load_state_dict(new_{m}.state_dict())" for m in rebuilt)
     evidence: dict[str, Any] = {"stale_tensors": facts.stale, "optimizer_created_at": facts.site}
     if facts.missing and not facts.rest:
         # every missing parameter is explained by GP202; keep GP201 as its consequence
@@ -413,8 +427,10 @@ def replaced_during_step(model: nn.Module, optimizer: Any, record: BuildRecord |
     return [f for f in run_rules((GP202,), facts) if (f["code"], tuple(f["parameters"])) not in seen]
 
 
-def _settled(f: Finding, names: list[str], got: bool) -> Finding:
-    return GP201.finding("fed" if got else "idle", count=len(names), names=_names(names), parameters=names,
+def _settled(f: Finding, names: list[str], got: bool, models: list[str] | None = None) -> Finding:
+    situation = ("fed_models" if models else "fed") if got else "idle"
+    return GP201.finding(situation, count=len(names), names=_names(names), parameters=names,
+                         models=" and ".join(models or []), first=(models or [""])[0],
                          location=f["location"], evidence={**f["evidence"], "missing": len(names), "got_gradient": got})
 
 
@@ -430,9 +446,11 @@ def settle_coverage(coverage: list[Finding], model: nn.Module, got_grad: set[int
         if f["code"] != GP201.code:
             out.append(f)
             continue
+        frozen = idle_members(model, set(f["parameters"]), got_grad)  # several models: a teacher beside the trained ones
         fed = [n for n in f["parameters"] if by_name.get(n) in got_grad]
-        idle = [n for n in f["parameters"] if by_name.get(n) not in got_grad]
-        out += [_settled(f, fed, True)] if fed else []
+        idle = [n for n in f["parameters"] if by_name.get(n) not in got_grad and n.split(".", 1)[0] not in frozen]
+        models = sorted({n.split(".", 1)[0] for n in fed}) if isinstance(model, ModelSet) else None
+        out += [_settled(f, fed, True, models)] if fed else []
         out += [_settled(f, idle, False)] if idle else []
     return out
 
@@ -448,14 +466,14 @@ def analyze_step(model: nn.Module, optimizer: Any, before: dict[int, torch.Tenso
     return wrong + stuck_findings(model, optimizer, before, obs, already, opt_site, zero_lr_at or opt_site)
 
 
-def check_step(loaded: Loaded, coverage: list[Finding]) -> tuple[list[Finding], dict[str, Any]]:
+def check_step(loaded: Loaded, coverage: list[Finding], observers: Sequence[Any] = ()) -> tuple[list[Finding], dict[str, Any]]:
     """Run one real step and report parameters with a nonzero gradient that did not change."""
     from gradprobe.loading import BuildRecorder
 
     before = snapshot(loaded.model)
     with StepObserver(loaded.model, loaded.optimizer, loaded.user, loaded.record) as obs, \
             BuildRecorder(loaded.user, loaded.record):
-        result = run_step(loaded, optimizer_step=True)
+        result = run_step(loaded, optimizer_step=True, observers=observers)
     coverage += replaced_during_step(loaded.model, loaded.optimizer, loaded.record,
                                      {(f["code"], tuple(f["parameters"])) for f in coverage})
     err = result.error
@@ -499,18 +517,25 @@ def build_failure_findings(loaded: Loaded) -> list[Finding]:
                                   evidence={"traceback": loaded.user.trimmed_traceback(exc.cause) if exc.cause else text})]
 
 
-def optimizer_findings(loaded: Loaded, step: bool = True) -> tuple[list[Finding], dict[str, Any]]:
+def optimizer_findings(loaded: Loaded, step: bool = True, storage: bool = True) -> tuple[list[Finding], dict[str, Any]]:
+    """`storage`: also distinct Parameters over one storage (GP805) and, with the step, the update it causes (diagnose
+    measures those in its own step)."""
     if loaded.optimizer_error is not None:
         return build_failure_findings(loaded), {}
     if loaded.optimizer is None:
         return [], {"note": "the target has no optimizer: only registration-level facts apply"}
     findings, groups = check_coverage(loaded.model, loaded.optimizer, loaded.record)
     facts: dict[str, Any] = {"optimizer": type(loaded.optimizer).__name__, "param_groups": groups}
+    shared = measure_storage(loaded.model, loaded.optimizer, loaded.record) if storage else None
     has_step = loaded.batch is not None or loaded.train_step is not None
     if step and isinstance(loaded.optimizer, torch.optim.Optimizer) and has_step:
-        more, step_facts = check_step(loaded, findings)
+        watch = (StorageStep(shared, loaded.optimizer),) if shared is not None else ()
+        more, step_facts = check_step(loaded, findings, watch)
         findings += more
         facts["step"] = step_facts
+    if shared is not None:
+        findings += storage_findings(shared)
+        facts["shared_storage"], facts["verified"] = facts_dict(shared), [verified_line(shared)]
     return findings, facts
 
 

@@ -124,6 +124,7 @@ class CoverageFacts:
     during_step: bool = False  # measured again after a step that replaced parameters
     sharded: bool = False  # the stale tensors are plain, the parameters they were DTensors (fully_shard, parallelize_module)
     lr_sources: dict[int, LrSource] = field(default_factory=dict)  # group -> why its lr is 0, where known
+    members: list[str] = field(default_factory=list)  # several models checked as one (a ModelSet): the script's names
 
 
 def scan_groups(facts: CoverageFacts, optimizer: torch.optim.Optimizer, names: dict[int, list[str]],

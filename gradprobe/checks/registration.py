@@ -26,6 +26,7 @@ from gradprobe.checks.unregistered import (
     settle_buffers,
 )
 from gradprobe.checks.freeze_rules import GP319, measure_freezes
+from gradprobe.checks.equivalence.storage import facts_dict, measure_storage, storage_findings, verified_line
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.report import make_report
 from gradprobe.userframes import UserCode
@@ -305,9 +306,12 @@ def parameter_table(model: nn.Module) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 def inspect_parameters(model: nn.Module, build_record: BuildRecord | None = None,
-                       info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The registration report: findings GP101-GP111 plus the parameter and buffer tables."""
+                       info: dict[str, Any] | None = None, optimizer: Any = None) -> dict[str, Any]:
+    """The registration report: findings GP101-GP111 plus the parameter and buffer tables, and distinct Parameters over
+    one storage (GP805, without a step: the update it causes is measured by check_optimizer_coverage and diagnose)."""
     findings = check_registration(model, build_record, info)
+    shared = measure_storage(model, optimizer, build_record)
+    findings += storage_findings(shared)
     rows, buffers = parameter_table(model)
     trainable = {id(p): p for p in model.parameters() if p.requires_grad}
     total = {id(p): p for p in model.parameters()}
@@ -321,9 +325,10 @@ def inspect_parameters(model: nn.Module, build_record: BuildRecord | None = None
         counts={"parameters": len(rows), "trainable": len(trainable),
                 "numel": sum(p.numel() for p in total.values()),
                 "trainable_numel": sum(p.numel() for p in trainable.values())},
+        shared_storage=facts_dict(shared), verified=[verified_line(shared)],
     )
 
 
 def inspect_report(loaded: Loaded) -> dict[str, Any]:
     """The inspect_parameters tool on a loaded target."""
-    return inspect_parameters(loaded.model, loaded.record, loaded.info)
+    return inspect_parameters(loaded.model, loaded.record, loaded.info, loaded.optimizer)

@@ -96,9 +96,10 @@ def held_by_others(optimizer: Any, record: BuildRecord | None) -> set[int]:
 
 
 def live_optimizers(optimizer: Any, record: BuildRecord, model: nn.Module) -> list[torch.optim.Optimizer]:
-    """The optimizers that belong to the training: the one in use, one make_optimizer returned, or one the model holds
-    (a GAN's second optimizer); a leftover a script or setup keeps in a variable is not one."""
-    returned = getattr(record.group_sources, "returned", [])
+    """The optimizers that belong to the training: the one in use, one make_optimizer returned, one the model holds
+    (a GAN's second optimizer), or one a script's own loop stepped; a leftover a script or setup keeps in a variable is
+    not one."""
+    returned = [*getattr(record.group_sources, "returned", []), *getattr(record, "stepped", [])]
     return [o for o in _live(optimizer, record)
             if o is optimizer or any(o is r for r in returned) or _held_by_model(o, model)]
 

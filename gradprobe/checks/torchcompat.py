@@ -48,6 +48,11 @@ def requires_grad_descriptor() -> Any:
     return torch._C.TensorBase.requires_grad
 
 
+def data_descriptor() -> Any:
+    """The `data` attribute descriptor of tensors (on the C base class), to wrap on nn.Parameter."""
+    return torch._C.TensorBase.data
+
+
 def tensor_version(t: torch.Tensor) -> int:
     """The version counter that in-place ops bump (autograd compares it with the saved one)."""
     return int(t._version)

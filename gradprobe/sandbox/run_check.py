@@ -60,8 +60,10 @@ def _check_target(spec: Tool, job: Job, progress: Progress) -> ToolError | dict[
 
         return _safe(load_failure_report(spec.name, exc, UserCode(target.get("project_dir"))))
     if loaded.batch is None and loaded.train_step is None and spec.needs_step:
-        return ToolError(tool_error=f"{spec.name} runs a step, so the target needs `inputs` (a callable returning a batch, "
-                                    "or make_inputs in the model's file) or a `train_step`")
+        several = (loaded.info.get("models") or {}).get("note")  # several models given, no train_step
+        return ToolError(tool_error=f"{spec.name} runs a step: {several}" if several else
+                         f"{spec.name} runs a step, so the target needs `inputs` (a callable returning a batch, "
+                         "or make_inputs in the model's file) or a `train_step`")
     progress(Phase.CHECKING)
     from gradprobe.tools import run_tool
 

@@ -142,6 +142,7 @@ def _ended(run: ScriptRun) -> str:
 
 def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptRun, steps: int,
                         target: dict[str, Any], amp: ScalerWatch | None = None) -> dict[str, Any]:
+    from gradprobe.checks.several.report import models_line
     from gradprobe.checks.steps.amp import AMP_RULES
     from gradprobe.checks.steps.engine import facts_report
     from gradprobe.findings import run_rules
@@ -158,7 +159,8 @@ def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptR
         return no_step_report("audit_training", run, target)
     facts = script_facts(observer, record)
     scaled = run_rules(AMP_RULES, amp.amp_facts(facts.scaler_steps)) if amp is not None else []
-    report = facts_report(facts, extra=scaled, owners=observer.owners)
+    frozen, frozen_rows = observer.frozen.lines(observer.done) if observer.frozen is not None else ([], [])
+    report = facts_report(facts, extra=scaled, owners=observer.owners, measured=frozen)
     opt = observer.main_opt
     step_facts: dict[str, Any] = {
         "watched": "the script's own steps, as they ran (nothing replayed)", "optimizer_steps_watched": observer.done,
@@ -166,6 +168,11 @@ def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptR
         "script_seconds": round(run.seconds, 3),
         "ended": f"stopped before optimizer step {steps + 1}" if observer.done >= steps else run.ended,
     }
+    if frozen_rows:
+        step_facts["frozen_models"] = frozen_rows
+    line = models_line(observer.model_note.get("models") or [])
+    if line:
+        report["summary"] += "\n" + line
     cost = observer.cost()
     if cost is not None:
         step_facts["cost"] = cost

@@ -125,6 +125,7 @@ def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> d
     from gradprobe.checks.steps.facts import AuditFacts
     from gradprobe.checks.steps.gradients import ONE_STEP_RULES
     from gradprobe.findings import run_rules
+    from gradprobe.checks.several.modelset import ModelSet
     from gradprobe.scriptmode.step import choose_model
 
     zeroed = [c for s in first.opt_steps for c in s.changes if c.before > 0 and not c.after]
@@ -133,7 +134,9 @@ def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> d
     try:
         cap = run.watch.capture
         in_opt = {pid for s in first.opt_steps for g in s.groups for pid in g.params}
-        model, _ = choose_model(run.watch, in_opt, set(), run.watch.user)
+        replayed = run.replayed.model if run.replayed is not None else None
+        # several models: the names the replay gave them (`text_encoder.…`), else the model as chosen for one
+        model = replayed if isinstance(replayed, ModelSet) else choose_model(run.watch, in_opt, set(), run.watch.user)[0]
         names = {pid: ns[0] for pid, ns in param_names(model).items()} if model is not None else {}
         facts = AuditFacts(calls=len(first.opt_steps), mode="script", names=names, requires_grad={},
                            opt_steps=first.opt_steps, events=first.events, grad_calls=[], built=[], attached=[],
@@ -165,6 +168,7 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
     import torch
     import torch.nn as nn
 
+    from gradprobe.checks.several.report import models_line
     from gradprobe.tools import run_tool
     from gradprobe.loading import Loaded
     from gradprobe.scriptmode.run import no_step_report
@@ -180,6 +184,7 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
     if rep is None:
         return no_step_report(tool, run, target)
     torch.set_grad_enabled(True)
+    record.stepped = [o for o in watch.optimizers if id(o) in watch.stepped]  # the script's own loop stepped them
     step_facts: dict[str, Any] = {
         "captured_at": cap.how, "step_location": cap.step_location, "closure": cap.closure,
         "backward_locations": backward_locations(watch.backwards), "learning_rates": cap.lrs,
@@ -227,6 +232,9 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
             step_facts["script_traceback"] = watch.user.trimmed_traceback(run.exc)
         report["summary"] += f"\nThe script {how[:300]} after its first backward; the checks ran on that backward's step."
     report.setdefault("facts", {})["script_step"] = step_facts
+    line = models_line(step_facts.get("models") or [])
+    if line:  # several models, checked as one: which, and the frozen ones beside them
+        report["summary"] += "\n" + line
     return report
 
 

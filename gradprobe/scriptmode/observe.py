@@ -113,6 +113,12 @@ class StepWatch:
         self.passive = False  # True: capture no step here (audit_training's watch counts the steps and stops the script)
         self.amp = False  # True: note the autocast each top-level call ran under, and its output's gradients (GP708)
         self._amp_call: ModuleCall | None = None  # the top-level call running now (amp watch only)
+        # several models (scriptmode/members.py): top-level calls made with grad disabled (id(module) -> seq), the
+        # seq at each completed optimizer step, the optimizers that stepped, the names the script holds objects by
+        self.quiet_calls: dict[int, int] = {}
+        self.step_seqs: list[int] = []
+        self.stepped: set[int] = set()
+        self.labels: dict[int, str] = {}
 
     # ---- how far the script got ---------------------------------------------------------
     def reached(self, phase: int) -> None:
@@ -142,6 +148,9 @@ class StepWatch:
 
         handle = register_optimizer_step_pre_hook(self._pre_step)
         self._undo.append(handle)
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._undo.append(register_optimizer_step_post_hook(self._post_step))
         if self.amp:
             self._undo.append(nn.modules.module.register_module_forward_pre_hook(self._amp_pre))
 
@@ -162,7 +171,10 @@ class StepWatch:
             watch._stop_again()
             top = watch.depth == 0
             rec = None
-            if top and torch.is_grad_enabled():
+            if top and not torch.is_grad_enabled():
+                watch.seq += 1
+                watch.quiet_calls[id(module)] = watch.seq
+            elif top:
                 watch.reached(4)
                 watch.seq += 1
                 rec = ModuleCall(module, args, kwargs, watch.seq, watch.user.innermost(skip=2))
@@ -280,6 +292,11 @@ class StepWatch:
         rec.method = getattr(owner, code.co_name)
         rec.method_args = tuple(loc[n] for n in names[:code.co_argcount - 1] if n in loc)
         rec.method_kwargs = {n: loc[n] for n in names[code.co_argcount - 1:] if n in loc}
+
+    def _post_step(self, opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if threading.get_ident() == self.main:
+            self.step_seqs.append(self.seq)
+            self.stepped.add(id(opt))
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:

@@ -69,6 +69,11 @@ def _params(m: nn.Module) -> list[nn.Parameter]:
 def _library_class(m: nn.Module, user: UserCode) -> bool:
     import inspect
 
+    # the file of the class's own code first: a class of a script run as __main__ is no longer found through
+    # sys.modules["__main__"] once the script has ended (inspect.getfile would name gradprobe's own main)
+    code = next((f.__code__ for f in vars(type(m)).values() if hasattr(f, "__code__")), None)
+    if code is not None:
+        return not user.is_user_file(code.co_filename)
     try:
         return not user.is_user_file(inspect.getfile(type(m)))
     except (TypeError, OSError):
@@ -92,7 +97,10 @@ def unwrap(m: nn.Module, user: UserCode) -> nn.Module:
 def outermost_modules() -> list[nn.Module]:
     # type(), not isinstance(): a dead weakref.proxy among gc's objects (torch.compile leaves some)
     # raises ReferenceError on any attribute access, __class__ included
-    mods = [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]
+    from gradprobe.checks.several.modelset import ModelSet
+
+    # a ModelSet of gradprobe's own (several models checked as one) holds the user's models, it is none of them
+    mods = [o for o in gc.get_objects() if issubclass(type(o), nn.Module) and not issubclass(type(o), ModelSet)]
     inner: set[int] = set()
     for m in mods:
         for c in m.children():
@@ -216,6 +224,11 @@ def replay(watch: StepWatch, user: UserCode) -> Replay | None:
     in_opt: set[int] = set()
     if cap is not None and cap.optimizer is not None:
         in_opt = {id(p) for g in cap.optimizer.param_groups for p in g["params"]}
+    from gradprobe.scriptmode.several import several_replay
+
+    several = several_replay(watch, cap.optimizer if cap is not None else None, roots, user)
+    if several is not None:  # several models trained: every one of this step's, under the script's names for them
+        return several
     _, leaf_ids, _ = graph_leaves(roots)
     model, facts = choose_model(watch, in_opt, leaf_ids, user)
     if model is None:

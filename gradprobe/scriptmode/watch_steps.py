@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from gradprobe.checks._step import param_names
 from gradprobe.checks.steps.copies import UpdateWatch, kept_share, versions
@@ -73,6 +74,8 @@ class ScriptSteps(StepObserver):
         self._versions: dict[int, int] | None = None  # the copies' write counters after the last main step
         self._updates: UpdateWatch | None = None  # open from a main step to the next forward, backward or step
         self.owners: OwnersWatch | None = None  # several optimizers: who clears and steps what (GP212/GP213)
+        self.frozen: Any = None  # several models: the frozen ones beside them, measured (checks/several/report.py)
+        self._unowned: set[int] = set()  # graph leaves looked for a model already (_grow)
         self.held: dict[int, Held] = {}  # EMA copies outside the model, by what writes them (outside_copies.py)
         self.held_intervals: list[tuple[HeldInterval, dict[str, float]]] = []
         self._held_watch: HeldCopies | None = None
@@ -106,11 +109,22 @@ class ScriptSteps(StepObserver):
     # ---- the model and its parameters -----------------------------------------------------------------------------
 
     def _choose_model(self, opt: torch.optim.Optimizer) -> None:
+        from gradprobe.scriptmode.several import several_model
         from gradprobe.scriptmode.step import choose_model, graph_leaves
 
         roots = [b.root for b in self.watch.backwards if b.root is not None]
         in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
         _, leaf_ids, _ = graph_leaves(roots)
+        several, members = several_model(self.watch, opt, roots, self.user)
+        if several is not None:  # several models trained (scriptmode/members.py): all of them, under the script's names
+            from gradprobe.checks.several.report import FrozenWatch
+
+            self.model = several
+            self.model_note = {"model": type(several).__name__, "wrapper": None, "models": members.facts()}
+            self.frozen = FrozenWatch((m.label, type(m.module).__name__, m.no_grad_only, list(m.module.parameters()))
+                                      for m in members.frozen)
+            self.watch.backwards = self.watch.backwards[-1:]
+            return
         model, note = choose_model(self.watch, in_opt, leaf_ids, self.user)
         root = note.pop("_root", None)
         self.model = model
@@ -266,6 +280,8 @@ class ScriptSteps(StepObserver):
             self._choose_model(opt)
             self._ref = self._weights()
             self._start_owners()
+        elif opt is self.main_opt:
+            self._guarded(self._grow)
         if opt is self.main_opt:
             self.measure_outside()
             if self.owners is not None:
@@ -273,6 +289,37 @@ class ScriptSteps(StepObserver):
         if self.owners is not None:
             self.owners.step_seen(opt)
         super()._pre_step(opt, args, kwargs)
+
+    def _grow(self) -> None:
+        """A model the loss reached only after the first main step (a generator whose optimizer holds other
+        parameters): from now on the steps are watched over it too, every model under the script's name for it."""
+        from gradprobe.checks.several.report import FrozenWatch
+        from gradprobe.scriptmode.several import several_model
+        from gradprobe.scriptmode.step import graph_leaves
+
+        roots = [b.root for b in self.watch.backwards if b.root is not None]
+        self.watch.backwards = self.watch.backwards[-1:]
+        if self.model is None:
+            return
+        _, _, leaves = graph_leaves(roots)
+        from gradprobe.sharded import unsharded_to_sharded
+
+        known = {id(p) for p in self.model.parameters()} | set(unsharded_to_sharded(self.model))
+        # a module's parameter the model does not hold (an input made to require grad, a penalty's, is none)
+        new = {i for i, t in leaves.items() if issubclass(type(t), nn.Parameter)} - known - self._unowned
+        if not new:
+            return
+        self._unowned |= new
+        several, members = several_model(self.watch, self.main_opt, roots, self.user)
+        if several is None or {id(p) for p in several.parameters()} <= known:
+            return
+        self.model, self.names = several, {}
+        self.model_note.update(model=type(several).__name__, wrapper=None, models=members.facts())
+        self.frozen = FrozenWatch((m.label, type(m.module).__name__, m.no_grad_only, list(m.module.parameters()))
+                                  for m in members.frozen)
+        self.model_params()
+        if self.owners is not None:
+            self.owners.facts.names.update(self.names)
 
     def _start_owners(self) -> None:
         from gradprobe.scriptmode.owners import start_owners
@@ -307,7 +354,8 @@ class ScriptSteps(StepObserver):
             from gradprobe.checks.steps.engine import _pair_ema
 
             in_opt = {pid for st in self.opt_steps for g in st.groups for pid in g.params}
-            self.ema = _pair_ema(self.model, in_opt, self.names, self.record)
+            in_opt |= {id(p) for o in self.optimizers_seen.values() for g in o.param_groups for p in g["params"]}
+            self.ema = _pair_ema(self.model, in_opt, self.names, self.record)  # a copy is in no optimizer
         # an EMA copy that moved in the last interval: keep its weights, to measure how much of its gap it keeps next
         by_id = self.model_params()
         self._ema_saved = [(c, [by_id[pid].detach().clone() for pid in c.params if pid in by_id])

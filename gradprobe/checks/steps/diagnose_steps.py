@@ -24,6 +24,7 @@ from gradprobe.checks.steps.partners import partner_facts
 from gradprobe.findings import Finding
 
 MAX_VERIFIED = 8
+_OWNER_CODES = ("GP212", "GP213")  # several optimizers over the steps (steps/optimizer_owners.py): the audit's too
 CHECK_STEPS = 3  # optimizer steps that check a zero-initialised partner moves, when diagnose runs no steps of its own
 
 
@@ -69,8 +70,9 @@ def check_by_design(loaded: Any, findings: list[Finding], facts: dict[str, Any],
     if "steps" not in facts.get("checks", ["steps"]):
         facts["checks"].append("zero-init partners over steps")
     return out
-STEPS_FACTS = ("steps", "mode", "headline", "verdicts", "param_groups", "optimizer_steps", "order", "ema_copies",
-               "grad_scaler", "full_batch", "verified", "step_error", "script_step")
+# per_parameter too: a finding about tensors that do not train is judged beside what the steps measured of each
+STEPS_FACTS = ("steps", "mode", "headline", "verdicts", "per_parameter", "param_groups", "optimizer_steps", "order",
+               "ema_copies", "grad_scaler", "full_batch", "verified", "step_error", "script_step")
 
 
 def ema_moved(audit_facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -142,7 +144,7 @@ def merge_audit(report: dict[str, Any], steps: int, findings: list[Finding], fac
     kept, lines = settle_ema(check_by_design(loaded, findings, facts, audit) if loaded is not None else findings,
                              ema_moved(audit_facts),
                              int(audit_facts.get("steps") or steps))
-    kept += [f for f in report.get("findings") or [] if f["code"].startswith("GP6")]
+    kept += [f for f in report.get("findings") or [] if f["code"].startswith("GP6") or f["code"] in _OWNER_CODES]
     lines.insert(0, "Steps: " + str(audit_facts["headline"]))
     ended = (audit_facts.get("script_step") or {}).get("script_ended")
     if ended:  # a script that ended before the steps asked for (its last step is the one diagnose checked)

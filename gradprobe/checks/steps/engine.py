@@ -18,6 +18,7 @@ from gradprobe.checks._step import param_names, run_step
 from gradprobe.checks.steps.accumulation import LossFactors, accumulation_lines, factors_of_step
 from gradprobe.checks.steps.amp import AMP_RULES, ScalerWatch
 from gradprobe.checks.steps.copies import AfterStep, UpdateWatch, kept_share, twins, versions
+from gradprobe.checks.several.modelset import ModelSet
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, FullBatch, derive
 from gradprobe.checks.steps.fullbatch import FULL_BATCH_RULES, full_batch_facts, full_batch_line
 from gradprobe.checks.steps.fullbatch import measure as measure_full_batch
@@ -262,7 +263,8 @@ class _Run:
                            scheduled=scheduled, schedule_sites={k: v for k, v in sites.items() if v},
                            outside_moves=self.outside, ema=self.ema, trained_copies=self.trained, step_error=self.error,
                            scaler_steps=obs.scaler_steps, mode_calls=obs.mode_calls, full_batch=self.full_batch,
-                           full_batch_left_out=self.full_batch_left_out)
+                           full_batch_left_out=self.full_batch_left_out,
+                           members=getattr(self.loaded.model, "labels", []) if isinstance(self.loaded.model, ModelSet) else [])
         derive(facts)
         return facts
 
@@ -283,13 +285,15 @@ def with_owners(watch: OwnersWatch, findings: list[Finding]) -> list[Finding]:
                      and not (f["code"] == GP606.code and never and set(f["parameters"]) <= never)]
 
 
-def facts_report(facts: AuditFacts, extra: list[Finding] | None = None, owners: OwnersWatch | None = None) -> dict:
+def facts_report(facts: AuditFacts, extra: list[Finding] | None = None, owners: OwnersWatch | None = None,
+                 measured: list[str] | None = None) -> dict:
     """The GP6xx rules on measured facts (observed in a train_step's calls, or in a script's own loop), ranked, reported
-    (with `owners`, the several optimizers' GP212/GP213 as in with_owners)."""
+    (with `owners`, the several optimizers' GP212/GP213 as in with_owners; `measured`: more all-clear lines)."""
     findings: list[Finding] = sorted(run_rules(RULES, facts), key=lambda f: _RANK.get(f["code"], 99)) + list(extra or ())
     if owners is not None:
         findings = with_owners(owners, findings)
-    return make_report("audit_training", findings, summary_lines(facts, findings), **facts_table(facts, findings))
+    return make_report("audit_training", findings, summary_lines(facts, findings, measured),
+                       **facts_table(facts, findings, measured))
 
 
 def audit_report(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> dict:

@@ -261,6 +261,7 @@ class AuditFacts:
     full_batch: FullBatch | None = None
     full_batch_left_out: str | None = None  # why the full-batch comparison was not made, when accumulation was seen
     schedules: list[SchedulePace] = field(default_factory=list)
+    members: list[str] = field(default_factory=list)  # several models checked as one (a ModelSet): their names
 
     def name(self, pid: int) -> str:
         return self.names.get(pid, f"<tensor {pid:#x}>")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -29,24 +30,56 @@ def _groups(facts: AuditFacts) -> dict[tuple[int, int], list[GroupStep]]:
     return out
 
 
+def _with_gradient(facts: AuditFacts, opt: int) -> dict[int, list[int]]:
+    """id(GroupStep) -> ... per step of `opt`: how many of the group's tensors had a finite non-zero gradient at it."""
+    out: dict[int, list[int]] = {}
+    for s in facts.opt_steps:
+        if s.optimizer == opt:
+            for g in s.groups:
+                grads = (s.params[p].grad_at_step for p in g.params if p in s.params)
+                out[id(g)] = [sum(1 for v in grads if v is not None and math.isfinite(v) and v > 0)]
+    return out
+
+
 def group_rows(facts: AuditFacts) -> list[dict[str, Any]]:
     rows = []
-    for n, ((_opt, index), seen) in enumerate(_groups(facts).items()):
-        rows.append({"optimizer": n if len({o for o, _ in _groups(facts)}) > 1 else 0, "group": index,
+    opts = list(dict.fromkeys(o for o, _ in _groups(facts)))
+    counts: dict[int, list[int]] = {}
+    for o in opts:
+        counts.update(_with_gradient(facts, o))
+    for (opt, index), seen in _groups(facts).items():
+        rows.append({"optimizer": opts.index(opt), "group": index,
                      "tensors": len(seen[0].params), "lr_as_applied": [g.lr for g in seen],
+                     "with_gradient_at_step": [counts.get(id(g), [0])[0] for g in seen],
                      "grad_norm_after_backward": [g.grad_after_backward for g in seen],
                      "grad_norm_at_step": [g.grad_at_step for g in seen], "update_norm": [g.update for g in seen],
                      "weight_norm": [g.weight for g in seen], "update_ratio": [g.ratio for g in seen]})
     return rows
 
 
+def idle_models(facts: AuditFacts) -> dict[str, int]:
+    """Several models: those beside the trained ones that no optimizer holds and no backward reached over the steps
+    (a teacher used under no_grad as the target), with their trainable tensors: frozen by design."""
+    by_member: dict[str, list[str]] = {}
+    for v in facts.verdicts.values():
+        head = v.name.split(".", 1)[0]
+        if head in facts.members and v.requires_grad:
+            by_member.setdefault(head, []).append(v.reason)
+    return {m: len(rs) for m, rs in by_member.items() if all(r == "outside-optimizer-no-grad" for r in rs)}
+
+
 def headline(facts: AuditFacts) -> str:
     ema = [v for v in facts.verdicts.values() if v.requires_grad and not v.in_optimizer and v.moved_outside]
-    trainable = [v for v in facts.verdicts.values() if v.requires_grad and v not in ema]
+    idle = idle_models(facts)
+    trainable = [v for v in facts.verdicts.values() if v.requires_grad and v not in ema
+                 and v.name.split(".", 1)[0] not in idle]
     good = [v for v in trainable if v.in_optimizer and v.grad_at_step and v.moved_by_step]
+    beside = "; ".join(f"{m} ({n} tensors with requires_grad) is in no optimizer and no backward() reached it: frozen "
+                       "beside the trained models" for m, n in idle.items())
     return (f"Over {facts.calls} step(s) ({len(facts.opt_steps)} optimizer step(s)): {len(good)} of {len(trainable)} "
             "trainable parameter tensors are in the optimizer, had a finite non-zero gradient when optimizer.step() ran, "
-            "and moved" + (f"; {len(ema)} more, outside the optimizer, were moved by an EMA-like update." if ema else "."))
+            "and moved" + (f"; {len(ema)} more, outside the optimizer, were moved by an EMA-like update" if ema else "")
+            + (f"; {beside}" if beside else "") + ".")
 
 
 def _ema_line(copy: EmaCopy) -> str:

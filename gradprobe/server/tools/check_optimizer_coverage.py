@@ -22,6 +22,8 @@ in no param group (GP201), stale tensors from a rebuilt/deep-copied model (GP202
 duplicate or non-leaf tensors in groups (GP203/204/206), lr 0 (GP205), an empty optimizer (GP208).
 With step=true it snapshots the parameters, runs one real step (the user's train_step when
 given) and reports parameters with a nonzero gradient that did not change (GP207) and why.
+Distinct Parameters over one storage that the optimizer holds both of (a tie made with `.data`)
+are reported with the step measured: the storage's move against one tied Parameter's.
 Reports per group: lr, weight decay, tensor count and names.
 
 Use it when the loss does not go down although gradients exist. The target needs `optimizer`

@@ -21,7 +21,9 @@ DESCRIPTION = f"""Load the user's model in a sandbox and list every registered p
 register but does not: plain tensors with requires_grad (GP101), Parameters or Modules in Python
 lists/dicts (GP102/GP103), non-leaf "parameters" from nn.Parameter(x).to(...) (GP109),
 `module.requires_grad = True` attributes (GP107), learnable buffers (GP104), frozen/tied
-parameters, no trainable parameters, grad mode off, missing super().__init__().
+parameters, no trainable parameters, grad mode off, missing super().__init__(), and distinct
+Parameters over one storage (a tie made with `.data`: each gets part of the gradient), found by
+storage identity at the line that made the second.
 
 Use it when a parameter is missing from named_parameters()/the state_dict, or never changes.
 device="meta" inspects models too large for the machine without allocating weights.

@@ -1,0 +1,1 @@
+/work/wt/ops/examples/scripts/shared_storage_broken/train.py
