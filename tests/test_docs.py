@@ -81,21 +81,23 @@ def test_every_code_in_the_source_is_catalogued():
     assert set(emitted_codes()) <= known
 
 
-def test_the_readme_quotes_the_catalogues_codes_and_ranges():
-    """README's tool table: each tool's codes are its family's range in the catalogue (gradprobe.tools.code_range)."""
+@pytest.mark.parametrize("page", ["README.md", "docs/tools.md"])
+def test_the_readme_quotes_the_catalogues_codes_and_ranges(page):
+    """The tool tables (README's short one, docs/tools.md's full one): each tool's codes are its family's range in the
+    catalogue (gradprobe.tools.code_range)."""
     from gradprobe.findings import catalogue
     from gradprobe.tools import NAMES, code_range, family_of
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / page).read_text()
     known = set(catalogue())
     assert set(CODE.findall(readme)) <= known, set(CODE.findall(readme)) - known
     rows = dict(re.findall(r"^\| `(\w+)` \|.*\| ([^|]+?) \|$", readme, re.M))
-    assert set(NAMES) <= set(rows), f"README's tool table lacks {set(NAMES) - set(rows)}"
+    assert set(NAMES) <= set(rows), f"{page}'s tool table lacks {set(NAMES) - set(rows)}"
     stale = {name: (rows[name], code_range(name)) for name in NAMES if rows[name] != code_range(name)}
-    assert not stale, f"README's tool table (quoted, catalogue): {stale}"
+    assert not stale, f"{page}'s tool table (quoted, catalogue): {stale}"
     for first, last in RANGE.findall(readme):
         tool = family_of(first)
-        assert tool is not None and f"{first}–{last}" == code_range(tool), f"README quotes {first}–{last}"
+        assert tool is not None and f"{first}–{last}" == code_range(tool), f"{page} quotes {first}–{last}"
     families = {code[:3] for code in known}
     assert {f"GP{d}" for d in FAMILY.findall(readme)} <= families
 
@@ -137,6 +139,56 @@ def test_readme_and_docs_stay_inside_the_repository():
             assert (page.parent / link).exists(), f"{page.name}: broken link {link}"
     readme = (ROOT / "README.md").read_text()
     assert "(docs/targets.md)" in readme and "(docs/findings.md)" in readme
+
+
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted((ROOT / "examples").rglob("README.md"))]
+
+
+def _prose(text: str) -> str:
+    """A page without its code blocks, inline code and HTML comments (a `[x](y)` or a `# line` there is no link or heading)."""
+    text = re.sub(r"<!--.*?-->", "", FENCE.sub("", text), flags=re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def _anchors(page: Path) -> set[str]:
+    """The heading anchors GitHub gives a page: lower case, punctuation dropped, spaces to hyphens, repeats numbered."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#* *$", FENCE.sub("", page.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        out.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+def test_every_link_in_the_readme_and_docs_resolves():
+    """Each relative link or image of the README, docs/ and the examples' READMEs names a file that exists, and an
+    anchor (`page.md#part`, `#part`) names a heading of that page."""
+    broken = []
+    for page in _pages():
+        for link in LINK.findall(_prose(page.read_text())):
+            if "://" in link or link.startswith("mailto:"):
+                continue
+            path, _, anchor = link.partition("#")
+            target = (page.parent / path) if path else page
+            if not target.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {link} (no such file)")
+            elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+                broken.append(f"{page.relative_to(ROOT)}: {link} (no such heading in {target.name})")
+    assert not broken, broken
+
+
+def test_the_readme_links_every_docs_page():
+    """The README is the front door: every page of docs/ is reachable from its "Where to read more"."""
+    more = (ROOT / "README.md").read_text().split("## Where to read more", 1)[1].split("\n## ", 1)[0]
+    linked = {Path(link.partition("#")[0]).name for link in LINK.findall(more) if link.startswith("docs/")}
+    missing = sorted(page.name for page in DOCS.glob("*.md") if page.name not in linked)
+    assert not missing, f"docs pages the README's 'Where to read more' does not link: {missing}"
 
 
 @pytest.mark.anyio

@@ -1,7 +1,7 @@
 """The ecosystem sweep's fixed fast sample: healthy real models of every family, diagnosed through the
 sandbox the server uses, with plain-PyTorch ground truth. No internal crash, no error on a model that trains.
 
-The full sweep (hundreds of models) is `python benchmarks/sweep.py`; see the README.
+The full sweep (hundreds of models) is `python benchmarks/sweep.py`; see docs/sweep.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The per-loss-term attribution benchmark runs (a tiny model, one repeat): it prints its ratio and each term's reach.
 
-The figure itself is `python benchmarks/term_attribution.py` (see the README's performance table).
+The figure itself is `python benchmarks/term_attribution.py` (see the performance table in docs/performance.md).
 """
 
 from __future__ import annotations
