@@ -55,7 +55,8 @@ TOOLS: tuple[Tool, ...] = (
          family="GP9"),
     Tool("check_equivalence", "gradprobe.checks.equivalence.engine:equivalence_report", needs_step=False,
          allows_meta=False, help="the gradient of two setups that must agree (N processes and one, k micro-batches and "
-                                 "one batch), measured against each other", family="GP8"),
+                                 "one batch, packed and padded, a custom op and its reference, one storage in two "
+                                 "parameters), measured against each other", family="GP8"),
 )
 
 BY_NAME: dict[str, Tool] = {t.name: t for t in TOOLS}

@@ -28,6 +28,11 @@ Comparisons (`compare`, default: every one that applies):
   plain loop, the Hugging Face Trainer, accelerate or Lightning, set to accumulation 1 through the framework's own
   setting (a plain loop: name the reference's arguments in `reference.args`); a build_model() train_step with several
   backward() calls against the target's loss on the whole batch;
+- custom_ops: every custom autograd.Function the step calls, at its recorded inputs and with its weight-like inputs
+  perturbed (a backward can be exact only while a norm weight is 1), tolerances from the dtype it computes in (GP401);
+  with `reference.module` and `reference.replaces`, a fused module against the one it replaces (GP804);
+- storage: distinct Parameters over one storage (a tie made with `.data`), measured at one step (GP805);
+- packing: packed rows (position ids restarting, cu_seqlens) against the same examples padded, one per row (GP803);
 GP806 (info) is a per-tensor scale a scheme gives on purpose that the optimizer (Adam and its kin) does not see (a
 shared logit scale under contrastive accumulation). Both setups run with dropout off and BatchNorm on its running
 statistics (per-process batch statistics differ by design). When nothing departs, facts.verified says what was
@@ -45,6 +50,15 @@ class Reference(BaseModel):
     args: list[str] = Field(default_factory=list, description=(
         "Arguments appended to the script's own for the reference run (argparse takes the last value of an option), "
         "e.g. [\"--grad-accum\", \"1\"] for a plain loop's accumulation."))
+    module: str | None = Field(default=None, description=(
+        'custom_ops: a custom or fused module, "file.py:Class" (every instance in the model) or a submodule path, '
+        "compared with the module it replaces on the same weights and recorded inputs."))
+    replaces: str | None = Field(default=None, description=(
+        'custom_ops: the reference implementation, "file.py:Class" (or a factory taking the custom module) or a submodule '
+        "path inside the model."))
+    init: dict[str, Any] | None = Field(default=None, description="custom_ops: keyword arguments to build the reference class.")
+    map: str | None = Field(default=None, description=(
+        'custom_ops: "file.py:fn" mapping the custom state_dict to the reference\'s.'))
 
 
 def register(server: Any, runtime: Any) -> None:
@@ -57,8 +71,9 @@ def register(server: Any, runtime: Any) -> None:
             "Which comparisons to run (default: every one that applies to the target)."))] = None,
         steps: Annotated[int, Field(ge=2, le=8, description="Optimizer steps compared in each setup.")] = 2,
         reference: Annotated[Reference | None, Field(description=(
-            "The reference setup's own arguments, where gradprobe does not set it (a plain loop's accumulation)."))] = None,
+            "The reference setup, where gradprobe does not set it: `args` for a plain loop's accumulation, "
+            "`module`/`replaces` for a fused module and the one it replaces."))] = None,
     ) -> Annotated[CallToolResult, Report]:
         options = {"compare": list(compare or []), "steps": steps,
-                   "reference": reference.model_dump() if reference is not None else {}}
+                   "reference": reference.model_dump(exclude_none=True) if reference is not None else {}}
         return await call_tool(runtime, "check_equivalence", target, options, ctx)
