@@ -323,3 +323,19 @@ def test_perturbed_check_in_fast_mode_and_signs_kept():
     found, info = check_function(_Divide, (x, torch.ones(96, requires_grad=True)), {1: ["scale"]}, weights_at=[1])
     assert not [f for f in found if f["severity"] == "error"], found
     assert info["perturbed"]["result"] == "exact" and "sign kept" in info["perturbed"]["inputs"][0]["perturbed_by"]
+
+
+@pytest.mark.anyio
+async def test_check_equivalence_runs_the_custom_op_and_storage_comparisons(client):
+    """check_equivalence holds all five comparisons: on a build_model() target the custom Functions at perturbed
+    weights (GP401) and a fused module named in `reference` (GP804) are found, and storage is said as verified."""
+    rms = await _call(client, "check_equivalence", _target(RMS))
+    f = one_finding(rms["findings"], "GP401")
+    assert "wrong at perturbed weights" in f["message"], f
+    assert any(v.startswith("storage:") for v in rms["facts"]["verified"]), rms["facts"]["verified"]
+    option = {"module": f"{ATTN.name}:FusedAttention", "replaces": f"{ATTN.name}:Attention"}
+    attn = await _call(client, "check_equivalence", _target(ATTN), reference=option)
+    assert one_finding(attn["findings"], "GP804")["location"]["line"] == line_of(ATTN, ".triu(2)")
+    ok = await _call(client, "check_equivalence", _target(RMS_OK))
+    assert ok["ok"] and not [f for f in ok["findings"] if f["severity"] == "error"], ok["findings"]
+    assert any("perturbed" in v for v in ok["facts"]["verified"]), ok["facts"]["verified"]
