@@ -58,7 +58,7 @@ def _sweep(spec: dict) -> tuple[nn.Module, Any, Any]:
 
 
 def measure(model: nn.Module, batch: Any, loss_fn: Any, dtype: torch.dtype) -> au.UnderflowFacts | None:
-    from gradprobe.checks._step import call_model
+    from gradprobe.checks.core.step import call_model
 
     def step(m: nn.Module, b: Any, opt: Any) -> Any:
         opt.zero_grad()

@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from gradprobe.errors import TargetError, TargetRefError
 from gradprobe.phases import Phase
-from gradprobe.checks.torchcompat import requires_grad_descriptor
+from gradprobe.checks.core.torchcompat import requires_grad_descriptor
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 from gradprobe.wrappers import unwrap_library
 

@@ -100,7 +100,7 @@ def test_reach_and_chain_walk_the_real_autograd_graph():
 # ---- patch and restore -----------------------------------------------------------------------
 
 def test_patched_restores_attributes_and_mapping_items_even_on_error():
-    from gradprobe.checks.watches import patched
+    from gradprobe.checks.core.watches import patched
 
     ns = SimpleNamespace(f=1)
     table = {"k": "old"}
@@ -137,7 +137,7 @@ def test_tracer_leaves_torch_as_it_found_it():
 # ---- the step runner -------------------------------------------------------------------------
 
 def test_step_result_says_why_the_default_step_had_no_loss():
-    from gradprobe.checks._step import run_step
+    from gradprobe.checks.core.step import run_step
     from gradprobe.userframes import UserCode
 
     class Vector(nn.Module):

@@ -45,7 +45,7 @@ import torch
 import torch.nn as nn
 from torch.amp import autocast_mode
 
-from gradprobe.checks._step import call_model, scalar_loss
+from gradprobe.checks.core.step import call_model, scalar_loss
 from gradprobe.checks.steps.amp import ScalerWatch
 from gradprobe.checks.steps.facts import at
 from gradprobe.findings import Finding, Rule, run_rules

@@ -28,7 +28,7 @@ import torch
 from torch.autograd.function import Function
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks.torchcompat import function_class_of_node
+from gradprobe.checks.core.torchcompat import function_class_of_node
 
 EPS = 1e-6
 MAX_RECORDED = 2000  # ops recorded per pass

@@ -12,9 +12,9 @@ from typing import Any
 
 from gradprobe.checks.gradient_facts import TraceFacts
 from gradprobe.checks.recording import GradTracer
-from gradprobe.checks.rule_text import line_of
+from gradprobe.checks.core.rule_text import line_of
 from gradprobe.checks.torch_errors import torch_error_findings
-from gradprobe.checks.torchcompat import ANOMALY_FRAME, allocation_failure, explain_backward_error, inplace_detail
+from gradprobe.checks.core.torchcompat import ANOMALY_FRAME, allocation_failure, explain_backward_error, inplace_detail
 from gradprobe.checks.candidates import Location
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.outcomes import resource_limit_finding, target_failed_finding

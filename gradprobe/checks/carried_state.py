@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import run_step
+from gradprobe.checks.core.step import run_step
 from gradprobe.checks.recording import GradTracer
 from gradprobe.checks.torch_errors import SECOND_BACKWARD, held_graph_findings
 from gradprobe.findings import Finding

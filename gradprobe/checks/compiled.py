@@ -27,7 +27,7 @@ from typing import Any, cast
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import backward_grads, call_model, scalar_loss
+from gradprobe.checks.core.step import backward_grads, call_model, scalar_loss
 from gradprobe.checks.compiled_why import Why, explain, user_backend
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.userframes import UserCode

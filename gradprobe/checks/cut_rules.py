@@ -14,7 +14,7 @@ from typing import Any
 from gradprobe.checks.attribution import Cause
 from gradprobe.checks.candidates import Candidate
 from gradprobe.checks.gradient_facts import TraceFacts
-from gradprobe.checks.rule_text import at_line, line_of, listed
+from gradprobe.checks.core.rule_text import at_line, line_of, listed
 from gradprobe.findings import Finding, Rule, Situation
 
 GP301: Rule[TraceFacts] = Rule(

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks._step import StepResult
+from gradprobe.checks.core.step import StepResult
 from gradprobe.checks.candidates import Location
 from gradprobe.checks.recording import GradTracer
 from gradprobe.userframes import UserCode

@@ -25,7 +25,7 @@ import torch.nn as nn
 from gradprobe.checks import autocast_underflow, compiled, gradcheck, optimizer, precision, prompt_tuning, registration, trace
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks.carried_state import carried_graph_findings
-from gradprobe.checks._step import StepResult, param_names
+from gradprobe.checks.core.step import StepResult, param_names
 from gradprobe.checks.gradient_rules import GP307, scaler_overflow
 from gradprobe.checks.param_updates import GP207, NOT_STEPPED, scaler_skipped
 from gradprobe.checks.steps.facts import at

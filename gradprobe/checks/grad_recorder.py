@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 
-from gradprobe.checks.torchcompat import untraced
+from gradprobe.checks.core.torchcompat import untraced
 
 
 def _sharded(t: torch.Tensor) -> bool:

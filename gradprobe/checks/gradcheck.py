@@ -20,8 +20,8 @@ import torch
 from torch.autograd.function import Function
 
 from gradprobe.checks import backward_lines, rewrites
-from gradprobe.checks._apply import ApplyWatch, inside_custom_function
-from gradprobe.checks._step import call_model, param_names
+from gradprobe.checks.core.function_calls import ApplyWatch, inside_custom_function
+from gradprobe.checks.core.step import call_model, param_names
 from gradprobe.checks.function_rules import (
     FUNCTION_RULES,
     GP406,
@@ -43,8 +43,8 @@ from gradprobe.checks.jacobians import (
     shrink,
 )
 from gradprobe.checks.jacobians import backward_lines as backward_source
-from gradprobe.checks.torchcompat import GradcheckError, allocation_failure
-from gradprobe.checks.watches import patched
+from gradprobe.checks.core.torchcompat import GradcheckError, allocation_failure
+from gradprobe.checks.core.watches import patched
 from gradprobe.checks.backward_rules import GP308
 from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import GP113, resource_limit_finding

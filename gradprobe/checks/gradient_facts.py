@@ -14,14 +14,14 @@ from typing import Any
 
 import torch.nn as nn
 
-from gradprobe.checks._step import StepResult, module_of, param_names
+from gradprobe.checks.core.step import StepResult, module_of, param_names
 from gradprobe.checks.attribution import Cause, blame_cuts, merge_causes, zero_by_initialisation
 from gradprobe.checks.dataloader_workers import WorkerCrossing, worker_crossings
 from gradprobe.checks.graphwalk import chain
 from gradprobe.checks.grad_recorder import GradRecorder
 from gradprobe.checks.recording import GradTracer
 from gradprobe.checks.term_split import TermSplit, behind_cut_terms, term_table
-from gradprobe.checks.torchcompat import LOSS_DOES_NOT_REQUIRE_GRAD, LOSS_NOT_DIFFERENTIABLE, LOSS_NOT_SCALAR, tensor_hooks
+from gradprobe.checks.core.torchcompat import LOSS_DOES_NOT_REQUIRE_GRAD, LOSS_NOT_DIFFERENTIABLE, LOSS_NOT_SCALAR, tensor_hooks
 
 
 @dataclass

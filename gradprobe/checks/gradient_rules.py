@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from gradprobe.checks._step import module_of
+from gradprobe.checks.core.step import module_of
 from gradprobe.checks.gradient_facts import TraceFacts
-from gradprobe.checks.rule_text import line_of, listed
+from gradprobe.checks.core.rule_text import line_of, listed
 from gradprobe.checks.zeroing_rules import zeroed_ids
 from gradprobe.findings import Finding, Rule, Situation
 

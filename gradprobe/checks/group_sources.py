@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import torch
 
-from gradprobe.checks.torchcompat import OPTIMIZER_PARAM_IN_SEVERAL_GROUPS
+from gradprobe.checks.core.torchcompat import OPTIMIZER_PARAM_IN_SEVERAL_GROUPS
 from gradprobe.userframes import UserCode, location
 
 Loc = dict[str, Any]

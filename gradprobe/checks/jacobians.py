@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import torch
 
-from gradprobe.checks.torchcompat import INVALID_GRADIENT, WRONG_GRADIENT_COUNT, WRONG_GRADIENT_SHAPE
+from gradprobe.checks.core.torchcompat import INVALID_GRADIENT, WRONG_GRADIENT_COUNT, WRONG_GRADIENT_SHAPE
 from gradprobe.userframes import location
 
 MAX_INPUT_ELEMS = 600

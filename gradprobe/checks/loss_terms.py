@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gradprobe.checks._step import module_of
+from gradprobe.checks.core.step import module_of
 from gradprobe.checks.candidates import Candidate, Location, family_of
 from gradprobe.checks.gradient_facts import TraceFacts
-from gradprobe.checks.rule_text import at_line, listed
+from gradprobe.checks.core.rule_text import at_line, listed
 from gradprobe.checks.term_split import Reach, Term, TermSplit, behind, term_table
 from gradprobe.findings import Finding, Rule, Situation
 

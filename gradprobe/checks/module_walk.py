@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks.torchcompat import is_grad_mode_decorator_frame
+from gradprobe.checks.core.torchcompat import is_grad_mode_decorator_frame
 from gradprobe.findings import Finding
 from gradprobe.userframes import UserCode, location
 

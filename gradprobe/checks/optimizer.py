@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import module_of, param_names, run_step
+from gradprobe.checks.core.step import module_of, param_names, run_step
 from gradprobe.checks.param_groups import (
     DUPLICATE_RULES,
     ZERO_LR_RULES,
@@ -31,7 +31,7 @@ from gradprobe.checks.several_optimizers import (
     shared_parameter_findings,
     wrong_step_parameters,
 )
-from gradprobe.checks.torchcompat import (
+from gradprobe.checks.core.torchcompat import (
     OPTIMIZER_EMPTY,
     OPTIMIZER_NON_LEAF,
     OPTIMIZER_PARAM_IN_SEVERAL_GROUPS,

@@ -14,10 +14,10 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import param_names
+from gradprobe.checks.core.step import param_names
 from gradprobe.checks.several_optimizers import StepOwners
-from gradprobe.checks.torchcompat import untraced
-from gradprobe.checks.watches import patched
+from gradprobe.checks.core.torchcompat import untraced
+from gradprobe.checks.core.watches import patched
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.userframes import UserCode
 

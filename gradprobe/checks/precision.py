@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import backward_grads, call_model, scalar_loss
+from gradprobe.checks.core.step import backward_grads, call_model, scalar_loss
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 
 UNDERFLOW = 0.5  # a parameter losing at least this fraction of its reference gradient entries to zero is an error

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import call_model, module_of
+from gradprobe.checks.core.step import call_model, module_of
 from gradprobe.checks.prompt_rules import (
     GP510,
     GP511,

@@ -5,7 +5,7 @@ read, and every op whose input required grad but whose output does not (a *break
 candidate*, checks/candidates.py), with the user's line, grad mode, and the inputs (kept so
 that the autograd graph behind them can be walked later). Non-grad values produced by
 candidates carry a tag forward through later ops, so the analysis can tell which
-cuts fed the loss. While it is active it also enters the watches (checks/watches.py):
+cuts fed the loss. While it is active it also enters the watches (checks/core/watches.py):
 pickling for another process, torch.from_numpy, inference_mode, custom Function
 calls and warnings. `GradRecorder` records which parameters got a gradient.
 """
@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks._apply import ApplyWatch, inside_custom_function
-from gradprobe.checks._step import param_names
+from gradprobe.checks.core.function_calls import ApplyWatch, inside_custom_function
+from gradprobe.checks.core.step import param_names
 from gradprobe.checks.candidates import (
     LEFT_OPS,
     REWRAP_OPS,
@@ -41,10 +41,10 @@ from gradprobe.checks.candidates import (
     storage_ptr,
     tensors_in,
 )
-from gradprobe.checks.loss_parts import LossParts, declared
+from gradprobe.checks.core.loss_parts import LossParts, declared
 from gradprobe.checks.term_split import CutTerm, TermProbe
 from gradprobe.checks.torch_errors import leaf_inplace_target
-from gradprobe.checks.torchcompat import (
+from gradprobe.checks.core.torchcompat import (
     CHECKPOINT_NO_INPUT_GRAD_WARNING,
     GRAD_ENABLE,
     NONLEAF_GRAD_WARNING,
@@ -55,7 +55,7 @@ from gradprobe.checks.torchcompat import (
 )
 from gradprobe.checks.zero_expr import read_zero
 from gradprobe.checks.zero_ops import ZeroOpWatch
-from gradprobe.checks.watches import (
+from gradprobe.checks.core.watches import (
     dataloader_watch,
     from_numpy_watch,
     inference_mode_watch,

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from gradprobe.checks._step import param_names
+from gradprobe.checks.core.step import param_names
 from gradprobe.findings import Finding, Rule, run_rules
 from gradprobe.userframes import UserCode
 

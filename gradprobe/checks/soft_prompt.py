@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from gradprobe.checks.prompt_use import PromptUse
-from gradprobe.checks.torchcompat import untraced
+from gradprobe.checks.core.torchcompat import untraced
 from gradprobe.userframes import UserCode
 
 

@@ -22,8 +22,8 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from gradprobe.checks.candidates import Location
-from gradprobe.checks.loss_parts import LossParts
-from gradprobe.checks.torchcompat import tensor_hooks, untraced
+from gradprobe.checks.core.loss_parts import LossParts
+from gradprobe.checks.core.torchcompat import tensor_hooks, untraced
 from gradprobe.flowchart import module_of
 
 MAX_TERMS = 8  # a sum of more terms (a per-sample sum) is not split
@@ -60,7 +60,7 @@ class Term:
     norms: dict[int, float] = field(default_factory=dict)  # parameter id -> norm of this term's gradient on it
     shared_cuts: frozenset[int] = frozenset()  # cuts whose input value another term trains through
     cut: CutTerm | None = None  # set for a term that carries no gradient
-    name: str | int | None = None  # the dict key or tuple index of a term a loss_fn returned (checks/loss_parts.py)
+    name: str | int | None = None  # the dict key or tuple index of a term a loss_fn returned (checks/core/loss_parts.py)
 
 
 @dataclass

@@ -31,7 +31,7 @@ import torch
 
 from gradprobe.checks.candidates import is_inplace
 from gradprobe.checks.jacobians import backward_lines
-from gradprobe.checks.rule_text import line_of
+from gradprobe.checks.core.rule_text import line_of
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 
 if TYPE_CHECKING:

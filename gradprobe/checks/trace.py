@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import StepResult, attempt_step, run_step
+from gradprobe.checks.core.step import StepResult, attempt_step, run_step
 from gradprobe.checks.backward_rules import step_end_findings
 from gradprobe.checks.carried_state import carried_graph_findings
 from gradprobe.checks.cut_rules import GP301, GP302, GP303, GP304, GP305, GP309
@@ -27,7 +27,7 @@ from gradprobe.checks.loss_terms import GP315, GP316, GP317
 from gradprobe.checks.grad_recorder import GradRecorder
 from gradprobe.checks.recording import GradTracer
 from gradprobe.checks.zeroing_rules import GP318
-from gradprobe.checks.torchcompat import ANOMALY_FRAME, allocation_failure, is_anomaly_forward_trace
+from gradprobe.checks.core.torchcompat import ANOMALY_FRAME, allocation_failure, is_anomaly_forward_trace
 from gradprobe.findings import Finding, run_rules
 from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.report import make_report

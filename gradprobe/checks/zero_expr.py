@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from gradprobe.checks.torchcompat import untraced
+from gradprobe.checks.core.torchcompat import untraced
 from gradprobe.checks.zero_ops import ZeroOp
 from gradprobe.userframes import UserCode, location, statement_start
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch.nn as nn
 
 from gradprobe.checks.gradient_facts import TraceFacts
-from gradprobe.checks.rule_text import listed
+from gradprobe.checks.core.rule_text import listed
 from gradprobe.checks.zero_expr import ZeroSource, set_at
 from gradprobe.checks.zero_ops import ZeroOp
 from gradprobe.findings import Finding, Rule, Situation

@@ -121,7 +121,7 @@ def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> d
     """The one-step GP6xx rules on the script's own first step(s) as they ran: a gradient that backward() produced
     and that was zero (or None) when optimizer.step() ran, with the line that wrote it. A failure here is ours:
     left out, and said so."""
-    from gradprobe.checks._step import param_names
+    from gradprobe.checks.core.step import param_names
     from gradprobe.checks.steps.facts import AuditFacts
     from gradprobe.checks.steps.gradients import ONE_STEP_RULES
     from gradprobe.findings import run_rules
@@ -238,7 +238,7 @@ _REPLAY_FAILURES = (GP100.code, "GP308", "GP310")
 def left_out(tool: str, exc: Exception, what: str) -> dict[str, Any]:
     """gradprobe raised on a script's step (call it inside the `except`). The script's own step ran, so this is never the
     user's error (no GP000): what failed is left out and the report says so (a memory limit stays GP113)."""
-    from gradprobe.checks.torchcompat import allocation_failure
+    from gradprobe.checks.core.torchcompat import allocation_failure
     from gradprobe.sandbox.failures import internal_error_report
 
     if allocation_failure(exc) is not None:

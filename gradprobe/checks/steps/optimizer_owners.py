@@ -29,8 +29,8 @@ import torch
 import torch.nn as nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from gradprobe.checks._step import param_names
-from gradprobe.checks.rule_text import line_of
+from gradprobe.checks.core.step import param_names
+from gradprobe.checks.core.rule_text import line_of
 from gradprobe.checks.several_optimizers import live_optimizers
 from gradprobe.findings import Finding, Rule, run_rules
 from gradprobe.userframes import UserCode

@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from gradprobe.checks.loss_parts import LossParts, split_returned
-from gradprobe.checks.torchcompat import allocation_failure
+from gradprobe.checks.core.loss_parts import LossParts, split_returned
+from gradprobe.checks.core.torchcompat import allocation_failure
 from gradprobe.flowchart import module_of
 
 __all__ = ["StepResult", "attempt_step", "backward_grads", "call_model",
@@ -145,7 +145,7 @@ def backward_grads(loss: torch.Tensor, params: Sequence[torch.Tensor]) -> list[t
 
 def loss_and_parts(loss_fn: Any, out: Any, batch: Any) -> tuple[Any, LossParts | None]:
     """The loss of one forward, and when loss_fn returned a dict, a tuple or a list, its parts: the total is taken as
-    the user's trainer would (checks/loss_parts.py)."""
+    the user's trainer would (checks/core/loss_parts.py)."""
     if loss_fn is None:
         return default_loss(out), None
     returned = loss_fn(out, batch)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-from gradprobe.checks.torchcompat import custom_function_entry, untraced
+from gradprobe.checks.core.torchcompat import custom_function_entry, untraced
 
 MAX_CALLS_PER_FN = 64  # parameter positions are recorded for the first calls of each Function
 MAX_GRAPH_NODES = 4000  # graph nodes walked per input to name the parameters upstream of it

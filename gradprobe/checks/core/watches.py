@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gradprobe.checks.torchcompat import multiprocessing_tensor_reducers
+from gradprobe.checks.core.torchcompat import multiprocessing_tensor_reducers
 
 
 @contextlib.contextmanager
