@@ -22,7 +22,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks import autocast_underflow, compiled, gradcheck, optimizer, precision, prompt_tuning, registration, trace
+from gradprobe.checks import autocast_underflow, compiled, gradcheck, optimizer, precision, prompt_tuning, trace
+from gradprobe.checks.registration import engine as registration
 from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.checks.carried_state import carried_graph_findings
 from gradprobe.checks.core.step import StepResult, param_names

@@ -37,7 +37,7 @@ from gradprobe.checks.core.torchcompat import (
     OPTIMIZER_PARAM_IN_SEVERAL_GROUPS,
     allocation_failure,
 )
-from gradprobe.checks.freeze_rules import GP319, measure_left_out
+from gradprobe.checks.registration.freeze_rules import GP319, measure_left_out
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.outcomes import resource_limit_finding, target_failed_finding
 from gradprobe.report import make_report

@@ -1,9 +1,9 @@
 """GP1xx: is every tensor that should learn registered, a leaf, and trainable?
 
-Three stages: measure the model (checks/module_walk.py walks every module's `__dict__` for what
+Three stages: measure the model (checks/registration/module_walk.py walks every module's `__dict__` for what
 `named_parameters()` cannot see), run the rules over each attribute, each module and the whole model,
 then merge the findings one per user line. Plain tensors and learnable buffers, which the measured step finds too,
-are checks/unregistered.py.
+are checks/registration/unregistered.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks.module_walk import AttrFacts, ModelFacts, ModuleFacts, measure_model, one_per_line
-from gradprobe.checks.unregistered import (
+from gradprobe.checks.registration.module_walk import AttrFacts, ModelFacts, ModuleFacts, measure_model, one_per_line
+from gradprobe.checks.registration.unregistered import (
     PER_ATTRIBUTE,
     PLAIN_TENSOR_RULES,
     BUFFER_RULES,
@@ -25,7 +25,7 @@ from gradprobe.checks.unregistered import (
     plain_tensor_findings,
     settle_buffers,
 )
-from gradprobe.checks.freeze_rules import GP319, measure_freezes
+from gradprobe.checks.registration.freeze_rules import GP319, measure_freezes
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.report import make_report
 from gradprobe.userframes import UserCode

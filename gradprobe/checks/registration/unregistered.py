@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks.module_walk import MODULE_INTERNALS, AttrFacts, Loc, ModuleFacts, one_per_line, rhs_of
+from gradprobe.checks.registration.module_walk import MODULE_INTERNALS, AttrFacts, Loc, ModuleFacts, one_per_line, rhs_of
 from gradprobe.findings import Finding, Rule, Situation
 
 if TYPE_CHECKING:  # loading imports the checks package: no import cycle at run time

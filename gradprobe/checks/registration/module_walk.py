@@ -2,7 +2,7 @@
 
 The walk sees what `named_parameters()` cannot: plain tensors that require grad, parameters and modules in Python
 containers, `module.requires_grad = ...` attributes, buffers, grad-mode decorators on forward, frozen and tied
-parameters. The rules are in checks/registration.py (and checks/unregistered.py for plain tensors and buffers).
+parameters. The rules are in engine.py (and unregistered.py for plain tensors and buffers), beside this module.
 """
 
 from __future__ import annotations

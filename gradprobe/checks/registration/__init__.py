@@ -1,0 +1,11 @@
+"""inspect_parameters (GP101-GP111, and GP319): is every tensor that should learn registered, a leaf, and trainable?
+
+    engine        measure the model, run the GP1xx rules, merge one finding per user line; the public entry
+    module_walk   every module's __dict__ walked for what named_parameters() cannot see
+    unregistered  plain tensors and learnable buffers (and what the measured step found of them)
+    freeze_rules  GP319: a freezing rule (a name test) that froze more than it names (read by the optimizer too)
+"""
+
+from gradprobe.checks.registration.engine import inspect_parameters, inspect_report
+
+__all__ = ["inspect_parameters", "inspect_report"]
