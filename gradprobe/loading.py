@@ -365,7 +365,7 @@ def _make_optimizer(make_optimizer: Any, model: nn.Module, user: UserCode,
     if isinstance(make_optimizer, torch.optim.Optimizer) or not callable(make_optimizer):
         optimizer, make_optimizer = make_optimizer, None
     else:
-        from gradprobe.checks.group_sources import GroupRecorder, GroupSources
+        from gradprobe.checks.optimizer.group_sources import GroupRecorder, GroupSources
 
         record.group_sources = GroupSources()
         try:

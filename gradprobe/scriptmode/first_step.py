@@ -267,9 +267,9 @@ def _lr_zero_findings(findings: list[Finding], lrs: list[float], loc: dict[str, 
                       judged_on: list[float] | None) -> list[Finding]:
     """A first step at lr 0 (a warm-up from 0) moves nothing by design: info, not GP207/GP205.
     With `judged_on` (the lrs of a later step that was checked), updates were judged there."""
-    from gradprobe.checks.optimizer import first_step_lr_zero_finding
-    from gradprobe.checks.param_groups import GP205
-    from gradprobe.checks.param_updates import GP207
+    from gradprobe.checks.optimizer.engine import first_step_lr_zero_finding
+    from gradprobe.checks.optimizer.param_groups import GP205
+    from gradprobe.checks.optimizer.param_updates import GP207
 
     out = list(findings)
     if judged_on is None:

@@ -4,7 +4,7 @@
 (a layer-decay helper, a dict literal in make_optimizer), the keys it was given, the user line of the
 `add_param_group` call; the schedulers built over an optimizer (and their lambdas); and, when torch refuses a group
 for holding parameters another group already holds, the groups as they stood. Facts only: the rules that read them
-are in checks/optimizer.py and checks/several_optimizers.py.
+are in checks/optimizer/engine.py and checks/optimizer/several_optimizers.py.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks.core.step import param_names
-from gradprobe.checks.several_optimizers import StepOwners
+from gradprobe.checks.optimizer.several_optimizers import StepOwners
 from gradprobe.checks.core.torchcompat import untraced
 from gradprobe.checks.core.watches import patched
 from gradprobe.findings import Finding, Rule, Situation, run_rules

@@ -3,7 +3,7 @@
 Coverage is by tensor identity, never by counts: a deep-copied or rebuilt model
 has the same counts and shapes but none of the same tensors. Three stages: measure the
 coverage (`CoverageFacts`), run the rules over it, and settle GP201 once a step was measured.
-Whether one real step moved the parameters is checks/param_updates.py.
+Whether one real step moved the parameters is checks/optimizer/param_updates.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks.core.step import module_of, param_names, run_step
-from gradprobe.checks.param_groups import (
+from gradprobe.checks.optimizer.param_groups import (
     DUPLICATE_RULES,
     ZERO_LR_RULES,
     CoverageFacts,
@@ -25,8 +25,8 @@ from gradprobe.checks.param_groups import (
     scan_groups,
     zero_lr_explained,
 )
-from gradprobe.checks.param_updates import StepObserver, snapshot, stuck_findings
-from gradprobe.checks.several_optimizers import (
+from gradprobe.checks.optimizer.param_updates import StepObserver, snapshot, stuck_findings
+from gradprobe.checks.optimizer.several_optimizers import (
     held_by_others,
     shared_parameter_findings,
     wrong_step_parameters,

@@ -1,8 +1,8 @@
 """GP204 and GP205: what the optimizer's param groups hold and the learning rate each one gets, and where the user's
 code decided it (the function and line that built a group, the scheduler lambda that set its lr).
 
-The facts of one optimizer's groups (`CoverageFacts`, filled by checks/optimizer.py's `measure_coverage`) and the
-two rules that read a group's contents and hyperparameters; checks/group_sources.py records where groups came from.
+The facts of one optimizer's groups (`CoverageFacts`, filled by checks/optimizer/engine.py's `measure_coverage`) and the
+two rules that read a group's contents and hyperparameters; checks/optimizer/group_sources.py records where groups came from.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import torch
 
-from gradprobe.checks.group_sources import GroupSources, LrSource, scheduler_source
+from gradprobe.checks.optimizer.group_sources import GroupSources, LrSource, scheduler_source
 from gradprobe.findings import Finding, Rule, Situation
 from gradprobe.userframes import UserCode, statement_start
 
