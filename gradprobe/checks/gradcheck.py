@@ -45,7 +45,7 @@ from gradprobe.checks.jacobians import (
 from gradprobe.checks.jacobians import backward_lines as backward_source
 from gradprobe.checks.core.torchcompat import GradcheckError, allocation_failure
 from gradprobe.checks.core.watches import patched
-from gradprobe.checks.backward_rules import GP308
+from gradprobe.checks.trace.backward_rules import GP308
 from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import GP113, resource_limit_finding
 from gradprobe.report import make_report

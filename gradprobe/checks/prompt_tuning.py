@@ -50,8 +50,8 @@ from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
 
 if TYPE_CHECKING:
-    from gradprobe.checks.trace import TraceRun
-    from gradprobe.checks.recording import GradTracer
+    from gradprobe.checks.trace.engine import TraceRun
+    from gradprobe.checks.trace.recording import GradTracer
     from gradprobe.loading import Loaded
 
 __all__ = ["BaseObserver", "FoundPrompt", "PromptSource", "PromptUse", "checkpoint_findings", "find_base", "find_prompt",
@@ -408,7 +408,7 @@ def forward_watched(loaded: Loaded) -> PromptUse:
 
 def run_prompt_checks(loaded: Loaded, prompt: str | None = None) -> tuple[list[Finding], dict[str, Any], TraceRun, FoundPrompt]:
     """Find the prompt, observe one traced step with the base watched; (findings, facts, trace, found)."""
-    from gradprobe.checks.trace import trace_findings
+    from gradprobe.checks.trace.engine import trace_findings
 
     base = find_base(loaded.model)
     obs = BaseObserver(base, loaded.user) if base is not None else None

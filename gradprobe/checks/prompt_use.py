@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks.candidates import outputs, tensors_in
+from gradprobe.checks.trace.candidates import outputs, tensors_in
 from gradprobe.userframes import UserCode, is_gradprobe_file
 
 # ops that put values into a sequence: joined to it, or written into its positions

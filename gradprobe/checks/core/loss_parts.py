@@ -3,14 +3,14 @@ which entries are the terms.
 
 The rule follows the trainers that take such returns:
 - a dict with a `loss` entry: that entry is the total, the others are logged values (Lightning's `training_step`,
-  Hugging Face's model outputs); the total's own graph is then split as any loss is (checks/term_split.py);
+  Hugging Face's model outputs); the total's own graph is then split as any loss is (checks/trace/term_split.py);
 - else a dict with keys that contain `loss`: the sum of those entries, the others are logged (mmengine's
   `BaseModel.parse_losses`, mmdet's `loss_cls`/`loss_bbox` beside `acc`);
 - else the sum of every entry (detectron2's and torchvision's detection references: `sum(loss_dict.values())`).
 Entries summed are scalar tensors. A number (for instance one that `.item()` returned) carries no gradient: it is left
 out of the total and kept as an entry, so that the recording can tell a term that `.item()` cut from a logged number;
 anything else (a tensor of several elements, a list, None) is left out with a note. gradprobe adds the terms itself,
-and the recording (checks/recording.py) takes each entry as a named term of the loss.
+and the recording (checks/trace/recording.py) takes each entry as a named term of the loss.
 """
 
 from __future__ import annotations

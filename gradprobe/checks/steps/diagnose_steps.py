@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradprobe.checks.gradient_rules import GP306, checked_initialisation
+from gradprobe.checks.trace.gradient_rules import GP306, checked_initialisation
 from gradprobe.checks.optimizer.engine import GP201
 from gradprobe.checks.steps.engine import audit_run
 from gradprobe.checks.steps.facts import AuditFacts

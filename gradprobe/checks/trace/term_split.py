@@ -5,10 +5,10 @@ root through the nodes that only combine values linearly (additions, subtraction
 products and quotients by a constant, sums, means, stacks): the first node that does anything else
 is a *term*. Each term's reach is a walk of its graph to the parameters' AccumulateGrad nodes
 (identity of the variables). Values behind a cut that were added to the loss (the recording mode
-notes them at the linear op that took them, checks/recording.py) are terms that reach nothing.
+notes them at the linear op that took them, checks/trace/recording.py) are terms that reach nothing.
 Each term's gradient is taken with autograd.grad on its graph edge, weighted by what the root sends
 it, for every term but the last; the last one's is what the real backward brought minus the others.
-The GP315-GP317 rules (checks/loss_terms.py) read the result.
+The GP315-GP317 rules (checks/trace/loss_terms.py) read the result.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
-from gradprobe.checks.candidates import Location
+from gradprobe.checks.trace.candidates import Location
 from gradprobe.checks.core.loss_parts import LossParts
 from gradprobe.checks.core.torchcompat import tensor_hooks, untraced
 from gradprobe.flowchart import module_of

@@ -1,4 +1,4 @@
-"""A graph held on the model across calls of the step: graph-used-after-free (checks/torch_errors.py) before torch
+"""A graph held on the model across calls of the step: graph-used-after-free (checks/trace/torch_errors.py) before torch
 raises it.
 
 After a traced step that ran backward(), a tensor with a grad_fn that a module still holds in an attribute (a recurrent
@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks.core.step import run_step
-from gradprobe.checks.recording import GradTracer
-from gradprobe.checks.torch_errors import SECOND_BACKWARD, held_graph_findings
+from gradprobe.checks.trace.recording import GradTracer
+from gradprobe.checks.trace.torch_errors import SECOND_BACKWARD, held_graph_findings
 from gradprobe.findings import Finding
 
 MAX_HELD = 64

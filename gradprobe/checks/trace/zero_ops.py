@@ -1,12 +1,12 @@
 """Where a gradient became exactly zero: the multiply by an all-zero mask or scale, the `where` whose condition
 selects nothing, the activation whose every input was in its dead region, the index op that selected nothing,
-measured during one traced step (GP318 reads it; checks/zeroing_rules.py; the last two: checks/dead_ops.py).
+measured during one traced step (GP318 reads it; checks/trace/zeroing_rules.py; the last two: checks/trace/dead_ops.py).
 
 Two measurements, both cheap on a healthy step. While the forward runs, `ZeroOpWatch.note` looks only at the
 multiplies and `where`s that combine a value requiring grad with something else, and keeps those whose other operand
 is zero everywhere (a scalar 0, an all-zero mask) or whose condition leaves the differentiable branch nothing, with
 the user line, the node autograd made for it, and what its expression is (read back at once by `read`, from the user
-frame's current names: checks/zero_expr.py). Only when such
+frame's current names: checks/trace/zero_expr.py). Only when such
 an op was seen, `arm` (called just before backward) puts a hook on that node alone: it records whether a nonzero
 gradient reached the node and whether the node passed zero on to its inputs, and which parameters lie behind it.
 A parameter whose gradient ended exactly zero and lies behind a node that received a nonzero gradient and passed on
@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from gradprobe.checks.dead_ops import DEAD_OPS, INDEX_OPS, DeadRegion, dead_activation, empty_selection
+from gradprobe.checks.trace.dead_ops import DEAD_OPS, INDEX_OPS, DeadRegion, dead_activation, empty_selection
 from gradprobe.userframes import UserCode
 
 Loc = dict[str, Any]

@@ -2,7 +2,7 @@
 
 `GradTracer` is a TorchFunctionMode that records only which parameters each op
 read, and every op whose input required grad but whose output does not (a *break
-candidate*, checks/candidates.py), with the user's line, grad mode, and the inputs (kept so
+candidate*, checks/trace/candidates.py), with the user's line, grad mode, and the inputs (kept so
 that the autograd graph behind them can be walked later). Non-grad values produced by
 candidates carry a tag forward through later ops, so the analysis can tell which
 cuts fed the loss. While it is active it also enters the watches (checks/core/watches.py):
@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from gradprobe.checks.core.function_calls import ApplyWatch, inside_custom_function
 from gradprobe.checks.core.step import param_names
-from gradprobe.checks.candidates import (
+from gradprobe.checks.trace.candidates import (
     LEFT_OPS,
     REWRAP_OPS,
     SHAPE_ONLY_OPS,
@@ -42,8 +42,8 @@ from gradprobe.checks.candidates import (
     tensors_in,
 )
 from gradprobe.checks.core.loss_parts import LossParts, declared
-from gradprobe.checks.term_split import CutTerm, TermProbe
-from gradprobe.checks.torch_errors import leaf_inplace_target
+from gradprobe.checks.trace.term_split import CutTerm, TermProbe
+from gradprobe.checks.trace.torch_errors import leaf_inplace_target
 from gradprobe.checks.core.torchcompat import (
     CHECKPOINT_NO_INPUT_GRAD_WARNING,
     GRAD_ENABLE,
@@ -53,8 +53,8 @@ from gradprobe.checks.core.torchcompat import (
     tensor_version,
     untraced,
 )
-from gradprobe.checks.zero_expr import read_zero
-from gradprobe.checks.zero_ops import ZeroOpWatch
+from gradprobe.checks.trace.zero_expr import read_zero
+from gradprobe.checks.trace.zero_ops import ZeroOpWatch
 from gradprobe.checks.core.watches import (
     dataloader_watch,
     from_numpy_watch,
@@ -66,7 +66,7 @@ from gradprobe.checks.core.watches import (
 from gradprobe.userframes import UserCode, is_gradprobe_file
 
 MAX_INPLACE_EVENTS = 20000
-MAX_ROOTS_KEPT = 64  # backward() roots kept for checks/torch_errors.py (a graph reused by a later backward)
+MAX_ROOTS_KEPT = 64  # backward() roots kept for checks/trace/torch_errors.py (a graph reused by a later backward)
 # frames between a no_grad switch and the code that asked for it: torch's grad-mode machinery, Module.__call__
 _GRAD_MODE_FILES = ("grad_mode.py", "_contextlib.py")
 _MODULE_CALL_FILES = ("nn/modules/module.py",)
@@ -116,7 +116,7 @@ class GradTracer(TorchFunctionMode):
         # in-place ops on tensors that take part in autograd: (shape, version after the op, user line)
         self.inplace_ops: list[tuple[list[int], int, Location | None]] = []
         # an in-place op on a leaf that requires grad (or a view of one) that raised: (the leaf, user line); the
-        # grad_fn of each backward() root, kept alive (checks/torch_errors.py reads both when torch raised)
+        # grad_fn of each backward() root, kept alive (checks/trace/torch_errors.py reads both when torch raised)
         self.leaf_inplace: tuple[torch.Tensor, str, Location | None] | None = None
         self.backward_roots: list[Any] = []
         self.disable_site: Location | None = None
@@ -136,7 +136,7 @@ class GradTracer(TorchFunctionMode):
         self.plain: dict[int, tuple[str, torch.Tensor, dict[str, Any] | None]] = {}
         self.plain_uses: dict[str, list[dict[str, Any]]] = {}
         self._stack: contextlib.ExitStack | None = None
-        # the loss's terms (checks/term_split.py): the cuts whose values reached each autograd node, values behind a
+        # the loss's terms (checks/trace/term_split.py): the cuts whose values reached each autograd node, values behind a
         # cut taken by a linear op (id of its output's node -> those terms), numbers that .item() returned
         self.node_tags: dict[int, Tags] = {}
         self.cut_terms: dict[int, list[CutTerm]] = {}
@@ -483,7 +483,7 @@ class GradTracer(TorchFunctionMode):
     def _term_probe(self, root: torch.Tensor | None, args: Any, kwargs: dict[str, Any], rec: dict[str, Any],
                     parts: LossParts | None, returned_at: Location | None, summed: bool) -> TermProbe | None:
         """The terms of the entries loss_fn returned, or of a loss made at a user line that is a sum
-        (checks/term_split.py), before backward() runs."""
+        (checks/trace/term_split.py), before backward() runs."""
         if root is None or root.grad_fn is None or (rec.get("made_at") is None and parts is None) \
                 or len(self.backward_calls) > 4 or kwargs.get("inputs") is not None or kwargs.get("create_graph"):
             return None

@@ -1,6 +1,6 @@
 """GP306, GP307, GP311-GP314: what the gradients that did arrive say (zero, non-finite, unused, spread, hooks, reads).
 
-Each rule reads the measured `TraceFacts` (checks/gradient_facts.py) after the cut rules.
+Each rule reads the measured `TraceFacts` (checks/trace/gradient_facts.py) after the cut rules.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gradprobe.checks.core.step import module_of
-from gradprobe.checks.gradient_facts import TraceFacts
+from gradprobe.checks.trace.gradient_facts import TraceFacts
 from gradprobe.checks.core.rule_text import line_of, listed
-from gradprobe.checks.zeroing_rules import zeroed_ids
+from gradprobe.checks.trace.zeroing_rules import zeroed_ids
 from gradprobe.findings import Finding, Rule, Situation
 
 if TYPE_CHECKING:

@@ -1,9 +1,9 @@
 """trace_grad_path: which parameters the loss cannot reach, where the path breaks in the user's code, and why.
 
-One real step runs under the recording mode (checks/recording.py: GradTracer; checks/grad_recorder.py: GradRecorder).
-The GP3xx engine is three stages: `measure` the facts of the step (checks/gradient_facts.py: each
+One real step runs under the recording mode (checks/trace/recording.py: GradTracer; checks/trace/grad_recorder.py: GradRecorder).
+The GP3xx engine is three stages: `measure` the facts of the step (checks/trace/gradient_facts.py: each
 parameter's outcome, the cuts blamed for missing gradients, crossings, how the step ended), run the
-rules over them in a fixed order (checks/cut_rules.py, gradient_rules.py, backward_rules.py), rank.
+rules over them in a fixed order (checks/trace/cut_rules.py, gradient_rules.py, backward_rules.py), rank.
 This module is the public entry: observed_step, trace_findings, trace_report, trace_grad_path, TraceRun.
 """
 
@@ -18,15 +18,15 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks.core.step import StepResult, attempt_step, run_step
-from gradprobe.checks.backward_rules import step_end_findings
-from gradprobe.checks.carried_state import carried_graph_findings
-from gradprobe.checks.cut_rules import GP301, GP302, GP303, GP304, GP305, GP309
-from gradprobe.checks.gradient_facts import TraceFacts, backward_broke, measure
-from gradprobe.checks.gradient_rules import GP306, GP307, GP311, GP312, GP313, GP314
-from gradprobe.checks.loss_terms import GP315, GP316, GP317
-from gradprobe.checks.grad_recorder import GradRecorder
-from gradprobe.checks.recording import GradTracer
-from gradprobe.checks.zeroing_rules import GP318
+from gradprobe.checks.trace.backward_rules import step_end_findings
+from gradprobe.checks.trace.carried_state import carried_graph_findings
+from gradprobe.checks.trace.cut_rules import GP301, GP302, GP303, GP304, GP305, GP309
+from gradprobe.checks.trace.gradient_facts import TraceFacts, backward_broke, measure
+from gradprobe.checks.trace.gradient_rules import GP306, GP307, GP311, GP312, GP313, GP314
+from gradprobe.checks.trace.loss_terms import GP315, GP316, GP317
+from gradprobe.checks.trace.grad_recorder import GradRecorder
+from gradprobe.checks.trace.recording import GradTracer
+from gradprobe.checks.trace.zeroing_rules import GP318
 from gradprobe.checks.core.torchcompat import ANOMALY_FRAME, allocation_failure, is_anomaly_forward_trace
 from gradprobe.findings import Finding, run_rules
 from gradprobe.flowchart import flow_graph, flow_mermaid

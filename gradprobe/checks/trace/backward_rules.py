@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from gradprobe.checks.gradient_facts import TraceFacts
-from gradprobe.checks.recording import GradTracer
+from gradprobe.checks.trace.gradient_facts import TraceFacts
+from gradprobe.checks.trace.recording import GradTracer
 from gradprobe.checks.core.rule_text import line_of
-from gradprobe.checks.torch_errors import torch_error_findings
+from gradprobe.checks.trace.torch_errors import torch_error_findings
 from gradprobe.checks.core.torchcompat import ANOMALY_FRAME, allocation_failure, explain_backward_error, inplace_detail
-from gradprobe.checks.candidates import Location
+from gradprobe.checks.trace.candidates import Location
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.outcomes import resource_limit_finding, target_failed_finding
 from gradprobe.userframes import UserCode

@@ -1,5 +1,5 @@
 """The gradients one step brought: post-accumulate hooks on every trainable parameter (and learnable buffer) record
-whether it got a gradient, its norm and whether it is finite; the recording mode's companion (checks/recording.py)."""
+whether it got a gradient, its norm and whether it is finite; the recording mode's companion (checks/trace/recording.py)."""
 
 from __future__ import annotations
 

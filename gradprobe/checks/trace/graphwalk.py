@@ -6,8 +6,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from gradprobe.checks.candidates import Candidate
-from gradprobe.checks.recording import GradTracer
+from gradprobe.checks.trace.candidates import Candidate
+from gradprobe.checks.trace.recording import GradTracer
 
 
 class _Reach:

@@ -16,8 +16,8 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from gradprobe.checks.core.step import StepResult
-from gradprobe.checks.candidates import Location
-from gradprobe.checks.recording import GradTracer
+from gradprobe.checks.trace.candidates import Location
+from gradprobe.checks.trace.recording import GradTracer
 from gradprobe.userframes import UserCode
 
 

@@ -9,7 +9,7 @@ mila-iqia/blocks issue #952: `(cost * y_mask).sum()`), and a loss weight warmed 
 schedule (layumi/Person_reID_baseline_pytorch issue #338: "loss warm-up" instead of an lr warm-up); a bias initialised
 to a large negative value kills every ReLU unit (facebookresearch/dlrm pull #358); a batch whose labels are all the
 ignore index selects nothing (allenai/OLMo-core pull #657, pytorch/pytorch issue #70348).
-The facts are measured during the traced step (checks/zero_ops.py) and read back from the source (checks/zero_expr.py).
+The facts are measured during the traced step (zero_ops.py) and read back from the source (zero_expr.py), beside this module.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 
 import torch.nn as nn
 
-from gradprobe.checks.gradient_facts import TraceFacts
+from gradprobe.checks.trace.gradient_facts import TraceFacts
 from gradprobe.checks.core.rule_text import listed
-from gradprobe.checks.zero_expr import ZeroSource, set_at
-from gradprobe.checks.zero_ops import ZeroOp
+from gradprobe.checks.trace.zero_expr import ZeroSource, set_at
+from gradprobe.checks.trace.zero_ops import ZeroOp
 from gradprobe.findings import Finding, Rule, Situation
 
 Loc = dict[str, Any]

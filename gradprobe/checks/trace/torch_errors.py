@@ -1,7 +1,7 @@
 """GP118, GP119, GP120: torch's own errors raised by the user's step, with what torch does not say.
 
 torch's message is only the trigger; what the finding states is measured by identity in the traced step
-(checks/recording.py keeps the two facts read here):
+(checks/trace/recording.py keeps the two facts read here):
 
     GP118 leaf-modified-in-place   "a leaf Variable that requires grad is being used in an in-place operation": the
                                    in-place op that raised, the parameter it modified (by identity, the base of a view
@@ -16,7 +16,7 @@ torch's message is only the trigger; what the finding states is measured by iden
                                    there (by identity), the shapes, the backward's return line and the apply() line.
 
 When the extra measurement finds nothing (the op was not seen, no node of an earlier backward is reached), no claim is
-made: the step's error stays GP308 / GP100 (checks/backward_rules.py).
+made: the step's error stays GP308 / GP100 (checks/trace/backward_rules.py).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gradprobe.checks.candidates import is_inplace
+from gradprobe.checks.trace.candidates import is_inplace
 from gradprobe.checks.jacobians import backward_lines
 from gradprobe.checks.core.rule_text import line_of
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 
 if TYPE_CHECKING:
-    from gradprobe.checks.recording import GradTracer
+    from gradprobe.checks.trace.recording import GradTracer
 
 Loc = dict[str, Any]
 
@@ -159,7 +159,7 @@ class TorchErrorFacts:
     first_at: Loc | None = None
     reused: list[Reused] = field(default_factory=list)
     bad_gradient: dict[str, Any] | None = None  # GP120: the Function, the input, the shapes, the lines
-    # id(grad_fn) -> the model attribute holding that tensor across calls (checks/carried_state.py)
+    # id(grad_fn) -> the model attribute holding that tensor across calls (checks/trace/carried_state.py)
     held: dict[int, str] = field(default_factory=dict)
 
 
@@ -317,7 +317,7 @@ def detect_bad_gradient(facts: TorchErrorFacts) -> Iterator[Finding]:
 
 def held_graph_findings(tracer: GradTracer, error: BaseException, held: dict[int, str]) -> list[Finding]:
     """GP119 for a second call of the step that ran into the graph a tensor the model keeps (id(grad_fn) -> attribute)
-    belongs to (checks/carried_state.py)."""
+    belongs to (checks/trace/carried_state.py)."""
     facts = measure_torch_error(tracer, error, after_backward=False)
     facts.held = held
     return run_rules((GP119,), facts)

@@ -1,6 +1,6 @@
 """GP301-GP305, GP309: where the path from the loss to a parameter is cut, and what cut it.
 
-Each rule reports the causes of its family (checks/attribution.py: one cause per code and user
+Each rule reports the causes of its family (checks/trace/attribution.py: one cause per code and user
 line) from the measured `TraceFacts`; GP309 also reports parameters pickled for another process
 and DataLoader workers that build samples from tensors that require grad; GP301 also reports the
 parameters no located cut explains (a custom backward that returned None, or an unused output).
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from gradprobe.checks.attribution import Cause
-from gradprobe.checks.candidates import Candidate
-from gradprobe.checks.gradient_facts import TraceFacts
+from gradprobe.checks.trace.attribution import Cause
+from gradprobe.checks.trace.candidates import Candidate
+from gradprobe.checks.trace.gradient_facts import TraceFacts
 from gradprobe.checks.core.rule_text import at_line, line_of, listed
 from gradprobe.findings import Finding, Rule, Situation
 

@@ -1,9 +1,9 @@
-"""What one recorded step measured about the gradients: the first stage of the GP3xx engine (checks/trace.py).
+"""What one recorded step measured about the gradients: the first stage of the GP3xx engine (checks/trace/engine.py).
 
-`measure` turns the recording (checks/recording.py) into `TraceFacts`: each trainable parameter's
+`measure` turns the recording (checks/trace/recording.py) into `TraceFacts`: each trainable parameter's
 outcome (a gradient, a zero one, a non-finite one, none, never read), the cuts blamed for the
-missing ones (checks/attribution.py), what crossed into another process, how the step ended.
-The GP3xx rules (checks/cut_rules.py, gradient_rules.py, backward_rules.py) only read these facts.
+missing ones (checks/trace/attribution.py), what crossed into another process, how the step ended.
+The GP3xx rules (checks/trace/cut_rules.py, gradient_rules.py, backward_rules.py) only read these facts.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 import torch.nn as nn
 
 from gradprobe.checks.core.step import StepResult, module_of, param_names
-from gradprobe.checks.attribution import Cause, blame_cuts, merge_causes, zero_by_initialisation
-from gradprobe.checks.dataloader_workers import WorkerCrossing, worker_crossings
-from gradprobe.checks.graphwalk import chain
-from gradprobe.checks.grad_recorder import GradRecorder
-from gradprobe.checks.recording import GradTracer
-from gradprobe.checks.term_split import TermSplit, behind_cut_terms, term_table
+from gradprobe.checks.trace.attribution import Cause, blame_cuts, merge_causes, zero_by_initialisation
+from gradprobe.checks.trace.dataloader_workers import WorkerCrossing, worker_crossings
+from gradprobe.checks.trace.graphwalk import chain
+from gradprobe.checks.trace.grad_recorder import GradRecorder
+from gradprobe.checks.trace.recording import GradTracer
+from gradprobe.checks.trace.term_split import TermSplit, behind_cut_terms, term_table
 from gradprobe.checks.core.torchcompat import LOSS_DOES_NOT_REQUIRE_GRAD, LOSS_NOT_DIFFERENTIABLE, LOSS_NOT_SCALAR, tensor_hooks
 
 
@@ -93,7 +93,7 @@ class TraceFacts:
         out = {"per_parameter": self.table, "candidates_seen": len(tracer.candidates), "zero_by_init": self.init_names(),
                "backward_calls": [{k: v for k, v in b.items() if k not in ("tags", "terms")} for b in tracer.backward_calls],
                "crossings": tracer.crossings[:20]}
-        # a loss that is a sum: which term reaches which module, and its share of their gradient (checks/term_split.py)
+        # a loss that is a sum: which term reaches which module, and its share of their gradient (checks/trace/term_split.py)
         terms = [{"backward": i, "loss_location": b["terms"].location,
                   "terms": term_table(b["terms"], self.names, tracer.candidates),
                   **({"logged": b["terms"].logged} if b["terms"].logged else {})}
@@ -202,7 +202,7 @@ def _attribute(facts: TraceFacts) -> None:
     facts.workers = worker_crossings(tracer, facts.names, facts.step, facts.wanted)
     facts.crossed = set(facts.crossed_params) | {n for w in facts.workers for n in w.names}
     facts.attributed |= {id(p) for p in facts.broken if facts.name(p) in facts.crossed}
-    # a term of the loss cut from the graph explains the parameters behind its cut (GP315, checks/loss_terms.py)
+    # a term of the loss cut from the graph explains the parameters behind its cut (GP315, checks/trace/loss_terms.py)
     splits = [b["terms"] for b in tracer.backward_calls if isinstance(b.get("terms"), TermSplit)]
     if splits:
         facts.attributed |= behind_cut_terms(splits, lambda c: tracer.candidates[c].inputs, tracer.params)

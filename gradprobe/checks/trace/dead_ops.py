@@ -1,4 +1,4 @@
-"""What an activation or an index op did to a value on the gradient path, measured as it ran (GP318, checks/zero_ops.py).
+"""What an activation or an index op did to a value on the gradient path, measured as it ran (GP318, checks/trace/zero_ops.py).
 
 Two shapes of "the gradient stopped here", both decided by what the op does with its operands, never by names:
 - a dead activation: a relu/clamp/hardtanh/threshold whose every input lay in the region where its derivative is 0

@@ -1,7 +1,7 @@
 """What a zeroing op's zero operand is in the user's source (GP318): the expression, the line that made it, and, for a
 zero scale, whether it stays 0 or rises when the numbers it is computed from grow (a ramp from 0).
 
-Read back after the step from the op's line and the names its user frame held when it ran (checks/zero_ops.py):
+Read back after the step from the op's line and the names its user frame held when it ran (checks/trace/zero_ops.py):
 the side of the multiply (or the `where` condition) that evaluates to the zero operand; for a name, its last
 assignment in the enclosing function (the line that made it). A zero scale is re-evaluated with each number it is
 computed from (a step counter, an epoch) raised by 1, 10, 100 and 1000: a nonzero value means a schedule that starts
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from gradprobe.checks.core.torchcompat import untraced
-from gradprobe.checks.zero_ops import ZeroOp
+from gradprobe.checks.trace.zero_ops import ZeroOp
 from gradprobe.userframes import UserCode, location, statement_start
 
 Loc = dict[str, Any]

@@ -1,6 +1,6 @@
 """GP315-GP317: a loss that is a sum of terms, one of which is cut from what the others train.
 
-checks/term_split.py measures, at each backward() on a loss made at a user line, the terms of the sum,
+checks/trace/term_split.py measures, at each backward() on a loss made at a user line, the terms of the sum,
 the parameters each reaches and the cuts whose values entered each. A term whose value was cut from
 the graph reaches nothing (GP315). A term that depends on a module only through a cut, while other
 terms train that module, is GP316 when the cut severs the term from everything behind it and the value
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gradprobe.checks.core.step import module_of
-from gradprobe.checks.candidates import Candidate, Location, family_of
-from gradprobe.checks.gradient_facts import TraceFacts
+from gradprobe.checks.trace.candidates import Candidate, Location, family_of
+from gradprobe.checks.trace.gradient_facts import TraceFacts
 from gradprobe.checks.core.rule_text import at_line, listed
-from gradprobe.checks.term_split import Reach, Term, TermSplit, behind, term_table
+from gradprobe.checks.trace.term_split import Reach, Term, TermSplit, behind, term_table
 from gradprobe.findings import Finding, Rule, Situation
 
 GP315: Rule[TraceFacts] = Rule(

@@ -1,6 +1,6 @@
 """Break candidates: ops whose output left the autograd graph, what kind of cut each is, and the op tables behind it.
 
-A candidate is recorded by the recording mode (checks/recording.py) for every op whose input
+A candidate is recorded by the recording mode (checks/trace/recording.py) for every op whose input
 required grad but whose output does not (or that leaves torch, or whose derivative is zero).
 Its `kind` says what cut the path; `CUT_FAMILY` groups kinds that one finding code reports
 (the attribution merges the causes of one family at one user line into one finding).

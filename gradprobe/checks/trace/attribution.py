@@ -1,7 +1,7 @@
 """Which cut explains each parameter's missing or zero gradient, merged into one cause per code and user line.
 
 After the step, each parameter that was read but got no gradient is attributed to the break
-candidates whose input graph reaches it (checks/graphwalk.py), preferring those whose output
+candidates whose input graph reaches it (checks/trace/graphwalk.py), preferring those whose output
 reached the loss, then the earliest. A zero gradient is explained by a zero-derivative op, by a
 cut already blamed for missing gradients, or by a zero-initialised partner (LoRA B, a closed gate).
 """
@@ -14,10 +14,10 @@ from typing import Any
 
 import torch.nn as nn
 
-from gradprobe.checks.candidates import Candidate, Location, family_of
-from gradprobe.checks.graphwalk import reach
-from gradprobe.checks.grad_recorder import GradRecorder
-from gradprobe.checks.recording import GradTracer
+from gradprobe.checks.trace.candidates import Candidate, Location, family_of
+from gradprobe.checks.trace.graphwalk import reach
+from gradprobe.checks.trace.grad_recorder import GradRecorder
+from gradprobe.checks.trace.recording import GradTracer
 
 
 @dataclass
