@@ -5,18 +5,23 @@ grad mode is off by design, so nothing there is a "break"), and gradcheck needs
 the real inputs each Function received. One patch serves both; it sits where
 `Function.apply` resolves its `super().apply(...)` at call time (see
 torchcompat.custom_function_entry), so an alias bound at import (`square = Square.apply`)
-cannot escape it.
+cannot escape it. `backward_lines` says where a Function's backward sits in the source (its def and its
+return line): the gradcheck family's GP4xx locations and the trace family's GP120.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
 import threading
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
 from gradprobe.checks.core.torchcompat import custom_function_entry, untraced
+from gradprobe.userframes import location
 
 MAX_CALLS_PER_FN = 64  # parameter positions are recorded for the first calls of each Function
 MAX_GRAPH_NODES = 4000  # graph nodes walked per input to name the parameters upstream of it
@@ -133,3 +138,28 @@ class ApplyWatch:
         if not _watchers:
             delattr(_ENTRY_OWNER, _ENTRY_NAME)  # _SingleLevelFunction defines no apply of its own
         return False
+
+
+Loc = dict[str, Any]
+
+
+def backward_lines(cls: type) -> tuple[Loc | None, Loc | None]:
+    """(def line, last return line) of cls.backward as locations."""
+    fn = cls.__dict__.get("backward")
+    fn = getattr(fn, "__func__", fn)
+    if fn is None:
+        return None, None
+    try:
+        lines, start = inspect.getsourcelines(fn)  # start is the first decorator's line
+        filename = inspect.getsourcefile(fn)
+    except (OSError, TypeError):
+        return None, None
+    filename = cast(str, filename)  # getsourcelines found the source, so it has a file
+    name = f"{cls.__name__}.backward"
+    def_offset = next((i for i, line in enumerate(lines) if line.lstrip().startswith("def ")), 0)
+    def_loc = location(filename, start + def_offset, name)
+    try:
+        rets = [n.lineno for n in ast.walk(ast.parse(textwrap.dedent("".join(lines)))) if isinstance(n, ast.Return)]
+    except SyntaxError:
+        rets = []
+    return def_loc, (location(filename, start + max(rets) - 1, name) if rets else None)

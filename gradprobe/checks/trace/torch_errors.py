@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gradprobe.checks.trace.candidates import is_inplace
-from gradprobe.checks.jacobians import backward_lines
+from gradprobe.checks.core.function_calls import backward_lines
 from gradprobe.checks.core.rule_text import line_of
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch.autograd.function import Function
 
-from gradprobe.checks import backward_lines, rewrites
+from gradprobe.checks.gradcheck import backward_lines, rewrites
 from gradprobe.checks.core.function_calls import ApplyWatch, inside_custom_function
 from gradprobe.checks.core.step import call_model, param_names
-from gradprobe.checks.function_rules import (
+from gradprobe.checks.gradcheck.function_rules import (
     FUNCTION_RULES,
     GP406,
     DirectCall,
@@ -31,7 +31,7 @@ from gradprobe.checks.function_rules import (
     StructureError,
     WrongGradient,
 )
-from gradprobe.checks.jacobians import (
+from gradprobe.checks.gradcheck.jacobians import (
     MAX_INPUT_ELEMS,
     MAX_OUTPUT_ELEMS,
     Loc,
@@ -42,7 +42,7 @@ from gradprobe.checks.jacobians import (
     parse_structure_error,
     shrink,
 )
-from gradprobe.checks.jacobians import backward_lines as backward_source
+from gradprobe.checks.core.function_calls import backward_lines as backward_source
 from gradprobe.checks.core.torchcompat import GradcheckError, allocation_failure
 from gradprobe.checks.core.watches import patched
 from gradprobe.checks.trace.backward_rules import GP308

@@ -1,5 +1,5 @@
-"""What gradcheck measures on one custom Function call: float64 copies of its inputs, full Jacobians both ways, and
-where its backward sits in the source (GP4xx's locations).
+"""What gradcheck measures on one custom Function call: float64 copies of its inputs and full Jacobians both ways
+(where its backward sits in the source, GP4xx's locations, is core/function_calls.backward_lines).
 
 Analytical Jacobians come from the Function's own backward (one backward per output element), numerical ones from
 central differences; inputs too large for a full Jacobian are sliced along a shared leading (batch) dimension.
@@ -7,43 +7,17 @@ central differences; inputs too large for a full Jacobian are sliced along a sha
 
 from __future__ import annotations
 
-import ast
-import inspect
-import textwrap
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from gradprobe.checks.core.torchcompat import INVALID_GRADIENT, WRONG_GRADIENT_COUNT, WRONG_GRADIENT_SHAPE
-from gradprobe.userframes import location
 
 MAX_INPUT_ELEMS = 600
 MAX_OUTPUT_ELEMS = 2048
 
 Loc = dict[str, Any]
-
-
-def backward_lines(cls: type) -> tuple[Loc | None, Loc | None]:
-    """(def line, last return line) of cls.backward as locations."""
-    fn = cls.__dict__.get("backward")
-    fn = getattr(fn, "__func__", fn)
-    if fn is None:
-        return None, None
-    try:
-        lines, start = inspect.getsourcelines(fn)  # start is the first decorator's line
-        filename = inspect.getsourcefile(fn)
-    except (OSError, TypeError):
-        return None, None
-    filename = cast(str, filename)  # getsourcelines found the source, so it has a file
-    name = f"{cls.__name__}.backward"
-    def_offset = next((i for i, line in enumerate(lines) if line.lstrip().startswith("def ")), 0)
-    def_loc = location(filename, start + def_offset, name)
-    try:
-        rets = [n.lineno for n in ast.walk(ast.parse(textwrap.dedent("".join(lines)))) if isinstance(n, ast.Return)]
-    except SyntaxError:
-        rets = []
-    return def_loc, (location(filename, start + max(rets) - 1, name) if rets else None)
 
 
 def as_double(inputs: tuple) -> tuple[tuple, bool]:

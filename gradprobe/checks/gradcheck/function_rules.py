@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gradprobe.checks.rewrites import Rewrite
+from gradprobe.checks.gradcheck.rewrites import Rewrite
 from gradprobe.findings import Finding, Rule, Situation
 
 Loc = dict[str, Any]
