@@ -1,10 +1,10 @@
 """GP5xx: does the soft prompt learn, and only the prompt? For hand-written and PEFT prompt tuning.
 
-The prompt is found (checks/soft_prompt.py); one real step runs under the trace machinery with the
+The prompt is found (checks/prompt/soft_prompt.py); one real step runs under the trace machinery with the
 base model's forward and generate() observed. The engine is three stages: measure what the step
 did into `PromptFacts` (what reached the base model: ids or embeddings, mask, labels, cache; where
 the prompt's path breaks; the optimizer; what is trainable), run the GP5xx rules
-(checks/prompt_rules.py) over them, and rank (the report orders them).
+(checks/prompt/prompt_rules.py) over them, and rank (the report orders them).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks.core.step import call_model, module_of
-from gradprobe.checks.prompt_rules import (
+from gradprobe.checks.prompt.prompt_rules import (
     GP510,
     GP511,
     PROMPT_RULES,
@@ -30,8 +30,8 @@ from gradprobe.checks.prompt_rules import (
     TrainableBase,
     TrainableSite,
 )
-from gradprobe.checks.prompt_use import PromptUse
-from gradprobe.checks.soft_prompt import (
+from gradprobe.checks.prompt.prompt_use import PromptUse
+from gradprobe.checks.prompt.soft_prompt import (
     BaseObserver,
     FoundPrompt,
     PromptSource,

@@ -1,7 +1,7 @@
 """Finding the soft prompt, and watching what reaches the base model: the measuring side of the GP5xx checks.
 
 The prompt is found (named by the caller, a PEFT prompt encoder, learned values the user's code placed
-into the token sequence during the step (checks/prompt_use.py: by behaviour, never by name), or the only
+into the token sequence during the step (checks/prompt/prompt_use.py: by behaviour, never by name), or the only
 trainable part of a mostly frozen model); `BaseObserver` watches the HF base model's forward and
 generate() during one real step, so the checks can say what reached the base model (ids or
 embeddings, mask, labels, cache) and where the prompt vectors sit in its input sequence.
@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks.prompt_use import PromptUse
+from gradprobe.checks.prompt.prompt_use import PromptUse
 from gradprobe.checks.core.torchcompat import untraced
 from gradprobe.userframes import UserCode
 
