@@ -12,6 +12,6 @@ autograd, modules, ranks) as they happen, then check that step in place.
     owners.py      several optimizers in the script's loop: GP212/GP213's watch (checks/steps/optimizer_owners.py)
     ranks.py       several ranks in one call: `world_size` > 1 (torchrun-style forked ranks) and workers the script
                    starts with torch.multiprocessing.spawn; each rank runs first_step.py's job
-    rankwatch.py   what each rank measures for the checks across ranks (gradprobe/checks/ranks.py)
+    rankwatch.py   what each rank measures for the checks across ranks (gradprobe/checks/ranks/rules.py)
     rankmerge.py   the ranks' reports merged (each finding says its ranks) and the checks across ranks
 """

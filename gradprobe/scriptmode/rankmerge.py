@@ -1,5 +1,5 @@
 """One report from the ranks of a script (ranks.py): each rank's own findings merged, each saying which ranks it
-holds on (`evidence.ranks`), and the checks across ranks (gradprobe/checks/ranks.py) on what the ranks measured."""
+holds on (`evidence.ranks`), and the checks across ranks (gradprobe/checks/ranks/rules.py) on what the ranks measured."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import os
 from typing import Any
 
-from gradprobe.checks.ranks import GP703, GP706, GP707, RANK_RULES, RankFacts, StuckRank
+from gradprobe.checks.ranks.rules import GP703, GP706, GP707, StuckRank
+from gradprobe.checks.ranks import RANK_RULES, RankFacts
 from gradprobe.sandbox.failures import GP112
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
