@@ -22,7 +22,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks import autocast_underflow, compiled, precision
+from gradprobe.checks import autocast_underflow, precision
+from gradprobe.checks.compiled import engine as compiled
 from gradprobe.checks.prompt import engine as prompt_tuning
 from gradprobe.checks.gradcheck import engine as gradcheck
 from gradprobe.checks.trace import engine as trace

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks.core.step import backward_grads, call_model, scalar_loss
-from gradprobe.checks.compiled_why import Why, explain, user_backend
+from gradprobe.checks.compiled.compiled_why import Why, explain, user_backend
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.userframes import UserCode
 from gradprobe.wrappers import compiled_wrapper

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks.compiled_ops import Backend, first_differing_op
+from gradprobe.checks.compiled.compiled_ops import Backend, first_differing_op
 from gradprobe.userframes import UserCode, location
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
