@@ -22,7 +22,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from gradprobe.checks import autocast_underflow as au  # noqa: E402
+from gradprobe.checks.precision import autocast_underflow as au  # noqa: E402
 
 SPECS = [
     {"family": "transformers", "task": "causal_lm", "model_type": "gpt2", "cls": "GPT2LMHeadModel"},

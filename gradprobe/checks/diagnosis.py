@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks import autocast_underflow, precision
+from gradprobe.checks.precision import autocast_underflow, low_precision as precision
 from gradprobe.checks.compiled import engine as compiled
 from gradprobe.checks.prompt import engine as prompt_tuning
 from gradprobe.checks.gradcheck import engine as gradcheck

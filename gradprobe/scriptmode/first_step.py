@@ -41,7 +41,7 @@ def run_script_job(tool: str, target: dict[str, Any], options: dict[str, Any],
         from gradprobe.scriptmode.audit import run_audit_job
 
         return run_audit_job(target, options, progress, diagnose=tool == "diagnose")
-    from gradprobe.checks.autocast_underflow import AutocastWatch
+    from gradprobe.checks.precision.autocast_underflow import AutocastWatch
     from gradprobe.checks.steps.observe import StepObserver
 
     project_dir = os.path.realpath(target["project_dir"])
