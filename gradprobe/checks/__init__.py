@@ -36,7 +36,7 @@ def __getattr__(name: str) -> Any:
     elif name == "run_gradcheck":
         from gradprobe.checks.gradcheck import run_gradcheck as fn
     elif name == "verify_prompt_tuning":
-        from gradprobe.checks.prompt.engine import verify_prompt_tuning as fn
+        from gradprobe.checks.prompt import verify_prompt_tuning as fn
     elif name == "diagnose":
         from gradprobe.checks.diagnosis import diagnose as fn
     else:
