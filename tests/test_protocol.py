@@ -98,7 +98,7 @@ async def test_a_failure_inside_a_check_is_gp000_never_the_users_error(client):
     f = findings[0]
     assert f["name"] == "internal-error" and f["severity"] == "error" and f["location"] is None
     assert "bug inside gradprobe" in f["message"] and "check_registration" not in f["message"]
-    assert "KeyError" in f["evidence"]["traceback"] and "registration.py" in f["evidence"]["traceback"]
+    assert "KeyError" in f["evidence"]["traceback"] and "registration/engine.py" in f["evidence"]["traceback"]
 
 
 @pytest.mark.anyio

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-RTOL = 1e-3  # as GP701's comparison (compiled.py)
+RTOL = 1e-3  # as GP701's comparison (engine.py)
 Backend = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
 
 

@@ -1,6 +1,6 @@
 """GP4xx as rule units: what a check of a custom autograd.Function measured, and the rules that read it.
 
-gradcheck.py measures (one forward with Function.apply watched, then per Function: autograd's own check of the
+engine.py measures (one forward with Function.apply watched, then per Function: autograd's own check of the
 backward's count and shapes, the Jacobians both ways, an intentional rewrite told apart, the backward twice, the
 second derivatives when asked) and runs these rules over what it measured.
 """

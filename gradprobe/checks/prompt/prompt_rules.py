@@ -1,6 +1,6 @@
 """GP5xx as rule units: what one prompt-tuning step measured, and the rules that read it.
 
-prompt_tuning.py measures (the prompt, one traced step with the base model watched, the mask and
+engine.py measures (the prompt, one traced step with the base model watched, the mask and
 labels over the prompt's positions, the optimizer, what is trainable) into `PromptFacts`; each
 rule here reads those facts and says what is wrong, once.
 """
