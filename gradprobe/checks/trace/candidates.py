@@ -42,6 +42,17 @@ def is_inplace(name: str, kwargs: Mapping[str, Any]) -> bool:
     return (name.endswith("_") and not name.startswith("_")) or name in INPLACE_DUNDERS or kwargs.get("inplace") is True
 
 
+def leaf_inplace_target(name: str, args: Any, kwargs: Any) -> torch.Tensor | None:
+    """The leaf an in-place op under grad mode modifies (the tensor itself or the base of its view) when it requires
+    grad: the op torch will refuse. Called by the tracer only for ops whose inputs require grad."""
+    if not args or not isinstance(args[0], torch.Tensor) or not torch.is_grad_enabled() or not is_inplace(name, kwargs):
+        return None
+    t = args[0]
+    if not t.is_leaf and t._is_view() and t._base is not None:
+        t = t._base
+    return t if t.is_leaf and t.requires_grad else None
+
+
 def kind_of(name: str, grad_on: bool, outs: tuple[torch.Tensor, ...]) -> str:
     """What cut the path at op `name`: the order decides (a detach under no_grad is a detach)."""
     if name in DETACH_OPS or name == ".data":

@@ -37,13 +37,13 @@ from gradprobe.checks.trace.candidates import (
     is_cut,
     is_inplace,
     kind_of,
+    leaf_inplace_target,
     outputs,
     storage_ptr,
     tensors_in,
 )
 from gradprobe.checks.core.loss_parts import LossParts, declared
 from gradprobe.checks.trace.term_split import CutTerm, TermProbe
-from gradprobe.checks.trace.torch_errors import leaf_inplace_target
 from gradprobe.checks.core.torchcompat import (
     CHECKPOINT_NO_INPUT_GRAD_WARNING,
     GRAD_ENABLE,

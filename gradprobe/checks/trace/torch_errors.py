@@ -27,9 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
 
-from gradprobe.checks.trace.candidates import is_inplace
 from gradprobe.checks.core.function_calls import backward_lines
 from gradprobe.checks.core.rule_text import line_of
 from gradprobe.findings import Finding, Rule, Situation, run_rules
@@ -122,17 +120,6 @@ GP120: Rule[TorchErrorFacts] = Rule(
         "broadcast it along (grad.sum(0) for a per-feature weight), or reshape it; return None for an input that needs "
         "no gradient.",
 )
-
-
-def leaf_inplace_target(name: str, args: Any, kwargs: Any) -> torch.Tensor | None:
-    """The leaf an in-place op under grad mode modifies (the tensor itself or the base of its view) when it requires
-    grad: the op torch will refuse. Called by the tracer only for ops whose inputs require grad."""
-    if not args or not isinstance(args[0], torch.Tensor) or not torch.is_grad_enabled() or not is_inplace(name, kwargs):
-        return None
-    t = args[0]
-    if not t.is_leaf and t._is_view() and t._base is not None:
-        t = t._base
-    return t if t.is_leaf and t.requires_grad else None
 
 
 @dataclass
