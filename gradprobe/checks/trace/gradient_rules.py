@@ -6,16 +6,12 @@ Each rule reads the measured `TraceFacts` (checks/trace/gradient_facts.py) after
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
 
 from gradprobe.checks.core.step import module_of
 from gradprobe.checks.trace.gradient_facts import TraceFacts
 from gradprobe.checks.core.rule_text import line_of, listed
 from gradprobe.checks.trace.zeroing_rules import zeroed_ids
 from gradprobe.findings import Finding, Rule, Situation
-
-if TYPE_CHECKING:
-    from gradprobe.checks.steps.partners import PartnerFacts
 
 GP306: Rule[TraceFacts] = Rule(
     code="GP306", name="zero-gradient", severity="warning", rank=99,
@@ -169,98 +165,6 @@ def zero_gradient(facts: TraceFacts) -> Iterator[Finding]:
         yield GP306.finding("initialisation", parameters=list(init_names),
                             evidence={"zero_initialised_partners": init_names}, count=len(init_names),
                             partners=listed(sorted(set(init_names.values())), 3))
-
-
-# the partner's verdict over the steps (checks/steps/facts.py) -> the situation that says what kept it still
-_STOPPED_BY = {"zeroed-between": "partner_zeroed", "lr-zero": "partner_lr_zero", "not-in-optimizer": "partner_not_in_optimizer"}
-_STUCK = {
-    "frozen": "it was frozen (requires_grad=False) when the steps ran",
-    "nonfinite": "its gradient was inf or nan when optimizer.step() ran",
-    "no-grad": "it got no gradient at any of the steps",
-    "zero-grad": "its gradient was exactly zero at every step",
-    "zeroed-between": "its gradient was written to zero between backward() and optimizer.step()",
-    "outside-optimizer-no-grad": "it is in no parameter group of the optimizer and got no gradient at the next steps",
-    "not-moved": "it had a finite non-zero gradient and a non-zero learning rate, and optimizer.step() still left it "
-                 "unchanged",
-}
-MAX_MEASURED = 3  # partners whose measurements the checked finding spells out
-
-
-def _measured(checks: list[PartnerFacts]) -> str:
-    parts = []
-    for c in checks[:MAX_MEASURED]:
-        by = f" (update norm {c.moved_by:.3g})" if c.moved_by is not None else " (outside the optimizer)"
-        parts.append(f"{c.partner} moved at step {(c.moved_at or 0) + 1}{by} and the parameters it multiplies had a "
-                     f"gradient of norm {c.grad_norm or 0.0:.3g} at step {(c.grad_at or 0) + 1}")
-    more = len(checks) - MAX_MEASURED
-    return "; ".join(parts) + (f"; {more} more partner(s) likewise" if more > 0 else "")
-
-
-def _situation(c: PartnerFacts) -> str:
-    situation = _STOPPED_BY.get(c.reason, "partner_stuck")
-    if situation == "partner_zeroed" and not c.op and c.location is None:
-        return "partner_stuck"  # the write was not seen: say what was measured, without a line
-    return situation
-
-
-def _stuck_finding(group: list[PartnerFacts]) -> Finding:
-    """Partners that never moved for the same measured reason at the same line: what kept them still, at that line."""
-    c = group[0]
-    situation = _situation(c)
-    params = [p for g in group for p in g.params]
-    partners = sorted(g.partner for g in group)
-    evidence: dict[str, Any] = {"zero_initialised_partners": {p: g.partner for g in group for p in g.params},
-                                "steps": c.steps, "partner_verdict": c.reason, "partners_moved": False}
-    fields: dict[str, Any] = {}
-    if situation == "partner_zeroed":
-        evidence.update(grad_norm_after_backward=c.grad_before, grad_at_step=c.grad_after, op=c.op)
-        fields = {"before": c.grad_before or 0.0, "after": "None" if c.grad_after is None else "zero",
-                  "op": f"`{c.op}`" if c.op else "the call"}
-    elif situation == "partner_lr_zero":
-        evidence["lr_as_applied"] = c.lrs
-        fields = {"lrs": "0 at each step" if c.lrs else "0"}
-    return GP306.finding(situation, parameters=params, location=c.location, evidence=evidence, count=len(params),
-                         names=listed(params, 6), partners=listed(partners, 3), steps=c.steps,
-                         line=line_of(c.location) if c.location else "a line outside the project",
-                         reason=_STUCK.get(c.reason, c.reason), **fields)
-
-
-def checked_initialisation(claim: Finding, checks: list[PartnerFacts]) -> list[Finding]:
-    """diagnose's GP306 `initialisation` claim, settled by real optimizer steps (checks/steps/partners.py): info with
-    the measurements where every partner moved and the parameters then got a gradient; otherwise, for the partners
-    that did not, a finding that says what kept them still, at that line (and never that it is by design)."""
-    out: list[Finding] = []
-    claimed: dict[str, str] = claim["evidence"].get("zero_initialised_partners") or {}
-    checked = {p for c in checks for p in c.params}
-    left = {p: q for p, q in claimed.items() if p not in checked}  # partners the steps could not find: as claimed
-    if left:
-        out.append(GP306.finding("initialisation", parameters=list(left), evidence={"zero_initialised_partners": left},
-                                 count=len(left), partners=listed(sorted(set(left.values())), 3)))
-    ok = [c for c in checks if c.verified]
-    if ok:
-        params = [p for c in ok for p in c.params]
-        out.append(GP306.finding("initialisation_checked", parameters=params,
-                                 evidence={"zero_initialised_partners": {p: c.partner for c in ok for p in c.params},
-                                           "checked_over_steps": ok[0].steps,
-                                           "partners_moved": {c.partner: {"step": (c.moved_at or 0) + 1,
-                                                                          "update_norm": c.moved_by} for c in ok},
-                                           "gradient_after": {c.partner: {"step": (c.grad_at or 0) + 1,
-                                                                          "grad_norm": c.grad_norm} for c in ok}},
-                                 count=len(params), partners=listed(sorted(c.partner for c in ok), 3),
-                                 steps=ok[0].steps, measured=_measured(ok)))
-    stuck: dict[tuple[str, Any, Any, str], list[PartnerFacts]] = {}
-    for c in checks:
-        if c.verified:
-            continue
-        if c.moved_at is not None:
-            out.append(GP306.finding("partner_moved_still_zero", parameters=c.params,
-                                     evidence={"zero_initialised_partner": c.partner, "steps": c.steps,
-                                               "partner_moved_at_step": c.moved_at + 1},
-                                     count=len(c.params), names=listed(c.params, 6), partners=c.partner, steps=c.steps))
-            continue
-        where = c.location or {}
-        stuck.setdefault((_situation(c), where.get("file"), where.get("line"), c.reason), []).append(c)
-    return out + [_stuck_finding(group) for group in stuck.values()]
 
 
 @GP307.detector
