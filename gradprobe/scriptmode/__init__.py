@@ -3,6 +3,7 @@ user's own training script (or `python -m` module) until its first step, watchin
 autograd, modules, ranks) as they happen, then check that step in place.
 
     first_step.py  the tool call on a script target: run, check the captured step, report
+    checked_step.py the checks on the captured step, replayed in place (first_step.py's and audit.py's)
     run.py         run the script as __main__ under a timer; GP112 when it reaches no step
     observe.py     the watch: module calls, backwards, optimizer steps, as they happen
     step.py        replay the captured step for the checks (after the script's own step ran; a failure is left out)
