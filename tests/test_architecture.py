@@ -65,7 +65,7 @@ def test_the_contracts_say_what_the_architecture_says() -> None:
 KNOWN_PACKAGE_CYCLES = {
     "gradprobe.loading -> gradprobe.checks.core.torchcompat",
     "gradprobe.loading -> gradprobe.checks.optimizer.group_sources",
-    "gradprobe.sandbox.run_check -> gradprobe.scriptmode.ranks",
+    "gradprobe.sandbox.run_check -> gradprobe.scriptmode.*",
 }
 
 
