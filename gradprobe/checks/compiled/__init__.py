@@ -6,6 +6,17 @@ from the compiled module and from the eager module it wraps, and why they differ
     compiled_ops  the first op a backend computes differently from the same graph run op by op in eager
 """
 
-from gradprobe.checks.compiled.engine import compiled_findings
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["compiled_findings"]
+
+
+def __getattr__(name: str) -> Any:
+    # the engine imports on first use: a module of this family imports without loading the rest of it
+    if name in __all__:
+        from gradprobe.checks.compiled import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)

@@ -7,6 +7,17 @@
     rewrites        intentional rewrites (gradient reversal or scaling, straight-through surrogates): info, not errors
 """
 
-from gradprobe.checks.gradcheck.engine import gradcheck_report, run_gradcheck
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["gradcheck_report", "run_gradcheck"]
+
+
+def __getattr__(name: str) -> Any:
+    # the engine imports on first use: a module of this family imports without loading the rest of it
+    if name in __all__:
+        from gradprobe.checks.gradcheck import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)

@@ -8,6 +8,17 @@ step move them?
     several_optimizers  GP210, GP211: a model split over several optimizers
 """
 
-from gradprobe.checks.optimizer.engine import check_optimizer_coverage, optimizer_report
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["check_optimizer_coverage", "optimizer_report"]
+
+
+def __getattr__(name: str) -> Any:
+    # the engine imports on first use: a module of this family imports without loading the rest of it
+    if name in __all__:
+        from gradprobe.checks.optimizer import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)

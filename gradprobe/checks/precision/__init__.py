@@ -4,7 +4,21 @@
     autocast_underflow  fp32 parameters whose fp16 autocast gradient underflows with no GradScaler (GP708)
 """
 
-from gradprobe.checks.precision.autocast_underflow import underflow_findings
-from gradprobe.checks.precision.low_precision import precision_findings
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["precision_findings", "underflow_findings"]
+
+
+def __getattr__(name: str) -> Any:
+    # each module imports on first use: a module of this family imports without loading the rest of it
+    if name == "precision_findings":
+        from gradprobe.checks.precision import low_precision
+
+        return low_precision.precision_findings
+    if name == "underflow_findings":
+        from gradprobe.checks.precision import autocast_underflow
+
+        return autocast_underflow.underflow_findings
+    raise AttributeError(name)

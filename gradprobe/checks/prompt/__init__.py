@@ -6,6 +6,17 @@
     prompt_rules  the GP5xx rules
 """
 
-from gradprobe.checks.prompt.engine import prompt_report, verify_prompt_tuning
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["prompt_report", "verify_prompt_tuning"]
+
+
+def __getattr__(name: str) -> Any:
+    # the engine imports on first use: a module of this family imports without loading the rest of it
+    if name in __all__:
+        from gradprobe.checks.prompt import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)

@@ -5,6 +5,17 @@ the ranks and merges their reports: scriptmode/rankmerge.py).
             hangs, a rank not checked
 """
 
-from gradprobe.checks.ranks.rules import RANK_RULES, RankFacts
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["RANK_RULES", "RankFacts"]
+
+
+def __getattr__(name: str) -> Any:
+    # the rules module imports on first use: a module of this family imports without loading the rest of it
+    if name in __all__:
+        from gradprobe.checks.ranks import rules
+
+        return getattr(rules, name)
+    raise AttributeError(name)

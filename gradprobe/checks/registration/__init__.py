@@ -6,6 +6,17 @@
     freeze_rules  GP319: a freezing rule (a name test) that froze more than it names (read by the optimizer too)
 """
 
-from gradprobe.checks.registration.engine import inspect_parameters, inspect_report
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["inspect_parameters", "inspect_report"]
+
+
+def __getattr__(name: str) -> Any:
+    # the engine imports on first use: a module of this family imports without loading the rest of it
+    if name in __all__:
+        from gradprobe.checks.registration import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)

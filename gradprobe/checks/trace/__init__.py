@@ -20,6 +20,17 @@ One real step runs under the recording mode; its facts are measured, the rules r
     loss_terms, term_split                         a loss of several terms: which term reaches which parameter
 """
 
-from gradprobe.checks.trace.engine import trace_grad_path, trace_report
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["trace_grad_path", "trace_report"]
+
+
+def __getattr__(name: str) -> Any:
+    # the engine imports on first use: a module of this family imports without loading the rest of it
+    if name in __all__:
+        from gradprobe.checks.trace import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)
