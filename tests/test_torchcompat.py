@@ -280,7 +280,7 @@ def test_custom_function_entry_sees_aliased_apply():
 
 _ALLOCATION_UNDER_RLIMIT = r"""
 import json, resource, sys, torch
-from gradprobe.checks import torchcompat as tc
+from gradprobe.checks.core import torchcompat as tc
 
 # what the sandbox does on CPU: cap the address space (here 1 GiB above what the interpreter holds now)
 vm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize:"))
