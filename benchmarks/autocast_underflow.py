@@ -22,7 +22,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from gradprobe.checks import autocast_underflow as au  # noqa: E402
+from gradprobe.checks.precision import autocast_underflow as au  # noqa: E402
 
 SPECS = [
     {"family": "transformers", "task": "causal_lm", "model_type": "gpt2", "cls": "GPT2LMHeadModel"},
@@ -58,7 +58,7 @@ def _sweep(spec: dict) -> tuple[nn.Module, Any, Any]:
 
 
 def measure(model: nn.Module, batch: Any, loss_fn: Any, dtype: torch.dtype) -> au.UnderflowFacts | None:
-    from gradprobe.checks._step import call_model
+    from gradprobe.checks.core.step import call_model
 
     def step(m: nn.Module, b: Any, opt: Any) -> Any:
         opt.zero_grad()

@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from gradprobe.checks import gradcheck
+from gradprobe.checks.gradcheck import engine as gradcheck
 from gradprobe.loading import load_target
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,6 +23,9 @@ round's new codes (NEW_CODES, and every GP6xx) on a model that trains is counted
 
 Families: transformers, midtrain (causal LMs diagnosed after one training step already ran), peft,
 diffusers, examples, timm, torchvision (skipped with the reason when they do not import).
+
+This file enumerates the models and runs gradprobe on them; sweep_models.py builds a model from its spec,
+sweep_truth.py measures the ground truth, sweep_report.py classifies each report and prints the table.
 """
 
 from __future__ import annotations
@@ -30,15 +33,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
-import select
-import signal
-import statistics
-import subprocess
 import sys
 from typing import Any
-import tempfile
 import time
 import traceback
 from collections import Counter
@@ -48,16 +44,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 EXAMPLES = ROOT / "examples" / "broken"
 FAMILIES = ("transformers", "midtrain", "peft", "diffusers", "examples", "timm", "torchvision")
-COLUMNS = ("built", "clean", "crash", "false_error", "resource_limit", "skipped")
-GT_TIMEOUT_S = 90.0
 DIAGNOSE_TIMEOUT_S = 120.0
-# This round's new codes (besides every GP6xx): a warning from one of them on a model that trains is counted apart.
-NEW_CODES = frozenset({"GP118", "GP119", "GP120", "GP212", "GP213", "GP315", "GP316", "GP317", "GP318", "GP319",
-                       "GP703", "GP704", "GP705", "GP706", "GP707"})
 
-
-def is_new_code(code: str) -> bool:
-    return code in NEW_CODES or code.startswith("GP6")
+sys.path.insert(0, str(BENCH))  # run as a script or imported: its sibling modules
+from sweep_report import classify, print_table, status_of, summarize  # noqa: E402
+from sweep_truth import GroundTruth, gt_server  # noqa: E402
 
 # The fixed fast sample (the test): at least one model of every family that can run here.
 SAMPLE = [
@@ -164,182 +155,6 @@ def _example_expect(path: Path) -> dict | None:
     return None
 
 
-# ---- ground truth: a fork server that imported torch once, one forked child per model ------------
-
-def gt_server() -> None:
-    """Read specs (JSON lines) on stdin, answer each with the plain-PyTorch ground truth on stdout."""
-    sys.path.insert(0, str(BENCH))
-    import torch  # noqa: F401  (imported once, before forking; no tensor op runs in this process)
-
-    for mod in ("transformers", "peft", "diffusers"):
-        try:
-            __import__(mod)
-        except Exception:
-            pass
-    out = sys.stdout
-    for line in sys.stdin:
-        spec = json.loads(line)
-        out.write(json.dumps(_gt_fork(spec)) + "\n")
-        out.flush()
-
-
-def _gt_fork(spec: dict) -> dict:
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            res = _gt_child(spec)
-        except BaseException as exc:
-            res = {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "tb": traceback.format_exc()[-1500:]}
-        data = json.dumps(res, default=str).encode()
-        with os.fdopen(w, "wb") as f:
-            f.write(data)
-        os._exit(0)
-    os.close(w)
-    buf = b""
-    deadline = time.monotonic() + GT_TIMEOUT_S
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            os.close(r)
-            return {"error": f"plain step did not finish in {GT_TIMEOUT_S:g} s"}
-        ready, _, _ = select.select([r], [], [], min(left, 1.0))
-        if ready:
-            chunk = os.read(r, 1 << 20)
-            if not chunk:
-                break
-            buf += chunk
-    os.close(r)
-    _, status = os.waitpid(pid, 0)
-    if not buf:
-        return {"error": f"plain step child died (status {status})"}
-    return json.loads(buf)
-
-
-def _gt_child(spec: dict) -> dict:
-    import torch
-
-    torch.set_num_threads(1)
-    import sweep_models as sm
-
-    if spec["family"] == "examples":
-        return _gt_example(spec)
-    if spec["family"] in ("transformers", "midtrain"):
-        errors = []
-        for variant in range(4):
-            try:
-                res = sm.plain_step({**spec, "variant": variant})
-                res["variant"] = variant
-                return res
-            except TimeoutError as exc:
-                return {"error": str(exc)}
-            except Exception as exc:
-                errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
-                if variant == 0 and _not_a_shape_problem(exc):
-                    break
-        return {"error": errors[0], "all_errors": errors}
-    return sm.plain_step(spec)
-
-
-def _not_a_shape_problem(exc: BaseException) -> bool:
-    """Build failures (not the batch's shape) are not retried with another batch."""
-    tb = traceback.extract_tb(exc.__traceback__)
-    return not any(fr.name in ("forward", "hf_inputs", "_call_impl", "plain_step") for fr in tb[1:]) and \
-        not isinstance(exc, (RuntimeError, ValueError, IndexError))
-
-
-def _gt_example(spec: dict) -> dict:
-    import importlib.util
-
-    import torch
-
-    sys.path.insert(0, str(EXAMPLES))
-    modspec = importlib.util.spec_from_file_location("example_under_sweep", EXAMPLES / spec["file"])
-    mod = importlib.util.module_from_spec(modspec)
-    modspec.loader.exec_module(mod)
-    t0 = time.perf_counter()
-    model = mod.build_model()
-    batch = mod.make_inputs() if hasattr(mod, "make_inputs") else None
-    opt = mod.make_optimizer(model) if hasattr(mod, "make_optimizer") else \
-        torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    build_s = time.perf_counter() - t0
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    before = {n: p.detach().clone() for n, p in named}
-    t1 = time.perf_counter()
-    if hasattr(mod, "train_step"):
-        mod.train_step(model, batch, opt)
-        loss_val = None
-    else:
-        out = model(**batch) if isinstance(batch, dict) else model(*batch) if isinstance(batch, tuple) else model(batch)
-        loss = mod.loss_fn(out, batch) if hasattr(mod, "loss_fn") else _default_loss(out)
-        loss.backward()
-        opt.step()
-        loss_val = float(loss.detach())
-    step_s = time.perf_counter() - t1
-    moved = [n for n, p in named if not torch.equal(before[n], p.detach())]
-    none = [n for n, p in named if p.grad is None]
-    zero = [n for n, p in named if p.grad is not None and not bool(p.grad.any())]
-    trains = bool(moved) and (loss_val is None or loss_val == loss_val)
-    return {"trains": trains, "why": "" if trains else "no parameter moved", "loss": loss_val, "build_s": build_s,
-            "step_s": step_s, "trainable": len(named), "grad_none": none, "grad_zero": zero, "moved": len(moved)}
-
-
-def _default_loss(out):
-    """gradprobe's documented default: an HF output's .loss, a scalar as it is, else a fixed random projection."""
-    import torch
-
-    if getattr(out, "loss", None) is not None:
-        return out.loss
-    if isinstance(out, torch.Tensor) and out.numel() == 1:
-        return out.reshape(())
-    flat = [t for t in (out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else [out])
-            if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    g = torch.Generator().manual_seed(0)
-    return sum((t * torch.randn(t.shape, generator=g)).sum() for t in flat)
-
-
-class GroundTruth:
-    """One fork server process (a lane); restarted if it dies."""
-
-    def __init__(self):
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--gt-server"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-                                              TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false",
-                                              HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"),
-                                     cwd=tempfile.gettempdir())
-
-    def ask(self, spec: dict) -> dict:
-        if self.proc is None or self.proc.poll() is not None:
-            self.start()
-        assert self.proc is not None and self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.write(json.dumps(spec) + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        except (BrokenPipeError, OSError) as exc:
-            self.proc = None
-            return {"error": f"ground-truth server died: {exc}"}
-        if not line:
-            self.proc = None
-            return {"error": "ground-truth server died"}
-        return json.loads(line)
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.stdin.close()  # type: ignore[union-attr]
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
 # ---- gradprobe -------------------------------------------------------------------------------------
 
 def target_for(spec: dict):
@@ -394,78 +209,6 @@ WRAPS["ddp"] = ""
 WRAPS["fsdp2"] = _FSDP2
 WORLD = {"ddp": 2, "fsdp2": 2}  # the wraps that run the target at several ranks (the ground truth stays one process)
 WRAP: list[str] = []
-
-
-_RAISE_SITES: dict[str, list[str]] = {}
-
-
-def raise_sites(code: str) -> list[str]:
-    """The gradprobe source lines that can produce `code` (the frame that raised a finding)."""
-    if not _RAISE_SITES:
-        for path in sorted((ROOT / "gradprobe").rglob("*.py")):
-            for i, text in enumerate(path.read_text().splitlines(), 1):
-                for m in re.finditer(r'"(GP\d{3})"', text):
-                    producing = text.strip().startswith(m.group(0) + ",") or f"make_finding({m.group(0)}" in text
-                    mapped = re.search(r'"\w+": ' + m.group(0), text) is not None  # a kind -> code table (trace's cuts)
-                    if not (producing or mapped):
-                        continue  # a RULES key or a list of codes, not a producing site
-                    _RAISE_SITES.setdefault(m.group(1), []).append(f"{path.relative_to(ROOT)}:{i}")
-    return _RAISE_SITES.get(code, [])
-
-
-def internal_frame(tb: str) -> str:
-    """The innermost gradprobe frame of a traceback text."""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', tb)
-    ours = [f for f in frames if "/gradprobe/" in f[0]]
-    if not ours:
-        return frames[-1][0] + ":" + frames[-1][1] if frames else "?"
-    f = ours[-1]
-    inside = f[0].split('/gradprobe/', 1)[-1]
-    return f"{inside and 'gradprobe/' + inside}:{f[1]} in {f[2]}: {f[3].strip()}"
-
-
-def classify(report: dict) -> dict:
-    """crash / errors / resource limits / warnings / infos of one diagnose report (the model trains: errors are false;
-    GP113 says a memory limit stopped the check, which is no verdict on the model either way)."""
-    crashes, errors, limits, new_warnings = [], [], [], []
-    warnings: Counter = Counter()
-    infos: Counter = Counter()
-    for f in report.get("findings", []):
-        entry = {"code": f["code"], "message": f["message"][:400], "location": f.get("location"),
-                 "parameters": (f.get("parameters") or [])[:6]}
-        if f["code"] in ("GP000", "GP100", "GP114", "GP115", "GP116", "GP117"):
-            tb = (f.get("evidence") or {}).get("internal_traceback") or (f.get("evidence") or {}).get("traceback") or ""
-            entry["frame"] = internal_frame(tb) if tb else "(no traceback: " + str((f.get("evidence") or {}).get("phase")) + ")"
-            entry["stderr_tail"] = str((f.get("evidence") or {}).get("stderr_tail") or "")[-600:]
-            crashes.append(entry)
-        elif f["code"] == "GP113":
-            entry["phase"] = (f.get("evidence") or {}).get("phase")
-            limits.append(entry)
-        elif f["severity"] == "error":
-            entry["frame"] = ", ".join(raise_sites(f["code"])[:4])
-            errors.append(entry)
-        elif f["severity"] == "warning":
-            warnings[f["code"]] += 1
-            if is_new_code(f["code"]):
-                new_warnings.append(entry)
-        else:
-            infos[f["code"]] += 1
-        for rel in (f.get("evidence") or {}).get("related", []) or []:
-            if isinstance(rel, dict) and rel.get("severity") == "error" and f["severity"] != "error":
-                errors.append({"code": rel.get("code"), "message": str(rel.get("message"))[:400], "folded": True})
-    seen: set = set()
-    errors = [e for e in errors if (e["code"], e["message"]) not in seen and not seen.add((e["code"], e["message"]))]
-    return {"crashes": crashes, "errors": errors, "resource_limits": limits, "warnings": dict(warnings), "infos": dict(infos),
-            "new_code_warnings": new_warnings}
-
-
-def status_of(res: dict) -> str:
-    """One bucket per model: a crash or a false error outranks a resource limit, which is not clean."""
-    if res["crashes"]:
-        return "crash"
-    if res["errors"]:
-        return "false_error"
-    return "resource_limit" if res["resource_limits"] else "clean"
 
 
 async def run_one(spec: dict, gt: GroundTruth, executor, steps: int = 0) -> dict:
@@ -537,86 +280,6 @@ async def sweep(specs: list[dict], jobs: int, log, steps: int = 0) -> list[dict]
     finally:
         executor.stop()
     return results
-
-
-# ---- report ----------------------------------------------------------------------------------------
-
-def summarize(results: list[dict], skipped: list[dict]) -> dict:
-    fams: dict = {}
-    for r in results + [{"family": s["family"], "name": s["name"], "status": "skipped", "skip": s["skip"]} for s in skipped]:
-        f = fams.setdefault(r["family"], {"built": 0, "clean": 0, "crash": 0, "false_error": 0, "resource_limit": 0, "skipped": 0,
-                                           "new_code_warning": 0, "steps_not_audited": 0,
-                                           "warnings": Counter(), "infos": Counter(), "seconds": [], "ratios": [],
-                                           "skip_reasons": Counter()})
-        if r["status"] == "skipped":
-            f["skipped"] += 1
-            f["skip_reasons"][re.sub(r"\d+", "N", r["skip"])[:110]] += 1
-            continue
-        f["built"] += 1
-        f[r["status"]] += 1
-        f["new_code_warning"] += bool(r.get("new_code_warnings"))
-        f["steps_not_audited"] += r.get("steps_audited") is False
-        f["warnings"].update(r.get("warnings", {}))
-        f["infos"].update(r.get("infos", {}))
-        f["seconds"].append(r["seconds"])
-        f["ratios"].append(r["ratio"])
-    out = {}
-    for name, f in fams.items():
-        out[name] = {k: f[k] for k in COLUMNS + ("new_code_warning", "steps_not_audited")}
-        out[name]["warnings"] = dict(sorted(f["warnings"].items()))
-        out[name]["infos"] = dict(sorted(f["infos"].items()))
-        out[name]["median_s"] = round(statistics.median(f["seconds"]), 2) if f["seconds"] else None
-        out[name]["median_ratio_to_plain_step"] = round(statistics.median(f["ratios"]), 1) if f["ratios"] else None
-        out[name]["skip_reasons"] = dict(f["skip_reasons"].most_common(12))
-    return out
-
-
-def print_table(summary: dict, results: list[dict], wall_s: float) -> None:
-    head = (f"{'family':<13}{'built':>6}{'clean':>6}{'crash':>6}{'false err':>10}{'res limit':>10}{'skipped':>8}{'median s':>9}"
-            f"{'x plain step':>13}  warnings by code")
-    print(head)
-    print("-" * len(head))
-    tot = Counter()
-    warn_tot: Counter = Counter()
-    for name, s in summary.items():
-        w = " ".join(f"{k}:{v}" for k, v in s["warnings"].items()) or "-"
-        print(f"{name:<13}{s['built']:>6}{s['clean']:>6}{s['crash']:>6}{s['false_error']:>10}{s['resource_limit']:>10}{s['skipped']:>8}"
-              f"{s['median_s'] if s['median_s'] is not None else '-':>9}{s['median_ratio_to_plain_step'] or '-':>13}  {w}")
-        tot.update({k: s[k] for k in COLUMNS + ("new_code_warning", "steps_not_audited")})
-        warn_tot.update(s["warnings"])
-    print(f"{'total':<13}{tot['built']:>6}{tot['clean']:>6}{tot['crash']:>6}{tot['false_error']:>10}{tot['resource_limit']:>10}{tot['skipped']:>8}"
-          f"{'':>22}  {' '.join(f'{k}:{v}' for k, v in sorted(warn_tot.items())) or '-'}")
-    bad = [r for r in results if r["status"] in ("crash", "false_error")]
-    if bad:
-        print("\ncrashes and false errors:")
-    for r in bad:
-        for e in r.get("crashes", []) + r.get("errors", []):
-            loc = e.get("location") or {}
-            where = f"{loc.get('file')}:{loc.get('line')}" if loc else "-"
-            print(f"  {r['family']}/{r['name']}: {e['code']} {e['message'][:220]!r}\n"
-                  f"      at {where}; raised by {e.get('frame', '?')}")
-    warned = [r for r in results if r.get("new_code_warnings")]
-    if warned:
-        print("\nwarnings from this round's new codes:")
-    for r in warned:
-        for e in r["new_code_warnings"]:
-            loc = e.get("location") or {}
-            print(f"  {r['family']}/{r['name']}: {e['code']} {e['message'][:220]!r} at {loc.get('file')}:{loc.get('line')}")
-    limited = [r for r in results if r["status"] == "resource_limit"]
-    if limited:
-        print("\nstopped at a resource limit (GP113: not a verdict on the model):")
-    for r in limited:
-        for e in r.get("resource_limits", []):
-            print(f"  {r['family']}/{r['name']}: {e['code']} in phase {e.get('phase')!r}: {e['message'][:220]!r}")
-    for name, s in summary.items():
-        if s["skip_reasons"]:
-            print(f"\nskipped in {name}: " + "; ".join(f"{v}x {k}" for k, v in s["skip_reasons"].items()))
-    print(f"\nsweep: {tot['built']} built, {tot['clean']} clean, {tot['crash']} internal crashes, "
-          f"{tot['false_error']} with false errors, {tot['new_code_warning']} with new-code warnings, "
-          f"{tot['resource_limit']} stopped at a resource limit, "
-          f"{tot['skipped']} skipped, in {wall_s / 60:.1f} min")
-    if any(r.get("steps_audited") is not None for r in results):
-        print(f"steps: the several-steps audit did not run on {tot['steps_not_audited']} of the {tot['built']} built models")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 The model is a VAE (MLP encoder and decoder, batch 128) whose loss is a sum of terms: the reconstruction and the KL,
 plus (with --terms 3) a classifier on the latent mean. A plain step is forward, loss, backward, optimizer step. The
-attributed step is the same step with the per-term attribution around its backward (checks/term_split.py: the graph
+attributed step is the same step with the per-term attribution around its backward (checks/trace/term_split.py: the graph
 split at the root, each term's reach, each term's gradient but the last by autograd.grad, the last by difference).
 Prints the attribution's own cost (the time spent in it, around the step's backward) over the plain step, medians of
 interleaved repeats after a warm-up, and the whole attributed step over the plain one. Target: <= 1.5x.
@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gradprobe.checks.term_split import TermProbe, term_table
+from gradprobe.checks.trace.term_split import TermProbe, term_table
 
 
 class VAE(nn.Module):

@@ -16,7 +16,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from gradprobe.checks import trace_grad_path
-from gradprobe.checks._step import default_loss
+from gradprobe.checks.core.step import default_loss
 
 
 def main() -> None:

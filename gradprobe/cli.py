@@ -7,6 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from gradprobe.serve_command import server_command
 from gradprobe.tools import TOOLS
 
 if TYPE_CHECKING:
@@ -212,30 +213,6 @@ def main(argv: list[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
         sys.exit(1)
-
-
-def server_command() -> dict:
-    """How a host starts this server: the console script next to this interpreter (it never puts the working
-    directory on sys.path), else this interpreter with -P (same, Python 3.11+), else plain -m."""
-    import os
-
-    script = os.path.join(os.path.dirname(sys.executable), "gradprobe")
-    if os.path.isfile(script) and os.access(script, os.X_OK) and _script_runs_this_interpreter(script):
-        return {"command": script, "args": ["serve"]}
-    safe = ["-P"] if sys.version_info >= (3, 11) else []
-    return {"command": sys.executable, "args": [*safe, "-m", "gradprobe", "serve"]}
-
-
-def _script_runs_this_interpreter(script: str) -> bool:
-    import os
-
-    try:
-        with open(script, "rb") as f:
-            first = f.readline(4096)
-    except OSError:
-        return False
-    exe = first[2:].strip().decode(errors="replace") if first.startswith(b"#!") else ""
-    return bool(exe) and os.path.realpath(exe) == os.path.realpath(sys.executable)
 
 
 def _tool_options(p: argparse.ArgumentParser, tool: str) -> None:

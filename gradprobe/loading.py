@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from gradprobe.errors import TargetError, TargetRefError
 from gradprobe.phases import Phase
-from gradprobe.checks.torchcompat import data_descriptor, requires_grad_descriptor
+from gradprobe.checks.core.torchcompat import data_descriptor, requires_grad_descriptor
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 from gradprobe.wrappers import unwrap_library
 
@@ -392,7 +392,7 @@ def _make_optimizer(make_optimizer: Any, model: nn.Module, user: UserCode,
     if isinstance(make_optimizer, torch.optim.Optimizer) or not callable(make_optimizer):
         optimizer, make_optimizer = make_optimizer, None
     else:
-        from gradprobe.checks.group_sources import GroupRecorder, GroupSources
+        from gradprobe.checks.optimizer.group_sources import GroupRecorder, GroupSources
 
         record.group_sources = GroupSources()
         try:

@@ -2,7 +2,7 @@
 limit stopped it (GP113 resource-limit).
 
 Torch-free and process-free: the parent (a cgroup OOM kill it saw), the child's loaders and the
-checks (an allocation a memory limit refused, recognised by checks/torchcompat.allocation_failure)
+checks (an allocation a memory limit refused, recognised by checks/core/torchcompat.allocation_failure)
 all report a limit through this one rule, so `checks/` needs nothing from `sandbox/`.
 """
 

@@ -45,7 +45,7 @@ TOOLS: tuple[Tool, ...] = (
          help="one traced step: which parameters get no gradient and the line that cuts the path", family="GP3"),
     Tool("run_gradcheck", "gradprobe.checks.gradcheck:gradcheck_report", needs_step=True, allows_meta=False,
          help="gradcheck of the custom autograd Functions the model calls", family="GP4"),
-    Tool("verify_prompt_tuning", "gradprobe.checks.prompt_tuning:prompt_report", needs_step=True, allows_meta=False,
+    Tool("verify_prompt_tuning", "gradprobe.checks.prompt:prompt_report", needs_step=True, allows_meta=False,
          help="soft prompt / PEFT prompt-tuning checks", family="GP5"),
     Tool("audit_training", "gradprobe.checks.steps:audit_report", needs_step=True, allows_meta=False,
          help="several real steps of the user's loop: LR as applied, gradients at step time, updates, EMA copies",

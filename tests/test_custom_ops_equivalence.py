@@ -311,7 +311,7 @@ def test_perturbed_check_in_fast_mode_and_signs_kept():
     """Too large for full Jacobians: the perturbed check compares random projections (`perturbed_fast`). A weight of
     one sign moves multiplicatively: a division by 96 weights of 1 never meets a zero (additive noise of 0.5 would put
     one within reach of zero about every other time), so a correct one stays clean."""
-    from gradprobe.checks.gradcheck import check_function
+    from gradprobe.checks.gradcheck.engine import check_function
 
     torch.manual_seed(0)
     x = torch.randn(64, 128, requires_grad=True)

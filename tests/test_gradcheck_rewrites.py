@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from gradprobe.checks import inspect_parameters, run_gradcheck
-from gradprobe.checks.gradcheck import check_function
+from gradprobe.checks.gradcheck.engine import check_function
 
 C = math.sqrt(2.0 / math.pi)
 

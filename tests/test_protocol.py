@@ -88,7 +88,7 @@ async def test_inline_setup_target(client):
 @pytest.mark.anyio
 async def test_a_failure_inside_a_check_is_gp000_never_the_users_error(client):
     # the target's setup breaks one of gradprobe's own checks in the child (as a gradprobe bug would)
-    setup = ("import torch.nn as nn\nimport gradprobe.checks.registration as reg\n"
+    setup = ("import torch.nn as nn\nimport gradprobe.checks.registration.engine as reg\n"
              "def broken(*a, **k):\n    raise KeyError('bug inside gradprobe')\n"
              "reg.check_registration = broken\nmodel = nn.Linear(2, 2)\n")
     result = await client.call_tool("inspect_parameters", {"target": {"project_dir": str(EXAMPLES), "setup": setup}})
@@ -98,7 +98,7 @@ async def test_a_failure_inside_a_check_is_gp000_never_the_users_error(client):
     f = findings[0]
     assert f["name"] == "internal-error" and f["severity"] == "error" and f["location"] is None
     assert "bug inside gradprobe" in f["message"] and "check_registration" not in f["message"]
-    assert "KeyError" in f["evidence"]["traceback"] and "registration.py" in f["evidence"]["traceback"]
+    assert "KeyError" in f["evidence"]["traceback"] and "registration/engine.py" in f["evidence"]["traceback"]
 
 
 @pytest.mark.anyio

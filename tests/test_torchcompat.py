@@ -1,7 +1,7 @@
 """Canaries: each PyTorch message and private API gradprobe depends on, triggered for real.
 
 A PyTorch upgrade that rewords a message or moves a private API fails here, by name,
-instead of silently changing findings (gradprobe/checks/torchcompat.py holds them all).
+instead of silently changing findings (gradprobe/checks/core/torchcompat.py holds them all).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks import torchcompat as tc
+from gradprobe.checks.core import torchcompat as tc
 
 
 def _error_of(fn) -> str:
@@ -280,7 +280,7 @@ def test_custom_function_entry_sees_aliased_apply():
 
 _ALLOCATION_UNDER_RLIMIT = r"""
 import json, resource, sys, torch
-from gradprobe.checks import torchcompat as tc
+from gradprobe.checks.core import torchcompat as tc
 
 # what the sandbox does on CPU: cap the address space (here 1 GiB above what the interpreter holds now)
 vm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmSize:"))

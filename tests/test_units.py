@@ -82,8 +82,8 @@ def test_rank_comes_from_the_rule():
 # ---- graph walks -----------------------------------------------------------------------------
 
 def test_reach_and_chain_walk_the_real_autograd_graph():
-    from gradprobe.checks.graphwalk import chain, reach
-    from gradprobe.checks.candidates import Candidate
+    from gradprobe.checks.trace.graphwalk import chain, reach
+    from gradprobe.checks.trace.candidates import Candidate
 
     w, v = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(3))
     h = (w * 2).exp() + 1
@@ -100,7 +100,7 @@ def test_reach_and_chain_walk_the_real_autograd_graph():
 # ---- patch and restore -----------------------------------------------------------------------
 
 def test_patched_restores_attributes_and_mapping_items_even_on_error():
-    from gradprobe.checks.watches import patched
+    from gradprobe.checks.core.watches import patched
 
     ns = SimpleNamespace(f=1)
     table = {"k": "old"}
@@ -123,7 +123,7 @@ def test_patched_restores_attributes_and_mapping_items_even_on_error():
 
 
 def test_tracer_leaves_torch_as_it_found_it():
-    from gradprobe.checks.recording import GradTracer
+    from gradprobe.checks.trace.recording import GradTracer
     from gradprobe.userframes import UserCode
 
     before = (torch.from_numpy, torch.Tensor.__reduce_ex__, torch.inference_mode.__enter__)
@@ -137,7 +137,7 @@ def test_tracer_leaves_torch_as_it_found_it():
 # ---- the step runner -------------------------------------------------------------------------
 
 def test_step_result_says_why_the_default_step_had_no_loss():
-    from gradprobe.checks._step import run_step
+    from gradprobe.checks.core.step import run_step
     from gradprobe.userframes import UserCode
 
     class Vector(nn.Module):

@@ -16,7 +16,7 @@ def test_own_files_are_told_by_the_package_directory(tmp_path):
     user_file.parent.mkdir(parents=True)
     user_file.write_text("x = 1\n")
     assert not is_gradprobe_file(str(user_file))
-    assert is_gradprobe_file(f"{PACKAGE_DIR}/checks/recording.py")
+    assert is_gradprobe_file(f"{PACKAGE_DIR}/checks/trace/recording.py")
     assert not is_gradprobe_file(f"{PACKAGE_DIR}/demo/broken_model.py")  # the bundled demo is user code
     assert UserCode(str(user_file.parent)).is_user_file(str(user_file))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradprobe.checks.registration import inspect_parameters
+from gradprobe.checks.registration.engine import inspect_parameters
 from gradprobe.tools import run_tool
 
 __all__ = [
@@ -31,13 +31,13 @@ def __getattr__(name: str) -> Any:
     fn: Any
     # the heavier checks import on first use, so `inspect_parameters` stays cheap
     if name == "check_optimizer_coverage":
-        from gradprobe.checks.optimizer import check_optimizer_coverage as fn
+        from gradprobe.checks.optimizer.engine import check_optimizer_coverage as fn
     elif name == "trace_grad_path":
-        from gradprobe.checks.trace import trace_grad_path as fn
+        from gradprobe.checks.trace.engine import trace_grad_path as fn
     elif name == "run_gradcheck":
-        from gradprobe.checks.gradcheck import run_gradcheck as fn
+        from gradprobe.checks.gradcheck.engine import run_gradcheck as fn
     elif name == "verify_prompt_tuning":
-        from gradprobe.checks.prompt_tuning import verify_prompt_tuning as fn
+        from gradprobe.checks.prompt.engine import verify_prompt_tuning as fn
     elif name == "diagnose":
         from gradprobe.checks.diagnosis import diagnose as fn
     elif name == "check_dependencies":

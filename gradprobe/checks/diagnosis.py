@@ -22,16 +22,23 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks import autocast_underflow, compiled, gradcheck, optimizer, precision, prompt_tuning, registration, trace
+from gradprobe.checks.compiled import engine as compiled
+from gradprobe.checks.core.step import StepResult, param_names
+from gradprobe.checks.gradcheck import engine as gradcheck
+from gradprobe.checks.optimizer import engine as optimizer
+from gradprobe.checks.optimizer.param_updates import GP207, NOT_STEPPED, scaler_skipped
+from gradprobe.checks.precision import autocast_underflow
+from gradprobe.checks.precision import low_precision as precision
+from gradprobe.checks.prompt import engine as prompt_tuning
+from gradprobe.checks.registration import engine as registration
 from gradprobe.checks.equivalence import storage
-from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
-from gradprobe.checks.carried_state import carried_graph_findings
-from gradprobe.checks._step import StepResult, param_names
-from gradprobe.checks.gradient_rules import GP307, scaler_overflow
-from gradprobe.checks.param_updates import GP207, NOT_STEPPED, scaler_skipped
 from gradprobe.checks.steps.facts import at
-from gradprobe.checks.grad_recorder import GradRecorder
-from gradprobe.checks.recording import GradTracer
+from gradprobe.checks.trace import engine as trace
+from gradprobe.checks.trace.carried_state import carried_graph_findings
+from gradprobe.checks.trace.grad_recorder import GradRecorder
+from gradprobe.checks.trace.gradient_rules import GP307, scaler_overflow
+from gradprobe.checks.trace.recording import GradTracer
+from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
 from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.loading import BuildRecorder
 from gradprobe.report import make_report

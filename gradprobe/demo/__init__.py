@@ -12,8 +12,8 @@ def run_demo() -> int:
     import anyio
     from mcp import Client, StdioServerParameters
 
-    from gradprobe.cli import server_command
     from gradprobe.render import render_text
+    from gradprobe.serve_command import server_command
 
     async def go() -> dict:
         from mcp.client.stdio import get_default_environment

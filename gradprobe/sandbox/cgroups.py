@@ -19,6 +19,8 @@ import signal
 import time
 import uuid
 
+from gradprobe.sandbox.protocol import Layer
+
 BASE = "/sys/fs/cgroup"
 PARENTS = (BASE, os.path.join(BASE, "unified"), os.path.join(BASE, "memory"), os.path.join(BASE, "pids"))
 
@@ -232,3 +234,8 @@ def clean_stale() -> None:
                 os.rmdir(server)
             except OSError:
                 pass
+
+
+def cgroup_layer(group: CallCgroup) -> Layer:
+    """A call's cgroup as a layer of the report (enforced when it was made)."""
+    return Layer.of(group.ok, group.describe().removeprefix("MISSING: "))

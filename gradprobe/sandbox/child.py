@@ -31,30 +31,6 @@ def _bootstrap_path() -> None:
         sys.path.insert(0, root)
 
 
-def interpreter_error(exc: BaseException) -> str:
-    """The tool error for an interpreter that lacks what the child needs."""
-    return f"this interpreter cannot run gradprobe's checks (it needs torch): {type(exc).__name__}: {exc}"
-
-
-def unusable_interpreter() -> str | None:
-    """Why this interpreter cannot run the checks (no torch, a torch or Python too old), or None (standard library
-    only: it runs before the protocol's models are imported)."""
-    from gradprobe.sandbox.interpreter import MIN_PYTHON, MIN_TORCH, SUPPORTED
-
-    here = f"Python {sys.version.split()[0]}"
-    if sys.version_info[:2] < MIN_PYTHON:
-        return f"this interpreter is {here}, older than gradprobe supports ({SUPPORTED})"
-    try:
-        import torch
-    except ImportError as exc:
-        return f"this interpreter ({here}) has no torch ({type(exc).__name__}: {exc}); gradprobe needs {SUPPORTED}"
-    version = str(getattr(torch, "__version__", "0"))
-    parts = tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
-    if parts < MIN_TORCH:
-        return f"this interpreter's torch is {version} ({here}), older than gradprobe supports ({SUPPORTED})"
-    return None
-
-
 class Channel:
     """Protocol messages to the parent over the result pipe."""
 
@@ -97,6 +73,8 @@ def run(job: Job, fd: int) -> None:
 
 def _no_protocol(fd: int, exc: ImportError) -> None:
     """The one message written without the models (an import the protocol needs may be what the interpreter lacks)."""
+    from gradprobe.sandbox.interpreter import interpreter_error, unusable_interpreter
+
     error = unusable_interpreter() or interpreter_error(exc)
     line: dict[str, Any] = {"type": "result", "report": {"tool_error": error, "tool_error_kind": "interpreter"}}
     os.write(fd, (json.dumps(line) + "\n").encode())

@@ -171,7 +171,7 @@ def load_failure_report(tool: str, exc: Any, user: Any) -> dict[str, Any]:
     text = str(cause)
     evidence = {"phase": exc.phase, "exception": type(cause).__name__, "traceback": tb}
     finding: Finding
-    from gradprobe.checks.torchcompat import MISSING_SUPER_INIT, allocation_failure  # the child has torch
+    from gradprobe.checks.core.torchcompat import MISSING_SUPER_INIT, allocation_failure  # the child has torch
 
     limit = allocation_failure(exc.cause)
     if limit is not None:
@@ -201,7 +201,7 @@ def _class_of_failing_init(exc: BaseException) -> str | None:
 def internal_error_report(tool: str, exc: BaseException) -> dict[str, Any]:
     """GP000: a check of gradprobe raised. Never blamed on the user; the evidence holds our traceback.
     An allocation a memory limit refused inside a check is GP113: a resource limit, not a gradprobe bug."""
-    from gradprobe.checks.torchcompat import allocation_failure  # the child has torch
+    from gradprobe.checks.core.torchcompat import allocation_failure  # the child has torch
 
     limit = allocation_failure(exc)
     if limit is not None:

@@ -29,6 +29,30 @@ if TYPE_CHECKING:
 MIN_PYTHON = (3, 10)
 MIN_TORCH = (2, 1)
 SUPPORTED = "Python >= 3.10 with torch >= 2.1"
+
+
+def interpreter_error(exc: BaseException) -> str:
+    """The tool error for an interpreter that lacks what the child needs."""
+    return f"this interpreter cannot run gradprobe's checks (it needs torch): {type(exc).__name__}: {exc}"
+
+
+def unusable_interpreter() -> str | None:
+    """Why this interpreter cannot run the checks (no torch, a torch or Python too old), or None (standard library
+    only: it runs before the protocol's models are imported). Called in the child, about the child's interpreter."""
+    here = f"Python {sys.version.split()[0]}"
+    if sys.version_info[:2] < MIN_PYTHON:
+        return f"this interpreter is {here}, older than gradprobe supports ({SUPPORTED})"
+    try:
+        import torch
+    except ImportError as exc:
+        return f"this interpreter ({here}) has no torch ({type(exc).__name__}: {exc}); gradprobe needs {SUPPORTED}"
+    version = str(getattr(torch, "__version__", "0"))
+    parts = tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
+    if parts < MIN_TORCH:
+        return f"this interpreter's torch is {version} ({here}), older than gradprobe supports ({SUPPORTED})"
+    return None
+
+
 SERVER = "server"  # `"python": "server"`: force the server's own interpreter
 ENV_DIRS = (".venv", "venv", "env", ".pixi/envs/default")
 HOW_TO_NAME = ('name the right one with the target\'s `python` (an absolute path, e.g. "/home/ana/proj/.venv/bin/python"; '

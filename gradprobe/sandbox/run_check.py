@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gradprobe.sandbox.interpreter import interpreter_error, unusable_interpreter
 from gradprobe.sandbox.protocol import Job, Phase, ToolError, json_safe
 from gradprobe.tools import BY_NAME, Tool
 
@@ -17,16 +18,12 @@ def run_job(job: Job | Mapping[str, Any], progress: Progress) -> ToolError | dic
     spec = BY_NAME.get(job.tool)
     if spec is None:
         return ToolError(tool_error=f"unknown tool {job.tool!r}")
-    from gradprobe.sandbox.child import unusable_interpreter
-
     unusable = unusable_interpreter()
     if unusable:
         return ToolError(tool_error=unusable, tool_error_kind="interpreter")
     try:
         from gradprobe.loading import load_target  # noqa: F401  (torch: the interpreter's first need)
     except Exception as exc:  # torch missing or too old in the chosen interpreter
-        from gradprobe.sandbox.child import interpreter_error
-
         return ToolError(tool_error=interpreter_error(exc), tool_error_kind="interpreter")
     import tempfile
 

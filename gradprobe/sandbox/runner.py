@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 
 from gradprobe.render import clean
-from gradprobe.sandbox.cgroups import CallCgroup, server_dir_name
+from gradprobe.sandbox.cgroups import CallCgroup, cgroup_layer, server_dir_name
 from gradprobe.sandbox.interpreter import Interpreter, InterpreterError, resolve
 from gradprobe.sandbox.isolation import become_subreaper
 from gradprobe.sandbox.protocol import (CHILD_MESSAGE, ChildLimits, CgroupSpec, Control, Job, Layer, Phase, Policy,
@@ -524,11 +524,6 @@ async def run_child(
     call = _ChildCall(job, python=python, timeout_s=timeout_s, limits=limits or Limits(), progress=progress, warm=warm,
                       allowed_roots=allowed_roots)
     return await call.run()
-
-
-def cgroup_layer(group: CallCgroup) -> Layer:
-    """A call's cgroup as a layer of the report (enforced when it was made)."""
-    return Layer.of(group.ok, group.describe().removeprefix("MISSING: "))
 
 
 def _gpu_devices() -> list[str]:

@@ -245,7 +245,7 @@ def _cgroup_for(policy: Policy) -> CallCgroup | None:
 
 def _joined(group: CallCgroup) -> dict[str, Any]:
     """The policy's fields for a call that joins `group`."""
-    from gradprobe.sandbox.runner import cgroup_layer
+    from gradprobe.sandbox.cgroups import cgroup_layer
 
     return {"cgroups": group.procs_files if group.ok else [], "cgroup_state": cgroup_layer(group)}
 

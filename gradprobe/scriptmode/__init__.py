@@ -3,6 +3,7 @@ user's own training script (or `python -m` module) until its first step, watchin
 autograd, modules, ranks) as they happen, then check that step in place.
 
     first_step.py  the tool call on a script target: run, check the captured step, report
+    checked_step.py the checks on the captured step, replayed in place (first_step.py's and audit.py's)
     run.py         run the script as __main__ under a timer; GP112 when it reaches no step
     observe.py     the watch: module calls, backwards, optimizer steps, as they happen
     step.py        replay the captured step for the checks (after the script's own step ran; a failure is left out)
@@ -12,6 +13,6 @@ autograd, modules, ranks) as they happen, then check that step in place.
     owners.py      several optimizers in the script's loop: GP212/GP213's watch (checks/steps/optimizer_owners.py)
     ranks.py       several ranks in one call: `world_size` > 1 (torchrun-style forked ranks) and workers the script
                    starts with torch.multiprocessing.spawn; each rank runs first_step.py's job
-    rankwatch.py   what each rank measures for the checks across ranks (gradprobe/checks/ranks.py)
+    rankwatch.py   what each rank measures for the checks across ranks (gradprobe/checks/ranks/rules.py)
     rankmerge.py   the ranks' reports merged (each finding says its ranks) and the checks across ranks
 """

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import call_model
-from gradprobe.checks.autocast_underflow import GP708, AutocastWatch, script_underflow
+from gradprobe.checks.core.step import call_model
+from gradprobe.checks.precision.autocast_underflow import GP708, AutocastWatch, script_underflow
 from gradprobe.report import make_report
 from gradprobe.scriptmode.observe import ModuleCall
 from gradprobe.scriptmode.step import Replay, _call_of, _get, _method_of

@@ -42,7 +42,7 @@ def run_audit_job(target: dict[str, Any], options: dict[str, Any], progress: Cal
                   diagnose: bool = False) -> ToolError | dict[str, Any]:
     from gradprobe.checks.steps.amp import ScalerWatch
     from gradprobe.loading import BuildRecord, BuildRecorder, seed_everything
-    from gradprobe.scriptmode.first_step import deliver_and_exit, left_out
+    from gradprobe.scriptmode.checked_step import deliver_and_exit, left_out
     from gradprobe.scriptmode.observe import StepWatch, StopScript
     from gradprobe.scriptmode.run import run_script
     from gradprobe.scriptmode.watch_steps import ScriptSteps
@@ -107,7 +107,7 @@ def _diagnose_after(audit: ToolError | dict[str, Any], target: dict[str, Any], o
     the watched steps before it given to diagnose's report. A failure of gradprobe's is left out, never the user's."""
     import torch
 
-    from gradprobe.scriptmode.first_step import _check_step, left_out
+    from gradprobe.scriptmode.checked_step import check_step, left_out
 
     if isinstance(audit, ToolError):
         audit_or_note: dict[str, Any] | str = f"the audit of the watched steps failed: {audit.tool_error[:300]}"
@@ -118,7 +118,7 @@ def _diagnose_after(audit: ToolError | dict[str, Any], target: dict[str, Any], o
     report: ToolError | dict[str, Any]
     try:
         with torch.enable_grad():
-            report = _check_step("diagnose", target, options, progress, run, record, steps_audit=audit_or_note)
+            report = check_step("diagnose", target, options, progress, run, record, steps_audit=audit_or_note)
     except Exception as exc:  # ours; the script's own steps ran
         report = left_out("diagnose", exc, "gradprobe's checks of the script's step")
     if isinstance(report, ToolError):

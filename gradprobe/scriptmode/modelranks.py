@@ -13,7 +13,7 @@ watches) and script mode's checks run there; the ranks' reports are merged by ra
    of its own, as a DistributedSampler gives each rank different data;
 3. the model build_model() returned is wrapped in DistributedDataParallel (defaults) unless it already is distributed
    (a DDP or FSDP wrapper, a `fully_shard`ed module, DTensor parameters), or has nothing to train;
-4. the step runs as in the single-rank form (checks/_step.attempt_step) on the wrapped model: the target's
+4. the step runs as in the single-rank form (checks/core/step.attempt_step) on the wrapped model: the target's
    train_step, or forward, the target's loss (or the default loss), zero_grad, backward and optimizer.step() with
    the target's optimizer, or an SGD over the trainable parameters when the target has none. It is repeated on the
    same batch until the step watch stops it.
@@ -69,7 +69,7 @@ class ModelStep:
     def __call__(self) -> None:
         import torch.distributed as dist
 
-        from gradprobe.checks._step import StepResult, attempt_step
+        from gradprobe.checks.core.step import StepResult, attempt_step
         from gradprobe.errors import TargetError, TargetRefError
         from gradprobe.loading import load_target
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks.autocast_underflow import autocast_state
+from gradprobe.checks.precision.autocast_underflow import autocast_state
 from gradprobe.userframes import UserCode
 
 PHASES = ("imports and setup (no module built yet)", "a module built", "an optimizer created",

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from gradprobe.checks._step import param_names
+from gradprobe.checks.core.step import param_names
 from gradprobe.checks.steps.optimizer_owners import OwnersWatch
 from gradprobe.userframes import UserCode
 

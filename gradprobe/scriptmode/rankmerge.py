@@ -1,20 +1,32 @@
 """One report from the ranks of a script (ranks.py): each rank's own findings merged, each saying which ranks it
-holds on (`evidence.ranks`), and the checks across ranks (gradprobe/checks/ranks.py) on what the ranks measured."""
+holds on (`evidence.ranks`), and the checks across ranks (gradprobe/checks/ranks/rules.py) on what the ranks measured."""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
-from gradprobe.checks.ranks import GP703, GP706, GP707, RANK_RULES, RankFacts, StuckRank
-from gradprobe.sandbox.failures import GP112
+from gradprobe.checks.ranks.rules import GP703, GP706, GP707, RANK_RULES, RankFacts, StuckRank
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
+from gradprobe.sandbox.failures import GP112
 from gradprobe.sandbox.protocol import ToolError
 from gradprobe.scriptmode.rankwatch import collective_of, last_dump
-from gradprobe.scriptmode.ranks import RankOutcome
 from gradprobe.userframes import UserCode
+
+
+@dataclass
+class RankOutcome:
+    """How the ranks ended: reported, exited without a report (their wait status), or stuck (no step, stack dumped)."""
+
+    out_dir: str
+    count: int
+    exits: dict[int, int] = field(default_factory=dict)
+    stuck: list[int] = field(default_factory=list)
+    unfinished: list[int] = field(default_factory=list)  # stepped, but their checks did not end in time
+    seconds: float = 0.0
 
 
 def _load(out_dir: str, kind: str, i: int) -> Any:

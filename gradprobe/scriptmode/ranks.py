@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from gradprobe.sandbox.protocol import Phase, Result, ToolError, json_safe
+from gradprobe.scriptmode.rankmerge import RankOutcome, merge_ranks
 from gradprobe.scriptmode.rankwatch import write_json
 
 # the share of the call's timeout after which a rank that reached no step is stuck (as run.py's SCRIPT_SHARE), and
@@ -95,18 +96,6 @@ def rank_process(tool: str, target: dict[str, Any], options: dict[str, Any], out
     if isinstance(entry, ModelStep):  # a build_model() target: its load failure, what the rank did
         report = entry.finish(tool, report)
     chan.finish(Result(report=report if isinstance(report, ToolError) else json_safe(report)))
-
-
-@dataclass
-class RankOutcome:
-    """How the ranks ended: reported, exited without a report (their wait status), or stuck (no step, stack dumped)."""
-
-    out_dir: str
-    count: int
-    exits: dict[int, int] = field(default_factory=dict)
-    stuck: list[int] = field(default_factory=list)
-    unfinished: list[int] = field(default_factory=list)  # stepped, but their checks did not end in time
-    seconds: float = 0.0
 
 
 def rank_dir() -> str:
@@ -218,7 +207,6 @@ def _call_t0(progress: Progress) -> float:
 
 def run_torchrun_style(tool: str, target: dict[str, Any], options: dict[str, Any],
                        progress: Progress) -> ToolError | dict[str, Any]:
-    from gradprobe.scriptmode.rankmerge import merge_ranks
 
     from gradprobe.scriptmode.modelranks import ModelStep
 
@@ -341,7 +329,6 @@ def run_script_ranks(tool: str, target: dict[str, Any], options: dict[str, Any],
         follow.uninstall()
     if follow.outcome is None:
         return report
-    from gradprobe.scriptmode.rankmerge import merge_ranks
 
     progress(Phase.CHECKING)
     return merge_ranks(tool, target, follow.outcome, how="mp.spawn", spawn_location=follow.location)

@@ -1,4 +1,4 @@
-"""What one rank of a several-rank script run measures for the checks across ranks (gradprobe/checks/ranks.py).
+"""What one rank of a several-rank script run measures for the checks across ranks (gradprobe/checks/ranks/rules.py).
 
 Installed in each rank process before the script (or the spawned worker's function) runs, beside the step watch
 (scriptmode/observe.py), and independent of it:

@@ -153,7 +153,7 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
 def no_step_finding(run: ScriptRun, target: dict[str, Any]) -> Finding:
     """GP112: the script never reached a training step; say how it ended and how far it got (GP113 when a memory
     limit stopped it: a resource limit, not the script's error)."""
-    from gradprobe.checks.torchcompat import allocation_failure
+    from gradprobe.checks.core.torchcompat import allocation_failure
     from gradprobe.outcomes import resource_limit_finding
 
     watch = run.watch

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import floating_outputs
+from gradprobe.checks.core.step import floating_outputs
 from gradprobe.scriptmode.observe import Backward, ModuleCall, StepWatch
 from gradprobe.userframes import UserCode
 from gradprobe.wrappers import unwrap_library

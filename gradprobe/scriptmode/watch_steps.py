@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import param_names
+from gradprobe.checks.core.step import param_names
 from gradprobe.checks.steps.copies import UpdateWatch, kept_share, versions
 from gradprobe.checks.steps.facts import EmaCopy
 from gradprobe.checks.steps.outside_copies import Held, HeldCopies, HeldInterval, close_interval, kept_by_site, open_interval

@@ -23,7 +23,7 @@ from gradprobe.checks.dependencies.harness import probed, untouched
 from gradprobe.checks.dependencies.jacobian import Leak, Sample, alone, choose, dependency_maps, judge, plan
 from gradprobe.checks.dependencies.rules import RULES, DepFacts, LeakFact
 from gradprobe.checks.dependencies.segments import Segments, find_padding, find_segments
-from gradprobe.checks.watches import patched
+from gradprobe.checks.core.watches import patched
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
 
@@ -67,7 +67,7 @@ class _Captured(BaseException):
 
 def _loss_in_output(out: Any, batch: Any) -> torch.Tensor | None:
     """The loss a model returns itself (HF `.loss`, nanoGPT's `(logits, loss)`): its 0-d output that requires grad."""
-    from gradprobe.checks._step import default_loss, floating_outputs
+    from gradprobe.checks.core.step import default_loss, floating_outputs
 
     found = [o for o in floating_outputs(out) if o.dim() == 0 and o.requires_grad]
     return found[0] if found else default_loss(out)
@@ -154,7 +154,7 @@ def _renumber(groups: list[list[int]]) -> list[list[int]]:
 
 def _plain_call_works(loaded: Any) -> bool:
     """Whether the model runs on the batch without the probe (then a probe that failed is gradprobe's failure)."""
-    from gradprobe.checks._step import call_model
+    from gradprobe.checks.core.step import call_model
 
     try:
         with untouched(loaded.model), torch.no_grad():

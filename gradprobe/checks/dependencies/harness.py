@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks._step import call_model, compute_loss, floating_outputs
+from gradprobe.checks.core.step import call_model, compute_loss, floating_outputs
 from gradprobe.userframes import UserCode, is_gradprobe_file
 
 _DROPOUTS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,

@@ -1,7 +1,7 @@
 """Comparison 4: a custom or fused op against its reference.
 
 Every custom autograd.Function the model really calls is checked against finite differences on the inputs it really
-gets (checks/gradcheck.py), at the recorded weights and at the weights perturbed (op_states.py), with tolerances from
+gets (checks/gradcheck/engine.py), at the recorded weights and at the weights perturbed (op_states.py), with tolerances from
 the dtype it computes in (op_precision.py): GP401-GP409. A module the user marks as the replacement of another
 (`reference`) is compared with it on the same weights and recorded inputs (reference.py): GP804. run_gradcheck and
 diagnose run the first today; run_gradcheck's `reference` option the second; `run` is both, for check_equivalence.
@@ -58,7 +58,7 @@ def reference_report(loaded: Loaded, option: Any) -> tuple[list[Finding], dict[s
 def run(loaded: Loaded, options: dict[str, Any]) -> dict[str, Any]:
     """Comparison 4 for check_equivalence: every custom Function (recorded and perturbed weights, dtype tolerances),
     and `options["reference"]` when given."""
-    from gradprobe.checks import gradcheck
+    from gradprobe.checks.gradcheck import engine as gradcheck
 
     watch, direct, error, limited = gradcheck.discover(loaded)
     findings, facts = gradcheck.gradcheck_findings(loaded, watch, direct)

@@ -86,7 +86,7 @@ class _Watch:
 
 
 def _loss_on(loaded: Any) -> tuple[torch.Tensor | None, str]:
-    from gradprobe.checks._step import call_model
+    from gradprobe.checks.core.step import call_model
 
     try:
         out = call_model(loaded.model, loaded.batch)
@@ -116,7 +116,7 @@ def accumulation_in_process(loaded: Any, options: dict[str, Any]) -> dict[str, A
     if int(options.get("_world_size") or 1) > 1:
         return result(True, not_run=[{"check": "the accumulation comparison at several ranks", "cause": "not_applicable",
                                       "why": "a build_model() target is compared as one process"}])
-    from gradprobe.checks._step import param_names
+    from gradprobe.checks.core.step import param_names
 
     model, steps = loaded.model, int(options.get("steps") or 2)
     names = {pid: ns[0] for pid, ns in param_names(model).items()}
@@ -163,7 +163,7 @@ def accumulation_in_process(loaded: Any, options: dict[str, Any]) -> dict[str, A
 def _full_batch(loaded: Any, tensors: list[torch.Tensor], before: list[torch.Tensor],
                 same: SameComputation) -> tuple[dict[str, torch.Tensor | None], dict[str, Any]] | str:
     """The full-batch gradient from the pre-step weights `before` (the trained ones put back after), or why not."""
-    from gradprobe.checks._step import param_names
+    from gradprobe.checks.core.step import param_names
 
     model = loaded.model
     trained = [t.detach().clone() for t in tensors]

@@ -21,12 +21,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import backward_grads, call_model, param_names
+from gradprobe.checks.core.step import backward_grads, call_model, param_names
 from gradprobe.checks.dependencies.claims import ce_targets, layout
 from gradprobe.checks.dependencies.explain import _kwargs, accepts, blocks_of
 from gradprobe.checks.dependencies.harness import ProbeMode, outputs_of, probed, untouched
 from gradprobe.checks.dependencies.segments import Segments, find_segments, restarting_positions
-from gradprobe.checks._step import compute_loss
+from gradprobe.checks.core.step import compute_loss
 from gradprobe.findings import Rule
 
 # (loss relative error, gradient relative error, cosine at least) by the dtype the parameters compute in

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._apply import ApplyWatch
-from gradprobe.checks._step import floating_outputs, run_step
+from gradprobe.checks.core.function_calls import ApplyWatch
+from gradprobe.checks.core.step import floating_outputs, run_step
 from gradprobe.checks.equivalence import op_blame, op_states
 from gradprobe.checks.equivalence.op_precision import _Dtypes, _eps
-from gradprobe.checks.jacobians import backward_lines
+from gradprobe.checks.core.function_calls import backward_lines
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.userframes import location
 

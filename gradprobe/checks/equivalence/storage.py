@@ -451,7 +451,7 @@ def facts_dict(facts: StorageFacts) -> dict[str, Any]:
 
 def run(loaded: Loaded, options: dict[str, Any]) -> dict[str, Any]:
     """Comparison 5 (one storage, two parameters): by storage identity, and the consequence at one real step."""
-    from gradprobe.checks._step import run_step
+    from gradprobe.checks.core.step import run_step
 
     model = loaded.model
     if not any(True for _ in model.parameters()):

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradprobe.checks.gradient_rules import GP306, checked_initialisation
-from gradprobe.checks.optimizer import GP201
+from gradprobe.checks.optimizer.engine import GP201
 from gradprobe.checks.steps.engine import audit_run
 from gradprobe.checks.steps.facts import AuditFacts
-from gradprobe.checks.steps.partners import partner_facts
+from gradprobe.checks.steps.partners import checked_initialisation, partner_facts
+from gradprobe.checks.trace.gradient_rules import GP306
 from gradprobe.findings import Finding
 
 MAX_VERIFIED = 8

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks._step import param_names, run_step
+from gradprobe.checks.core.step import param_names, run_step
 from gradprobe.checks.steps.accumulation import LossFactors, accumulation_lines, factors_of_step
 from gradprobe.checks.steps.amp import AMP_RULES, ScalerWatch
 from gradprobe.checks.steps.copies import AfterStep, UpdateWatch, kept_share, twins, versions

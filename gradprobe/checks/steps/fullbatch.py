@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from gradprobe.checks._step import call_model
+from gradprobe.checks.core.step import call_model
 from gradprobe.checks.steps.accumulation import described, divided_twice_at
 from gradprobe.checks.steps.facts import AuditFacts, FullBatch, OptStep, at
 from gradprobe.checks.steps.gradients import MEASURED_ONE

@@ -3,7 +3,7 @@ over the audited steps (audit_training: the user's own train_step, or a script's
 optimizer). In script mode (scriptmode/watch_steps.py) the watch starts at the main optimizer's first step, over the
 optimizers alive then, and one "call" runs from one main step to the next.
 
-Measured by identity on the optimizers the target holds (checks/several_optimizers.live_optimizers) and their
+Measured by identity on the optimizers the target holds (checks/optimizer/several_optimizers.live_optimizers) and their
 parameters, never by names:
 
     GP212 zero-grad-on-wrong-optimizer   a parameter's gradient that its optimizer's step() had already used was still
@@ -29,9 +29,9 @@ import torch
 import torch.nn as nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from gradprobe.checks._step import param_names
-from gradprobe.checks.rule_text import line_of
-from gradprobe.checks.several_optimizers import live_optimizers
+from gradprobe.checks.core.step import param_names
+from gradprobe.checks.core.rule_text import line_of
+from gradprobe.checks.optimizer.several_optimizers import live_optimizers
 from gradprobe.findings import Finding, Rule, run_rules
 from gradprobe.userframes import UserCode
 

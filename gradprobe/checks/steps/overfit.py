@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from gradprobe.checks._step import param_names, run_step
+from gradprobe.checks.core.step import param_names, run_step
 from gradprobe.checks.steps.facts import at, listed
 from gradprobe.checks.steps.observe import norms
 from gradprobe.checks.steps.overfit_terms import TermInfo, TermRecord, TermWatch, returned_nodes, slope_t
-from gradprobe.checks.term_split import Reach
+from gradprobe.checks.trace.term_split import Reach
 from gradprobe.findings import Finding, Rule, Situation
 from gradprobe.wrappers import compiled_wrapper
 

@@ -1,8 +1,8 @@
 """The loss's terms at each step of overfit one batch (overfit.py): their values, their lines, the parameters they reach.
 
 The terms are found as the single-step checks find them, never by name: the entries a `train_step` returned (a dict or
-a tuple of scalars), else the entries a `loss_fn` returned that gradprobe summed (checks/loss_parts.py), else the
-additions near the root of the loss that backward() runs on (checks/term_split.py). A light TorchFunctionMode keeps the
+a tuple of scalars), else the entries a `loss_fn` returned that gradprobe summed (checks/core/loss_parts.py), else the
+additions near the root of the loss that backward() runs on (checks/trace/term_split.py). A light TorchFunctionMode keeps the
 scalar values the step computed by their autograd node, with the user line that computed them, so that a term found in
 the graph has a value at every step: its value times the constant factor it enters the loss with (a weight, a sign, a
 division by the batch size), so that the terms add up to the loss and a term's trend is that of its share of it.
@@ -19,10 +19,10 @@ import torch
 from torch.autograd.graph import GradientEdge
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks.loss_parts import declared
+from gradprobe.checks.core.loss_parts import declared
 from gradprobe.checks.steps.facts import at
-from gradprobe.checks.term_split import Reach, split_edges
-from gradprobe.checks.torchcompat import untraced
+from gradprobe.checks.trace.term_split import Reach, split_edges
+from gradprobe.checks.core.torchcompat import untraced
 
 MAX_BACKWARDS = 4  # backward() calls per step whose loss is split
 
