@@ -366,7 +366,7 @@ def _resolve_references(target: dict[str, Any], resolver: Resolver, found: dict[
 
 
 def _build_model(model: Any, user: UserCode, record: BuildRecord, meta: bool) -> nn.Module:
-    from gradprobe.checks.several.modelset import from_given
+    from gradprobe.modelset import from_given
 
     if model is None:
         raise TargetRefError("no model: give `model` or define `model` in setup")
@@ -436,7 +436,7 @@ def load_target(target: dict[str, Any], progress: Callable[[str], None] = lambda
         _resolve_references(target, Resolver(project_dir), found)
 
     progress(Phase.BUILDING)
-    from gradprobe.checks.several.modelset import ModelSet, for_user
+    from gradprobe.modelset import ModelSet, for_user
 
     model, wrapper = unwrap_library(_build_model(found.get("model"), user, record, meta))
     info: dict[str, Any] = {"device": device, "grad_enabled_after_build": torch.is_grad_enabled()}

@@ -173,7 +173,7 @@ async def test_script_mode(client, project, expect):
 
 def test_storage_run_contract():
     """The comparison module's `run` (what check_equivalence calls): applies, findings, verified, not_run, facts."""
-    from gradprobe.checks.equivalence import storage
+    from gradprobe.checks.registration import shared_storage as storage
     from gradprobe.loading import load_target
 
     loaded = load_target({"project_dir": str(EXAMPLES), "model": TIE.name})

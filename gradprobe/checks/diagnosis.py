@@ -31,7 +31,7 @@ from gradprobe.checks.precision import autocast_underflow
 from gradprobe.checks.precision import low_precision as precision
 from gradprobe.checks.prompt import engine as prompt_tuning
 from gradprobe.checks.registration import engine as registration
-from gradprobe.checks.equivalence import storage
+from gradprobe.checks.registration import shared_storage as storage
 from gradprobe.checks.steps.facts import at
 from gradprobe.checks.trace import engine as trace
 from gradprobe.checks.trace.carried_state import carried_graph_findings

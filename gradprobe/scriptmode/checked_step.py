@@ -38,7 +38,8 @@ def check_step(tool: str, target: dict[str, Any], options: dict[str, Any], progr
     from gradprobe.tools import run_tool
     from gradprobe.loading import Loaded
     from gradprobe.scriptmode.run import no_step_report
-    from gradprobe.scriptmode.step import backward_locations, replay
+    from gradprobe.scriptmode.replay import replay
+    from gradprobe.scriptmode.step import backward_locations
     from gradprobe.wrappers import compiled_wrapper
 
     watch = run.watch

@@ -6,14 +6,28 @@ reference is set up. A plan is a dict: `target`, `processes`, `distributed`, `fe
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from gradprobe.scriptmode.paired import SetupRun
+from dataclasses import dataclass, field
+from typing import Any
 
 FRAMEWORK_KNOBS = {"transformers": "the Trainer's gradient_accumulation_steps",
                    "lightning": "Lightning's accumulate_grad_batches",
                    "accelerate": "accelerate's gradient_accumulation_steps"}
+
+
+# one setup's run (scriptmode/paired.py starts it), as the plans read it
+@dataclass
+class SetupRun:
+    role: str
+    out_dir: str
+    processes: int
+    infos: list[dict[str, Any] | None] = field(default_factory=list)
+    exits: dict[int, int] = field(default_factory=dict)
+    killed: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def public(self) -> dict[str, Any]:
+        return {"dir": self.out_dir, "processes": self.processes, "exits": self.exits, "killed": self.killed,
+                "seconds": round(self.seconds, 3)}
 
 
 def _refused(check: str, why: str) -> dict[str, Any]:

@@ -122,7 +122,7 @@ def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> d
     from gradprobe.checks.steps.facts import AuditFacts
     from gradprobe.checks.steps.gradients import ONE_STEP_RULES
     from gradprobe.findings import run_rules
-    from gradprobe.checks.several.modelset import ModelSet
+    from gradprobe.modelset import ModelSet
     from gradprobe.scriptmode.step import choose_model
 
     zeroed = [c for s in first.opt_steps for c in s.changes if c.before > 0 and not c.after]

@@ -15,7 +15,7 @@ A module that nothing but gradprobe holds (an old module the script replaced aft
 them, so the optimizer's tensors that only it holds are stale (GP202). Each model is named after the script's own
 variable (or key, or attribute) that holds it, found by identity in the user's frames, the outermost frame first (the
 one that holds it longest); else after its class. With one trained model the model is that module, as it always was;
-with several, a ModelSet (checks/several/modelset.py) holds them under those names.
+with several, a ModelSet (modelset.py) holds them under those names.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks.several.modelset import ModelSet, reserved_names
+from gradprobe.modelset import ModelSet, reserved_names
 from gradprobe.userframes import UserCode
 
 _MAX_ITEMS = 64  # items of a container looked at

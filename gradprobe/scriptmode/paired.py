@@ -23,29 +23,14 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from gradprobe.sandbox.protocol import Phase, ToolError
+from gradprobe.scriptmode.feeds import SetupRun
 
 PAIRED = ("ranks", "accumulation")  # the comparisons that need paired runs of a script (the others take one Loaded)
 A_SHARE, B_SHARE = 0.4, 0.25  # of the call's timeout: the setup under test, each reference
 Progress = Callable[[str], None]
-
-
-@dataclass
-class SetupRun:
-    role: str
-    out_dir: str
-    processes: int
-    infos: list[dict[str, Any] | None] = field(default_factory=list)
-    exits: dict[int, int] = field(default_factory=dict)
-    killed: list[int] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def public(self) -> dict[str, Any]:
-        return {"dir": self.out_dir, "processes": self.processes, "exits": self.exits, "killed": self.killed,
-                "seconds": round(self.seconds, 3)}
 
 
 def _exec_target(target: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks.several.modelset import FromCall, ModelSet, PlannedCall, sink_key
+from gradprobe.modelset import FromCall, ModelSet, PlannedCall, sink_key
 from gradprobe.scriptmode.members import Member, Members, find_members, model_of, window_start
 from gradprobe.scriptmode.observe import ModuleCall, StepWatch
 from gradprobe.scriptmode.step import Replay, _paths, graph_leaves, loss_from_output
@@ -142,7 +142,7 @@ def _loss(recs: list[ModuleCall], calls: list[PlannedCall], sinks: list[int],
 
 def several_replay(watch: StepWatch, captured: Any, roots: list[torch.Tensor], user: UserCode,
                    members: Members | None = None) -> Replay | None:
-    """The replayed step over several models (None when the script trains one: step.replay's own path)."""
+    """The replayed step over several models (None when the script trains one: step.replay_one's path)."""
     _, leaf_ids, _ = graph_leaves(roots)
     start = window_start(watch)
     step_roots = [b.root for b in watch.backwards if b.root is not None and b.seq > start] or roots

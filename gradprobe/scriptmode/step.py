@@ -97,7 +97,7 @@ def unwrap(m: nn.Module, user: UserCode) -> nn.Module:
 def outermost_modules() -> list[nn.Module]:
     # type(), not isinstance(): a dead weakref.proxy among gc's objects (torch.compile leaves some)
     # raises ReferenceError on any attribute access, __class__ included
-    from gradprobe.checks.several.modelset import ModelSet
+    from gradprobe.modelset import ModelSet
 
     # a ModelSet of gradprobe's own (several models checked as one) holds the user's models, it is none of them
     mods = [o for o in gc.get_objects() if issubclass(type(o), nn.Module) and not issubclass(type(o), ModelSet)]
@@ -217,18 +217,14 @@ def _scalar_loss(value: Any) -> torch.Tensor | None:
     return None
 
 
-def replay(watch: StepWatch, user: UserCode) -> Replay | None:
-    """Choose the model and build the replayed step; None when nothing was trained."""
+def replay_one(watch: StepWatch, user: UserCode) -> Replay | None:
+    """Choose the one model and build the replayed step; None when nothing was trained (scriptmode/replay.py first
+    asks whether several models were trained)."""
     cap = watch.capture
     roots = [b.root for b in watch.backwards if b.root is not None]
     in_opt: set[int] = set()
     if cap is not None and cap.optimizer is not None:
         in_opt = {id(p) for g in cap.optimizer.param_groups for p in g["params"]}
-    from gradprobe.scriptmode.several import several_replay
-
-    several = several_replay(watch, cap.optimizer if cap is not None else None, roots, user)
-    if several is not None:  # several models trained: every one of this step's, under the script's names for them
-        return several
     _, leaf_ids, _ = graph_leaves(roots)
     model, facts = choose_model(watch, in_opt, leaf_ids, user)
     if model is None:
@@ -301,4 +297,4 @@ def backward_locations(backwards: list[Backward]) -> list[dict]:
     return out[:5]
 
 
-__all__ = ["Replay", "replay", "graph_leaves", "floating_outputs", "backward_locations"]
+__all__ = ["Replay", "replay_one", "graph_leaves", "floating_outputs", "backward_locations"]

@@ -15,12 +15,11 @@ import ast
 import inspect
 import textwrap
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, cast
 
 import torch
 
-from gradprobe.checks.equivalence.op_states import weight_like
 from gradprobe.checks.core.torchcompat import custom_function_entry, untraced
 from gradprobe.userframes import location
 
@@ -29,6 +28,36 @@ MAX_GRAPH_NODES = 4000  # graph nodes walked per input to name the parameters up
 _state = threading.local()
 _watchers: list[ApplyWatch] = []
 _ENTRY_OWNER, _ENTRY_NAME, _C_APPLY = custom_function_entry()
+
+
+MAX_HOPS = 6
+# graph nodes that pass one tensor through as a cast, a view or a copy (what `self.weight` becomes on its way in)
+PASS_NODES = frozenset({
+    "ToCopyBackward0", "ViewBackward0", "TBackward0", "TransposeBackward0", "TransposeBackward1", "PermuteBackward0",
+    "ExpandBackward0", "UnsqueezeBackward0", "SqueezeBackward0", "SqueezeBackward1", "SqueezeBackward2",
+    "CloneBackward0", "AliasBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "ContiguousBackward0",
+    "ViewAsRealBackward0", "NumpyTBackward0",
+})
+
+
+def weight_like(a: Any, param_ids: Mapping[int, Any]) -> bool:
+    """A parameter itself, or a chain of casts/views of exactly one parameter (not an activation computed from it)."""
+    if not isinstance(a, torch.Tensor) or not a.is_floating_point():
+        return False
+    if id(a) in param_ids:
+        return True
+    node, hops = a.grad_fn, 0
+    while node is not None and hops <= MAX_HOPS:
+        kind = type(node).__name__
+        if kind == "AccumulateGrad":
+            return id(getattr(node, "variable", None)) in param_ids
+        if kind not in PASS_NODES:
+            return False
+        nxt = [fn for fn, _ in node.next_functions if fn is not None]
+        if len(nxt) != 1:
+            return False
+        node, hops = nxt[0], hops + 1
+    return False
 
 
 def inside_custom_function() -> bool:

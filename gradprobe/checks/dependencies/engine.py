@@ -2,7 +2,7 @@
 
 measure (harness.py, claims.py, segments.py, jacobian.py; explain.py once a leak is found) -> DepFacts ->
 `run_rules(RULES, facts)` -> report, with `facts.verified` (what was measured, with its numbers) and `facts.not_run`
-(what was not, and why). Packed rows are also compared with the same examples padded (checks/equivalence/packing.py).
+(what was not, and why). Packed rows are also compared with the same examples padded (checks/dependencies/packed_vs_padded.py).
 """
 
 from __future__ import annotations
@@ -318,8 +318,8 @@ def measure(loaded: Any, checks: tuple[str, ...] = CHECKS, positions: int | None
 
 
 def _packed_vs_padded(loaded: Any, run: Run, out: Outcome) -> None:
-    """GP803 from checks/equivalence/packing.py; when a packed leak was measured, it is the same cause (its line)."""
-    from gradprobe.checks.equivalence import packing
+    """GP803 from checks/dependencies/packed_vs_padded.py; when a packed leak was measured, it is the same cause (its line)."""
+    from gradprobe.checks.dependencies import packed_vs_padded as packing
 
     causal = run.claim is not None and any(s.causal for s in run.samples) and not any(lk.kind == "future" for lk in run.leaks)
     result = packing.run(loaded, {"segments": run.seg, "tokens": run.claim.ids if run.claim else None, "causal": causal})

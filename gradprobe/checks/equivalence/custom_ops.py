@@ -1,9 +1,10 @@
 """Comparison 4: a custom or fused op against its reference.
 
 Every custom autograd.Function the model really calls is checked against finite differences on the inputs it really
-gets (checks/gradcheck/engine.py), at the recorded weights and at the weights perturbed (op_states.py), with tolerances from
-the dtype it computes in (op_precision.py): GP401-GP409. A module the user marks as the replacement of another
-(`reference`) is compared with it on the same weights and recorded inputs (reference.py): GP804. run_gradcheck and
+gets (checks/gradcheck/engine.py), at the recorded weights and at the weights perturbed (gradcheck/op_states.py), with
+tolerances from the dtype it computes in (gradcheck/op_precision.py): GP401-GP409. A module the user marks as the
+replacement of another (`reference`) is compared with it on the same weights and recorded inputs
+(gradcheck/reference.py): GP804. run_gradcheck and
 diagnose run the first today; run_gradcheck's `reference` option the second; `run` is both, for check_equivalence.
 """
 
@@ -11,48 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gradprobe.checks.equivalence import reference as reference_check
-from gradprobe.findings import Finding
+from gradprobe.checks.gradcheck.engine import not_run, verified_line
+from gradprobe.checks.gradcheck.reference import reference_report
 
 if TYPE_CHECKING:
     from gradprobe.loading import Loaded
-
-
-def verified_line(info: dict[str, Any], findings: list[Finding]) -> str | None:
-    """What the check of one Function measured, when it found nothing wrong with it (None otherwise)."""
-    name = info["function"]
-    if "skipped" in info or any(f["severity"] != "info" and f["evidence"].get("function") == name for f in findings):
-        return None
-    pert = info.get("perturbed")
-    at = " and at its weight-like inputs perturbed" if pert and pert.get("result") == "exact" else ""
-    largest = max(info.get("largest_abs_error", 0.0), (pert or {}).get("largest_abs_error", 0.0))
-    prec = info.get("precision")
-    dtype = f", computing in {prec['compute_dtype']}" if prec else ""
-    mode = info.get("mode", "full Jacobian")
-    size = f"largest |analytical - numerical| {largest:.2g}, " if mode == "full Jacobian" else ""
-    return (f"{name}: backward matches finite differences at the recorded inputs{at} ({mode}, {size}"
-            f"atol {info.get('atol', 0):.2g}, rtol {info.get('rtol', 0):.2g}{dtype})")
-
-
-def not_run(functions: list[dict[str, Any]]) -> list[dict[str, str]]:
-    return [{"check": f"gradcheck {f['function']}", "why": f["skipped"], "cause": "not_applicable"}
-            for f in functions if "skipped" in f]
-
-
-def reference_report(loaded: Loaded, option: Any) -> tuple[list[Finding], dict[str, Any]]:
-    """The custom module against its reference (GP804): findings, and facts with verified / not_run lines."""
-    facts = reference_check.measure(loaded, option)
-    findings = reference_check.reference_findings(facts)
-    done = [c for c in facts.comparisons]
-    worst = max((c.largest for c in done), default=0.0)
-    summary = (f"Reference: {len(done)} instance(s) of {option['module']} compared with {option['replaces']} "
-               f"(largest relative difference {worst:.2g})" if done else
-               f"Reference: {option['module']} was not compared with {option['replaces']} (see not_run)")
-    return findings, {"comparisons": [{"module": c.path, "class": c.cls, "reference": c.reference, "state": c.state,
-                                       "tolerance": c.tol, "dtype": c.dtype, "compared": c.compared,
-                                       "largest_relative_difference": c.largest, "differs": bool(c.diffs)}
-                                      for c in done],
-                      "verified": reference_check.verified(facts), "not_run": facts.not_run, "summary": summary}
 
 
 def run(loaded: Loaded, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """check_equivalence's engine: every registered comparison, run when it applies, collected into one report.
 
-A comparison is a module of this package exposing `run(loaded, options) -> dict` with `applies`, `why_not`,
-`findings`, `verified`, `not_run` ({"check", "why", "cause"}) and `facts`. COMPARISONS lists them (by module path,
-in the order they run); `options["compare"]` selects some by name (the module's last name). The paired comparisons
-of a script target (PAIRED) read what scriptmode/paired.py measured (`options["_paired"]`); the others take the
-loaded target (a build_model() target, or a script's first step).
+A comparison is a module exposing `run(loaded, options) -> dict` with `applies`, `why_not`, `findings`, `verified`,
+`not_run` ({"check", "why", "cause"}) and `facts`. COMPARISONS names them (name -> module path, in the order they
+run): the paired ones and custom_ops live in this package; storage and packing in the families whose checks they
+also serve (registration, dependencies), which never import this one. `options["compare"]` selects some by name.
+The paired comparisons of a script target (PAIRED) read what scriptmode/paired.py measured (`options["_paired"]`);
+the others take the loaded target (a build_model() target, or a script's first step).
 """
 
 from __future__ import annotations
@@ -16,28 +17,24 @@ from typing import Any
 from gradprobe.findings import Finding
 from gradprobe.report import make_report
 
-COMPARISONS: tuple[str, ...] = (
-    "gradprobe.checks.equivalence.ranks",
-    "gradprobe.checks.equivalence.accumulation",
-    "gradprobe.checks.equivalence.custom_ops",
-    "gradprobe.checks.equivalence.storage",
-    "gradprobe.checks.equivalence.packing",
-)
+COMPARISONS: dict[str, str] = {
+    "ranks": "gradprobe.checks.equivalence.ranks",
+    "accumulation": "gradprobe.checks.equivalence.accumulation",
+    "custom_ops": "gradprobe.checks.equivalence.custom_ops",
+    "storage": "gradprobe.checks.registration.shared_storage",
+    "packing": "gradprobe.checks.dependencies.packed_vs_padded",
+}
 PAIRED = ("ranks", "accumulation")  # as in scriptmode/paired.py: measured by paired runs of a script
-KNOWN = ("ranks", "accumulation", "custom_ops", "storage", "packing")  # the names a caller may ask for
+KNOWN = tuple(COMPARISONS)  # the names a caller may ask for
 DEFAULT_STEPS = 2
 
 
-def short(module: str) -> str:
-    return module.rsplit(".", 1)[-1]
-
-
 def registered() -> list[str]:
-    return [short(m) for m in COMPARISONS]
+    return list(COMPARISONS)
 
 
-def _run_one(module: str, loaded: Any, options: dict[str, Any]) -> dict[str, Any]:
-    name = short(module)
+def _run_one(name: str, loaded: Any, options: dict[str, Any]) -> dict[str, Any]:
+    module = COMPARISONS[name]
     if loaded is None and name not in PAIRED:
         return {"applies": False, "why_not": "it runs on a loaded target (a build_model() target, or the script's first "
                                              "step, which did not load)", "findings": [], "verified": [], "not_run": [],
@@ -59,12 +56,11 @@ def equivalence_report(loaded: Any, **options: Any) -> dict[str, Any]:
     verified: list[str] = []
     not_run: list[dict[str, Any]] = []
     comparisons: dict[str, Any] = {}
-    for module in COMPARISONS:
-        name = short(module)
+    for name in COMPARISONS:
         if wanted and name not in wanted:
             comparisons[name] = {"applies": None, "why_not": "not asked (compare: " + ", ".join(wanted) + ")"}
             continue
-        res = _run_one(module, loaded, options)
+        res = _run_one(name, loaded, options)
         findings += res.get("findings") or []
         verified += res.get("verified") or []
         not_run += res.get("not_run") or []

@@ -20,7 +20,8 @@ import torch
 from torch.autograd.function import Function
 
 from gradprobe.checks.gradcheck import backward_lines, rewrites
-from gradprobe.checks.equivalence import custom_ops, op_precision, op_states
+from gradprobe.checks.gradcheck import op_precision, op_states
+from gradprobe.checks.gradcheck.reference import reference_report
 from gradprobe.checks.core.function_calls import ApplyWatch, inside_custom_function
 from gradprobe.checks.core.step import call_model, param_names
 from gradprobe.checks.gradcheck.function_rules import (
@@ -418,10 +419,10 @@ def gradcheck_report(loaded: Loaded, function: str | None = None, check_second_o
     n = len(facts["functions"])
     summary = [f"{n} custom autograd.Function(s) checked: " + ", ".join(f["function"] for f in facts["functions"])
                if n else "No user-defined autograd.Function was called by the forward."]
-    facts["verified"] = [line for f in facts["functions"] if (line := custom_ops.verified_line(f, findings))]
-    facts["not_run"] = custom_ops.not_run(facts["functions"])
+    facts["verified"] = [line for f in facts["functions"] if (line := verified_line(f, findings))]
+    facts["not_run"] = not_run(facts["functions"])
     if reference is not None:  # a custom module against the reference it replaces (GP804)
-        rfindings, rfacts = custom_ops.reference_report(loaded, reference)
+        rfindings, rfacts = reference_report(loaded, reference)
         findings += rfindings
         facts["reference"] = rfacts
         facts["verified"] += rfacts["verified"]
@@ -459,3 +460,24 @@ def run_gradcheck(model: torch.nn.Module, batch: Any, function: str | None = Non
     from gradprobe.loading import live_target
 
     return gradcheck_report(live_target(model, batch, project_dir=project_dir), function, check_second_order, None, atol, rtol)
+
+
+def verified_line(info: dict[str, Any], findings: list[Finding]) -> str | None:
+    """What the check of one Function measured, when it found nothing wrong with it (None otherwise)."""
+    name = info["function"]
+    if "skipped" in info or any(f["severity"] != "info" and f["evidence"].get("function") == name for f in findings):
+        return None
+    pert = info.get("perturbed")
+    at = " and at its weight-like inputs perturbed" if pert and pert.get("result") == "exact" else ""
+    largest = max(info.get("largest_abs_error", 0.0), (pert or {}).get("largest_abs_error", 0.0))
+    prec = info.get("precision")
+    dtype = f", computing in {prec['compute_dtype']}" if prec else ""
+    mode = info.get("mode", "full Jacobian")
+    size = f"largest |analytical - numerical| {largest:.2g}, " if mode == "full Jacobian" else ""
+    return (f"{name}: backward matches finite differences at the recorded inputs{at} ({mode}, {size}"
+            f"atol {info.get('atol', 0):.2g}, rtol {info.get('rtol', 0):.2g}{dtype})")
+
+
+def not_run(functions: list[dict[str, Any]]) -> list[dict[str, str]]:
+    return [{"check": f"gradcheck {f['function']}", "why": f["skipped"], "cause": "not_applicable"}
+            for f in functions if "skipped" in f]

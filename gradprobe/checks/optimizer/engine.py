@@ -38,8 +38,8 @@ from gradprobe.checks.core.torchcompat import (
     allocation_failure,
 )
 from gradprobe.checks.registration.freeze_rules import GP319, measure_left_out
-from gradprobe.checks.equivalence.storage import StorageStep, facts_dict, measure_storage, storage_findings, verified_line
-from gradprobe.checks.several.modelset import ModelSet, idle_members
+from gradprobe.checks.registration.shared_storage import StorageStep, facts_dict, measure_storage, storage_findings, verified_line
+from gradprobe.modelset import ModelSet, idle_members
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.outcomes import resource_limit_finding, target_failed_finding
 from gradprobe.report import make_report

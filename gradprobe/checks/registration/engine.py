@@ -26,7 +26,7 @@ from gradprobe.checks.registration.unregistered import (
     settle_buffers,
 )
 from gradprobe.checks.registration.freeze_rules import GP319, measure_freezes
-from gradprobe.checks.equivalence.storage import facts_dict, measure_storage, storage_findings, verified_line
+from gradprobe.checks.registration.shared_storage import facts_dict, measure_storage, storage_findings, verified_line
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.report import make_report
 from gradprobe.userframes import UserCode

@@ -18,7 +18,7 @@ from gradprobe.checks.core.step import param_names, run_step
 from gradprobe.checks.steps.accumulation import LossFactors, accumulation_lines, factors_of_step
 from gradprobe.checks.steps.amp import AMP_RULES, ScalerWatch
 from gradprobe.checks.steps.copies import AfterStep, UpdateWatch, kept_share, twins, versions
-from gradprobe.checks.several.modelset import ModelSet
+from gradprobe.modelset import ModelSet
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, FullBatch, derive
 from gradprobe.checks.steps.fullbatch import FULL_BATCH_RULES, full_batch_facts, full_batch_line
 from gradprobe.checks.steps.fullbatch import measure as measure_full_batch

@@ -35,8 +35,8 @@ import torch.nn as nn
 
 from gradprobe.checks.core.function_calls import ApplyWatch
 from gradprobe.checks.core.step import floating_outputs, run_step
-from gradprobe.checks.equivalence import op_blame, op_states
-from gradprobe.checks.equivalence.op_precision import _Dtypes, _eps
+from gradprobe.checks.gradcheck import op_blame, op_states
+from gradprobe.checks.gradcheck.op_precision import _Dtypes, _eps
 from gradprobe.checks.core.function_calls import backward_lines
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.userframes import location
@@ -435,3 +435,19 @@ def verified(facts: ReferenceFacts) -> list[str]:
     return [f"reference: {c.path} ({c.cls}) vs {c.reference}: output and {c.compared - 1} gradient(s) agree at the "
             f"{'recorded and perturbed weights' if c.perturbed else 'recorded weights'} (largest relative difference "
             f"{c.largest:.2g}, tolerance {c.tol:.2g}, {c.dtype})" for c in facts.comparisons if not c.diffs]
+
+
+def reference_report(loaded: Loaded, option: Any) -> tuple[list[Finding], dict[str, Any]]:
+    """The custom module against its reference (GP804): findings, and facts with verified / not_run lines."""
+    facts = measure(loaded, option)
+    findings = reference_findings(facts)
+    done = [c for c in facts.comparisons]
+    worst = max((c.largest for c in done), default=0.0)
+    summary = (f"Reference: {len(done)} instance(s) of {option['module']} compared with {option['replaces']} "
+               f"(largest relative difference {worst:.2g})" if done else
+               f"Reference: {option['module']} was not compared with {option['replaces']} (see not_run)")
+    return findings, {"comparisons": [{"module": c.path, "class": c.cls, "reference": c.reference, "state": c.state,
+                                       "tolerance": c.tol, "dtype": c.dtype, "compared": c.compared,
+                                       "largest_relative_difference": c.largest, "differs": bool(c.diffs)}
+                                      for c in done],
+                      "verified": verified(facts), "not_run": facts.not_run, "summary": summary}

@@ -11,41 +11,12 @@ else additive of REL x its root mean square (the other inputs' when it is all ze
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 REL = 0.5  # the perturbation, relative to the input's own scale
 SEED = 1234
-MAX_HOPS = 6
-# graph nodes that pass one tensor through as a cast, a view or a copy (what `self.weight` becomes on its way in)
-PASS_NODES = frozenset({
-    "ToCopyBackward0", "ViewBackward0", "TBackward0", "TransposeBackward0", "TransposeBackward1", "PermuteBackward0",
-    "ExpandBackward0", "UnsqueezeBackward0", "SqueezeBackward0", "SqueezeBackward1", "SqueezeBackward2",
-    "CloneBackward0", "AliasBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "ContiguousBackward0",
-    "ViewAsRealBackward0", "NumpyTBackward0",
-})
-
-
-def weight_like(a: Any, param_ids: Mapping[int, Any]) -> bool:
-    """A parameter itself, or a chain of casts/views of exactly one parameter (not an activation computed from it)."""
-    if not isinstance(a, torch.Tensor) or not a.is_floating_point():
-        return False
-    if id(a) in param_ids:
-        return True
-    node, hops = a.grad_fn, 0
-    while node is not None and hops <= MAX_HOPS:
-        kind = type(node).__name__
-        if kind == "AccumulateGrad":
-            return id(getattr(node, "variable", None)) in param_ids
-        if kind not in PASS_NODES:
-            return False
-        nxt = [fn for fn, _ in node.next_functions if fn is not None]
-        if len(nxt) != 1:
-            return False
-        node, hops = nxt[0], hops + 1
-    return False
 
 
 def describe(t: torch.Tensor) -> str:
