@@ -24,6 +24,7 @@ import torch.nn as nn
 from gradprobe.errors import TargetError, TargetRefError
 from gradprobe.phases import Phase
 from gradprobe.checks.torchcompat import requires_grad_descriptor
+from gradprobe.initwrites import InitWrites, WriteLog
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 from gradprobe.wrappers import unwrap_library
 
@@ -51,6 +52,7 @@ class BuildRecord:
     hook_sites: dict = field(default_factory=dict)  # id(tensor) -> (seq, location) of register_hook
     grad_off_sites: list = field(default_factory=list)  # (seq, location) where grad mode was switched off
     group_sources: Any = None  # checks.group_sources.GroupSources: where make_optimizer's param groups came from
+    writes: WriteLog = field(default_factory=WriteLog)  # the last initialiser fill or load of each storage (initwrites.py)
     keep: list = field(default_factory=list)  # keeps recorded objects alive so ids stay unique
 
     def site_of(self, module: nn.Module, name: str) -> dict | None:
@@ -61,12 +63,13 @@ class BuildRecord:
 class BuildRecorder:
     """Context manager that records user lines of `module.attr = ...` and optimizer creation."""
 
-    def __init__(self, user: UserCode, record: BuildRecord) -> None:
+    def __init__(self, user: UserCode, record: BuildRecord, writes: bool = True) -> None:
         self.user, self.record = user, record
         self._active = False
+        self._writes = InitWrites(user, record.writes) if writes else None  # initialiser fills and loads
 
     def __enter__(self) -> BuildRecorder:
-        user, rec = self.user, self.record
+        user, rec, writes = self.user, self.record, self._writes is not None
         self._setattr = orig_setattr = nn.Module.__setattr__
         self._opt_init = orig_init = torch.optim.Optimizer.__init__
 
@@ -77,6 +80,9 @@ class BuildRecorder:
                 rec.setattr_sites[(id(module), name)] = (rec.seq, stack[0])
                 rec.setattr_stacks[(id(module), name)] = stack
                 rec.keep.append(module)
+            if writes and isinstance(value, nn.Parameter) and module.__dict__.get("_parameters", {}).get(name) is not None \
+                    and rec.writes.last(value) is None:  # a loader sets a new Parameter (a tie sets one already noted)
+                rec.writes.note(value, "load", "replaced", stack[0] if stack else None)
             return orig_setattr(module, name, value)
 
         def recording_init(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
@@ -100,6 +106,8 @@ class BuildRecorder:
         nn.Module.register_buffer = recording_buffer  # type: ignore[method-assign, assignment]
         torch.optim.Optimizer.__init__ = recording_init  # type: ignore[method-assign, assignment]
         self._state = _StateRecorder(user, rec).__enter__()
+        if self._writes is not None:
+            self._writes.__enter__()
         self._active = True
         return self
 
@@ -110,6 +118,8 @@ class BuildRecorder:
         nn.Module.__setattr__ = self._setattr  # type: ignore[method-assign]
         nn.Module.register_buffer = self._register_buffer  # type: ignore[method-assign]
         torch.optim.Optimizer.__init__ = self._opt_init  # type: ignore[method-assign]
+        if self._writes is not None:
+            self._writes.__exit__(*exc)
         self._state.__exit__(*exc)
         return False
 
@@ -369,7 +379,7 @@ def _make_optimizer(make_optimizer: Any, model: nn.Module, user: UserCode,
 
         record.group_sources = GroupSources()
         try:
-            with BuildRecorder(user, record), GroupRecorder(user, record.group_sources):
+            with BuildRecorder(user, record, writes=False), GroupRecorder(user, record.group_sources):
                 optimizer = _call_user("making the optimizer", make_optimizer, model)
         except TargetError as exc:
             optimizer_error = exc

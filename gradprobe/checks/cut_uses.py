@@ -77,9 +77,9 @@ class CutUses:
             s_out = frozenset(sampled_in | new)
             self.sampling |= new
             origin = self.sites.get(min(sampled_in & self.sampling))
-            for t in new:
+            for tag in new:
                 if origin is not None:
-                    self.sites.setdefault(t, origin)
+                    self.sites.setdefault(tag, origin)
         else:
             s_out = frozenset(sampled_in)
         if s_out:
