@@ -14,9 +14,10 @@ told apart by two more measured facts: whether the rest of the model was loaded 
 last write was a load), and whether the module is last. A random frozen head of a loaded model (a classification
 head created by the model class while an adapter froze everything else, peft's LoRA without `modules_to_save`) is an
 error at the line that froze it, with the adapter config's key when there is one; a random frozen module inside a
-loaded model is a warning (a load that missed it, or a random projection by design); in a model built from scratch, a
-frozen random output layer is a warning and a frozen random projection that trainable modules read is info (random
-features, a fixed hash embedding).
+loaded model is a warning (a load that missed it, or a random projection by design); in a model where nothing was
+loaded (built from scratch, or a small stand-in for a pretrained one frozen around a trained prompt or adapter) it is
+info, said with what was measured: a frozen random output layer, or a frozen random projection that trainable modules
+read (random features, a fixed hash embedding).
 
 Written from peft's docs on `modules_to_save` and the issues about new heads left frozen or random:
 https://github.com/huggingface/peft/issues/577 (`modules_to_save=lora_target_modules.append("score")` is None: the
@@ -86,9 +87,9 @@ GP123: Rule[FrozenInitFacts] = Rule(
                 "strict=True) raises on missing keys); if it should learn, unfreeze it after line {line} of {file}; "
                 "nothing to change for a random projection by design."),
         "scratch_head": Situation(
-            when="nothing in the model was loaded during the build, and no other module that holds parameters lies "
-                 "between its output and the loss",
-            severity="warning",
+            when="nothing in the model was loaded during the build (a model built from scratch, or a small stand-in for "
+                 "a pretrained one), and no other module that holds parameters lies between its output and the loss",
+            severity="info",
             message="`{module}` ({count} tensor(s): {names}) is frozen at the values its initialiser wrote (`{init_op}`"
                     "{init_at}), and the loss's graph reaches its output with no module after it that holds parameters: "
                     "the outputs go through a fixed random map. Nothing in the model was loaded during the build. Frozen at "
@@ -97,14 +98,14 @@ GP123: Rule[FrozenInitFacts] = Rule(
                 "and give it to the optimizer; nothing to change if a fixed random output layer is the design."),
         "random_features": Situation(
             when="nothing in the model was loaded during the build, and trainable modules after it learn from its "
-                 "output (random features, a fixed hash embedding)",
+                 "output (random features, a fixed hash embedding, or a small stand-in for a pretrained part)",
             severity="info",
             message="`{module}` ({count} tensor(s): {names}) is frozen at the values its initialiser wrote (`{init_op}`"
-                    "{init_at}), nothing in the model was loaded, and trainable modules after it learn from its output: "
-                    "a fixed random projection by design (random features, a fixed hash). Frozen at {frozen_at} "
-                    "(`{frozen_code}`).",
-            fix="Nothing to fix if the random projection is meant; unfreeze it at line {line} of {file} if it should "
-                "learn."),
+                    "{init_at}), nothing in the model was loaded during the build, and trainable modules after it learn "
+                    "from its output: a fixed random projection (random features, a fixed hash), or a stand-in for a "
+                    "pretrained part that a real run would load. Frozen at {frozen_at} (`{frozen_code}`).",
+            fix="Nothing to fix if the random projection is meant (or a real run loads it); unfreeze it at line {line} of "
+                "{file} if it should learn."),
     },
 )
 

@@ -21,6 +21,7 @@ from gradprobe.checks.optimizer import GP201
 from gradprobe.checks.steps.engine import audit_run
 from gradprobe.checks.steps.facts import AuditFacts
 from gradprobe.checks.steps.partners import partner_facts
+from gradprobe.checks.steps.per_tensor import table_lines
 from gradprobe.findings import Finding
 
 MAX_VERIFIED = 8
@@ -69,8 +70,8 @@ def check_by_design(loaded: Any, findings: list[Finding], facts: dict[str, Any],
     if "steps" not in facts.get("checks", ["steps"]):
         facts["checks"].append("zero-init partners over steps")
     return out
-STEPS_FACTS = ("steps", "mode", "headline", "verdicts", "param_groups", "optimizer_steps", "order", "ema_copies",
-               "grad_scaler", "full_batch", "verified", "step_error", "script_step")
+STEPS_FACTS = ("steps", "mode", "headline", "verdicts", "param_groups", "per_tensor_steps", "optimizer_steps", "order",
+               "ema_copies", "grad_scaler", "full_batch", "verified", "step_error", "script_step")
 
 
 def ema_moved(audit_facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -149,4 +150,4 @@ def merge_audit(report: dict[str, Any], steps: int, findings: list[Finding], fac
         lines.insert(1, f"Steps: {ended}; the steps it took were audited.")
     if report.get("ok"):
         lines += ["Verified over the steps: " + v for v in (audit_facts.get("verified") or [])[:MAX_VERIFIED]]
-    return kept, lines
+    return kept, lines + table_lines(audit_facts.get("per_tensor_steps") or {})
