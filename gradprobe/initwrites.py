@@ -87,6 +87,8 @@ class InitWrites:
 
         def wrapped(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             out = orig(t, *args, **kwargs)
+            if torch.compiler.is_compiling():  # inside a graph being compiled: nothing to note, nothing to trace
+                return out
             k: Kind = kind
             if kind == "load" and sys._getframe(1).f_code.co_filename.replace("\\", "/").endswith(_INIT_FILE):
                 k = "random"  # orthogonal_ copies its random matrix in
@@ -100,7 +102,7 @@ class InitWrites:
 
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             out = orig(*args, **kwargs)
-            if kwargs.get("out") is None:
+            if kwargs.get("out") is None and not torch.compiler.is_compiling():
                 log.note(out, kind, f"torch.{name}", None)
             return out
         return wrapped
