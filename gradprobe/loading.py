@@ -53,6 +53,7 @@ class BuildRecord:
     grad_off_sites: list = field(default_factory=list)  # (seq, location) where grad mode was switched off
     group_sources: Any = None  # checks.group_sources.GroupSources: where make_optimizer's param groups came from
     writes: WriteLog = field(default_factory=WriteLog)  # the last initialiser fill or load of each storage (initwrites.py)
+    frozen_by_library: set = field(default_factory=set)  # id(tensor) frozen last by library code (an adapter's call)
     keep: list = field(default_factory=list)  # keeps recorded objects alive so ids stay unique
 
     def site_of(self, module: nn.Module, name: str) -> dict | None:
@@ -149,6 +150,16 @@ class _StateRecorder:
         if f is not None:
             self.record.freeze_frames[(hit[1]["file"], hit[1]["line"])] = (dict(f.f_locals), f.f_globals)
 
+    def _by_library(self, t: Any, frame: Any) -> None:
+        """A freeze that library code made (peft's get_peft_model), not the user's line or torch called from it."""
+        f = frame
+        while f is not None and "/torch/" in f.f_code.co_filename.replace("\\", "/"):
+            f = f.f_back  # nn.Module.requires_grad_ called from the user's line is the user's
+        if f is not None and not self.user.is_user_file(f.f_code.co_filename):
+            self.record.frozen_by_library.add(id(t))
+        else:
+            self.record.frozen_by_library.discard(id(t))
+
     def __enter__(self) -> _StateRecorder:
         rec, note = self.record, self._note
         orig_rg_, orig_hook = torch.Tensor.requires_grad_, torch.Tensor.register_hook
@@ -159,12 +170,14 @@ class _StateRecorder:
             if not requires_grad:
                 note(rec.frozen_sites, t)
                 self._freeze_frame(t)
+                self._by_library(t, sys._getframe(1))
             return orig_rg_(t, requires_grad)
 
         def set_requires_grad(t: torch.Tensor, value: bool) -> None:
             if not value:
                 note(rec.frozen_sites, t)
                 self._freeze_frame(t)
+                self._by_library(t, sys._getframe(1))
             base_rg.__set__(t, value)
 
         def register_hook(t: torch.Tensor, hook: Callable[..., Any]) -> Any:

@@ -131,6 +131,7 @@ class FrozenInitFacts:
     units: list[Unit] = field(default_factory=list)
     loaded: int = 0  # tensors of the model whose last write in the build was a load
     adapter: dict[str, Any] | None = None  # the adapter config's declared targets, where an adapter froze the model
+    adapter_units: set[int] = field(default_factory=set)  # id(module) of the units library code froze
 
 
 def _init_write(record: Any, p: torch.Tensor) -> Any:
@@ -185,10 +186,14 @@ def measure_units(model: nn.Module, record: Any, lines: bool = True) -> FrozenIn
 
 
 def measure(model: nn.Module, record: Any) -> tuple[FrozenInitFacts, PathWatch]:
-    """The units before the step, and the watch that finds, during it, which of them the loss's graph reaches."""
+    """The units before the step, and the watch that finds, during it, which of them the loss's graph reaches. An
+    adapter config is read only where library code froze a unit (the adapter's call), never the user's own freeze."""
     facts = measure_units(model, record)
-    if facts.units:
-        facts.adapter = adapter_config(model, record, facts.units[0].frozen_at)
+    by_library: set[int] = getattr(record, "frozen_by_library", set())
+    frozen_by = next((u for u in facts.units if any(id(p) in by_library for p in u.params)), None)
+    if frozen_by is not None:
+        facts.adapter = adapter_config(model, record, frozen_by.frozen_at)
+        facts.adapter_units = {id(u.module) for u in facts.units if any(id(p) in by_library for p in u.params)}
     return facts, PathWatch(model, facts)
 
 
@@ -356,7 +361,7 @@ def _listed(names: list[str], cap: int = 3) -> str:
 
 def _situation(facts: FrozenInitFacts, u: Unit) -> str | None:
     if facts.loaded and u.last:
-        return "adapter" if facts.adapter is not None else None
+        return "adapter" if facts.adapter is not None and id(u.module) in facts.adapter_units else None
     if facts.loaded:
         return "inner"
     return "scratch_head" if u.last else "random_features"
