@@ -157,3 +157,27 @@ async def test_lock_count_is_visible_in_the_trainable_set(client, name, blocks):
         [gp105] = [f for f in report["findings"] if f["code"] == "GP105"]
         assert blocks in gp105["message"]
         assert not _gp123(report)  # the locked tower was loaded: frozen by design, not at its initialisation
+
+
+@pytest.mark.anyio
+async def test_script_mode_finds_the_frozen_head_at_the_freezing_line(client, tmp_path):
+    """The freeze-loop example as a training script the user runs: the same GP123, with the script's line."""
+    source = (EXAMPLES / FREEZE_LOOP).read_text()
+    body = source[source.index('"""', 3) + 3:].split("def make_inputs")[0]
+    body = body.replace(body[body.index("EXPECT = "):body.index("\n", body.index("EXPECT = ")) + 1], "")
+    (tmp_path / "train.py").write_text(body + textwrap.dedent('''
+        model = build_model()
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+        for step in range(3):
+            x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    '''))
+    result = await client.call_tool("diagnose", {"target": {"project_dir": str(tmp_path), "script": "train.py",
+                                                            "timeout_s": 240}})
+    assert not result.is_error, result.content
+    [f] = _gp123(result.structured_content)
+    assert f["severity"] == "error" and f["parameters"] == ["fc.weight", "fc.bias"]
+    assert f["location"]["code"] == 'p.requires_grad = name.startswith("stage2")'

@@ -252,6 +252,10 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
         findings += carried_graph_findings(loaded, tracer)
     findings += _gradcheck(loaded, seen, tfacts, facts)
     findings += run_rules((frozen_init.GP123,), seen.frozen.facts)  # a module frozen at its initialisation on the path
+    verified, not_run = frozen_init.verdict_lines(seen.frozen.facts, sum(not p.requires_grad for p in model.parameters()),
+                                                  bool(tracer.backward_calls) and tracer.backward_error is None)
+    facts.setdefault("verified", []).extend(verified)
+    facts.setdefault("not_run", []).extend(not_run)
     if not prompt_on:
         findings += prompt_tuning.checkpoint_findings(tracer, tfacts)
     else:

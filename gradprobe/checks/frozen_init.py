@@ -395,3 +395,21 @@ def frozen_at_init(facts: FrozenInitFacts) -> Iterator[Finding]:
             config_at=f" ({adapter.get('type', 'config')} at {_line(cfg_at)}, `{cfg_at.get('code', '')}`)" if cfg_at
             else f" ({adapter.get('type', 'config')})",
             modules_to_save=adapter.get("modules_to_save"), task_type=adapter.get("task_type"))
+
+
+def verdict_lines(facts: FrozenInitFacts, frozen: int, stepped: bool) -> tuple[list[str], list[dict[str, str]]]:
+    """What the GP123 check measured (the shared `verified` contract), and what it could not (`not_run`)."""
+    if not frozen:
+        return [], []
+    if not facts.units:
+        return [f"frozen at initialisation: none of the {frozen} frozen tensors holds only its initialiser's values "
+                f"(written by a load, or not by an initialiser)"], []
+    n = sum(len(u.params) for u in facts.units)
+    if not stepped:
+        return [], [{"check": "frozen-at-initialisation path", "cause": "user_code",
+                     "why": f"{len(facts.units)} frozen module(s) at their initialisation ({n} tensors) were found, "
+                            "but no backward() ran, so whether the loss reaches them was not measured"}]
+    on = [u for u in facts.units if u.on_path]
+    return [f"frozen at initialisation: {len(facts.units)} frozen module(s) hold only their initialiser's values ({n} "
+            f"tensors), {len(on)} on the loss's path ({sum(u.last for u in on)} with no module after them); "
+            f"{facts.loaded} other tensors were loaded"], []
