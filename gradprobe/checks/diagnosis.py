@@ -341,7 +341,7 @@ def diagnose_report(loaded: Any, steps: int = 0) -> dict[str, Any]:
     facts["mermaid"] = flow_mermaid(facts["flow"])
     summary = [f"Checks run: {', '.join(facts['checks'])}."]
     facts["trainable_set"] = tset = trainable_set(loaded.model, loaded.record)
-    if tset["tensors"]:
+    if tset["tensors"] and tset["trainable"] < tset["tensors"]:  # something frozen: the counts by module
         summary.append(f"Trainable set ({tset['trainable']} of {tset['tensors']} tensors): {compact(tset)}.")
     if facts.get("note"):
         summary.append(facts["note"])

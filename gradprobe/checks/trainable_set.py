@@ -198,6 +198,8 @@ def trainable_set(model: nn.Module, record: Any = None) -> dict[str, Any]:
 def summary_lines(tset: dict[str, Any], cap: int = MAX_LINES) -> list[str]:
     """The tree as summary lines, capped; says how many were left out."""
     lines = tset["lines"]
+    if tset["trainable"] == tset["tensors"]:  # nothing frozen: no count can be off
+        return [f"Trainable set by module: all {tset['tensors']} tensors trainable."]
     head = f"Trainable set by module ({tset['trainable']} of {tset['tensors']} tensors trainable):"
     out = [head] + [f"  {line}" for line in lines[:cap]]
     if len(lines) > cap:
