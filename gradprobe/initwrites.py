@@ -15,6 +15,7 @@ so a freed storage whose address is reused is never taken for the one that was n
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 from collections.abc import Callable
@@ -94,7 +95,7 @@ class InitWrites:
                 k = "random"  # orthogonal_ copies its random matrix in
             log.note(t, k, name, where() if k != "constant" else None)
             return out
-        return wrapped
+        return functools.update_wrapper(wrapped, orig)  # its name: modes that read the op's name see the method's
 
     def _factory(self, name: str, kind: Kind) -> Callable[..., Any]:
         orig = getattr(torch, name)
@@ -105,7 +106,7 @@ class InitWrites:
             if kwargs.get("out") is None and not torch.compiler.is_compiling():
                 log.note(out, kind, f"torch.{name}", None)
             return out
-        return wrapped
+        return functools.update_wrapper(wrapped, orig)
 
     def __enter__(self) -> InitWrites:
         methods: tuple[tuple[tuple[str, ...], Kind], ...] = ((RANDOM_FILLS, "random"), (CONSTANT_FILLS, "constant"),
