@@ -24,6 +24,7 @@ import torch.nn as nn
 from gradprobe.errors import TargetError, TargetRefError
 from gradprobe.phases import Phase
 from gradprobe.checks.core.torchcompat import data_descriptor, requires_grad_descriptor
+from gradprobe.initwrites import InitWrites, WriteLog
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 from gradprobe.wrappers import unwrap_library
 
@@ -52,6 +53,8 @@ class BuildRecord:
     data_sites: dict = field(default_factory=dict)  # id(Parameter) -> (seq, location) of `p.data = ...` (a tie by .data)
     grad_off_sites: list = field(default_factory=list)  # (seq, location) where grad mode was switched off
     group_sources: Any = None  # checks.group_sources.GroupSources: where make_optimizer's param groups came from
+    writes: WriteLog = field(default_factory=WriteLog)  # the last initialiser fill or load of each storage (initwrites.py)
+    frozen_by_library: set = field(default_factory=set)  # id(tensor) frozen last by library code (an adapter's call)
     keep: list = field(default_factory=list)  # keeps recorded objects alive so ids stay unique
     stepped: list = field(default_factory=list)  # script mode: the optimizers whose step() the script's own loop ran
 
@@ -63,12 +66,13 @@ class BuildRecord:
 class BuildRecorder:
     """Context manager that records user lines of `module.attr = ...` and optimizer creation."""
 
-    def __init__(self, user: UserCode, record: BuildRecord) -> None:
+    def __init__(self, user: UserCode, record: BuildRecord, writes: bool = True) -> None:
         self.user, self.record = user, record
         self._active = False
+        self._writes = InitWrites(user, record.writes) if writes else None  # initialiser fills and loads
 
     def __enter__(self) -> BuildRecorder:
-        user, rec = self.user, self.record
+        user, rec, writes = self.user, self.record, self._writes is not None
         self._setattr = orig_setattr = nn.Module.__setattr__
         self._opt_init = orig_init = torch.optim.Optimizer.__init__
 
@@ -79,6 +83,9 @@ class BuildRecorder:
                 rec.setattr_sites[(id(module), name)] = (rec.seq, stack[0])
                 rec.setattr_stacks[(id(module), name)] = stack
                 rec.keep.append(module)
+            if writes and isinstance(value, nn.Parameter) and module.__dict__.get("_parameters", {}).get(name) is not None \
+                    and rec.writes.last(value) is None:  # a loader sets a new Parameter (a tie sets one already noted)
+                rec.writes.note(value, "load", "replaced", stack[0] if stack else None)
             return orig_setattr(module, name, value)
 
         def recording_init(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
@@ -102,6 +109,8 @@ class BuildRecorder:
         nn.Module.register_buffer = recording_buffer  # type: ignore[method-assign, assignment]
         torch.optim.Optimizer.__init__ = recording_init  # type: ignore[method-assign, assignment]
         self._state = _StateRecorder(user, rec).__enter__()
+        if self._writes is not None:
+            self._writes.__enter__()
         self._active = True
         return self
 
@@ -112,6 +121,8 @@ class BuildRecorder:
         nn.Module.__setattr__ = self._setattr  # type: ignore[method-assign]
         nn.Module.register_buffer = self._register_buffer  # type: ignore[method-assign]
         torch.optim.Optimizer.__init__ = self._opt_init  # type: ignore[method-assign]
+        if self._writes is not None:
+            self._writes.__exit__(*exc)
         self._state.__exit__(*exc)
         return False
 
@@ -141,6 +152,16 @@ class _StateRecorder:
         if f is not None:
             self.record.freeze_frames[(hit[1]["file"], hit[1]["line"])] = (dict(f.f_locals), f.f_globals)
 
+    def _by_library(self, t: Any, frame: Any) -> None:
+        """A freeze that library code made (peft's get_peft_model), not the user's line or torch called from it."""
+        f = frame
+        while f is not None and "/torch/" in f.f_code.co_filename.replace("\\", "/"):
+            f = f.f_back  # nn.Module.requires_grad_ called from the user's line is the user's
+        if f is not None and not self.user.is_user_file(f.f_code.co_filename):
+            self.record.frozen_by_library.add(id(t))
+        else:
+            self.record.frozen_by_library.discard(id(t))
+
     def __enter__(self) -> _StateRecorder:
         rec, note = self.record, self._note
         orig_rg_, orig_hook = torch.Tensor.requires_grad_, torch.Tensor.register_hook
@@ -151,12 +172,14 @@ class _StateRecorder:
             if not requires_grad:
                 note(rec.frozen_sites, t)
                 self._freeze_frame(t)
+                self._by_library(t, sys._getframe(1))
             return orig_rg_(t, requires_grad)
 
         def set_requires_grad(t: torch.Tensor, value: bool) -> None:
             if not value:
                 note(rec.frozen_sites, t)
                 self._freeze_frame(t)
+                self._by_library(t, sys._getframe(1))
             base_rg.__set__(t, value)
 
         def register_hook(t: torch.Tensor, hook: Callable[..., Any]) -> Any:
@@ -396,7 +419,7 @@ def _make_optimizer(make_optimizer: Any, model: nn.Module, user: UserCode,
 
         record.group_sources = GroupSources()
         try:
-            with BuildRecorder(user, record), GroupRecorder(user, record.group_sources):
+            with BuildRecorder(user, record, writes=False), GroupRecorder(user, record.group_sources):
                 optimizer = _call_user("making the optimizer", make_optimizer, model)
         except TargetError as exc:
             optimizer_error = exc

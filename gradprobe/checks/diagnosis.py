@@ -32,13 +32,15 @@ from gradprobe.checks.precision import low_precision as precision
 from gradprobe.checks.prompt import engine as prompt_tuning
 from gradprobe.checks.registration import engine as registration
 from gradprobe.checks.registration import shared_storage as storage
+from gradprobe.checks.registration import frozen_init
+from gradprobe.checks.registration.trainable_set import compact, trainable_set
 from gradprobe.checks.steps.facts import at
 from gradprobe.checks.trace import engine as trace
 from gradprobe.checks.trace.carried_state import carried_graph_findings
 from gradprobe.checks.trace.grad_recorder import GradRecorder
 from gradprobe.checks.trace.gradient_rules import GP307, scaler_overflow
 from gradprobe.checks.trace.recording import GradTracer
-from gradprobe.findings import SEVERITY_RANK, Finding, catalogue
+from gradprobe.findings import SEVERITY_RANK, Finding, catalogue, run_rules
 from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.loading import BuildRecorder
 from gradprobe.report import make_report
@@ -139,6 +141,7 @@ class _Observed:
     before: Any  # the optimizer's snapshot of the model before the step, or None
     step_obs: Any  # optimizer.StepObserver of step() and zero_grad() calls, or None
     amp: autocast_underflow.AutocastWatch  # the autocasts the step entered, and whether a GradScaler scaled the loss
+    frozen: frozen_init.PathWatch  # whether the loss's graph reaches modules frozen at their initialisation (GP123)
 
 
 def _observe(loaded: Any, prompt_on: bool, shared: storage.StorageFacts) -> _Observed:
@@ -157,9 +160,10 @@ def _observe(loaded: Any, prompt_on: bool, shared: storage.StorageFacts) -> _Obs
     base_obs = prompt_tuning.BaseObserver(base, loaded.user) if base is not None else None
     use = prompt_tuning.PromptUse(model, loaded.user, base)
     amp = autocast_underflow.AutocastWatch(model, loaded.user)
+    frozen = frozen_init.measure(model, loaded.record)[1]
     with contextlib.ExitStack() as stack:
         # where the step itself sets module attributes: lazily created state, parameters replaced on the first call
-        stack.enter_context(BuildRecorder(loaded.user, loaded.record))
+        stack.enter_context(BuildRecorder(loaded.user, loaded.record, writes=False))
         step_obs = (stack.enter_context(optimizer.StepObserver(model, opt, loaded.user, loaded.record))
                     if opt is not None else None)
         stack.enter_context(capture)
@@ -169,8 +173,10 @@ def _observe(loaded: Any, prompt_on: bool, shared: storage.StorageFacts) -> _Obs
         stack.enter_context(use)
         stack.enter_context(amp)
         stack.enter_context(storage.StorageStep(shared, opt))  # GP805: the update of a storage two Parameters share
+        stack.enter_context(frozen)
         step = trace.observed_step(loaded, tracer, grads, optimizer_step=opt is not None)
-    return _Observed(tracer, grads, step, buffers, capture, direct, base_obs, use, opt, before, step_obs, amp)
+    frozen.settle(tracer.backward_roots)
+    return _Observed(tracer, grads, step, buffers, capture, direct, base_obs, use, opt, before, step_obs, amp, frozen)
 
 
 def _not_stepped(loaded: Any, findings: list[Finding], facts: dict[str, Any]) -> bool:
@@ -262,6 +268,11 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     if step.error is None:  # after the step's own measurements: a graph the model keeps for the next call (GP119)
         findings += carried_graph_findings(loaded, tracer)
     findings += _gradcheck(loaded, seen, tfacts, facts)
+    findings += run_rules((frozen_init.GP123,), seen.frozen.facts)  # a module frozen at its initialisation on the path
+    verified, not_run = frozen_init.verdict_lines(seen.frozen.facts, sum(not p.requires_grad for p in model.parameters()),
+                                                  bool(tracer.backward_calls) and tracer.backward_error is None)
+    facts.setdefault("verified", []).extend(verified)
+    facts.setdefault("not_run", []).extend(not_run)
     if not prompt_on:
         findings += prompt_tuning.checkpoint_findings(tracer, tfacts)
     else:
@@ -364,6 +375,9 @@ def diagnose_report(loaded: Any, steps: int = 0) -> dict[str, Any]:
     facts["flow"] = flow_graph(rows, kept, frozen)
     facts["mermaid"] = flow_mermaid(facts["flow"])
     summary = [f"Checks run: {', '.join(facts['checks'])}."]
+    facts["trainable_set"] = tset = trainable_set(loaded.model, loaded.record)
+    if tset["tensors"] and tset["trainable"] < tset["tensors"]:  # something frozen: the counts by module
+        summary.append(f"Trainable set ({tset['trainable']} of {tset['tensors']} tensors): {compact(tset)}.")
     if facts.get("note"):
         summary.append(facts["note"])
     unregistered = [r["name"] for r in rows if r["name"] not in names_in_table]

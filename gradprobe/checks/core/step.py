@@ -7,7 +7,7 @@ model the same way spec/targets.md says and read the same typed StepResult.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -253,3 +253,16 @@ def param_names(model: nn.Module) -> dict[int, list[str]]:
     return names
 
 
+def tensors_in(args: Any, kwargs: Mapping[str, Any] | None) -> Iterator[torch.Tensor]:
+    """The tensors among an op's arguments (and one level into lists and tuples)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                yield a

@@ -472,7 +472,7 @@ def check_step(loaded: Loaded, coverage: list[Finding], observers: Sequence[Any]
 
     before = snapshot(loaded.model)
     with StepObserver(loaded.model, loaded.optimizer, loaded.user, loaded.record) as obs, \
-            BuildRecorder(loaded.user, loaded.record):
+            BuildRecorder(loaded.user, loaded.record, writes=False):
         result = run_step(loaded, optimizer_step=True, observers=observers)
     coverage += replaced_during_step(loaded.model, loaded.optimizer, loaded.record,
                                      {(f["code"], tuple(f["parameters"])) for f in coverage})

@@ -27,7 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks.trace.candidates import outputs, tensors_in
+from gradprobe.checks.core.step import tensors_in
+from gradprobe.checks.trace.candidates import outputs
 from gradprobe.userframes import UserCode, is_gradprobe_file
 
 # ops that put values into a sequence: joined to it, or written into its positions

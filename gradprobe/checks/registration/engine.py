@@ -27,6 +27,7 @@ from gradprobe.checks.registration.unregistered import (
 )
 from gradprobe.checks.registration.freeze_rules import GP319, measure_freezes
 from gradprobe.checks.registration.shared_storage import facts_dict, measure_storage, storage_findings, verified_line
+from gradprobe.checks.registration.trainable_set import compact, summary_lines, trainable_set
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.report import make_report
 from gradprobe.userframes import UserCode
@@ -73,7 +74,7 @@ GP105: Rule[ModelFacts] = Rule(
     summary="Parameters with requires_grad=False.",
     why="Frozen parameters get no gradient; fine when meant (a frozen backbone), a bug when not.",
     example="model.backbone.requires_grad_(False)",
-    message="{frozen} of {total} parameters are frozen (requires_grad=False).",
+    message="{frozen} of {total} parameters are frozen (requires_grad=False){by_module}.",
     fix="If they should learn: module.requires_grad_(True), and rebuild the optimizer.",
 )
 
@@ -258,6 +259,7 @@ def detect_frozen(facts: ModelFacts) -> Iterator[Finding]:
     params = facts.params
     if facts.frozen and len(facts.frozen) != len(params):
         yield GP105.finding(frozen=len(facts.frozen), total=len(params), parameters=facts.frozen, location=facts.freeze_at,
+                            by_module=f"; by module: {facts.by_module}" if facts.by_module else "",
                             evidence={"frozen": len(facts.frozen), "total": len(params),
                                       "frozen_numel": sum(p.numel() for n, p in params if not p.requires_grad)})
 
@@ -275,6 +277,8 @@ def check_registration(model: nn.Module, build_record: BuildRecord | None = None
                        user: UserCode | None = None) -> list[Finding]:
     """All GP1xx findings (but those that arise while loading) on a live model."""
     facts = measure_model(model, build_record, info, user)
+    if facts.frozen and len(facts.frozen) != len(facts.params):
+        facts.by_module = compact(trainable_set(model, build_record))
     findings: list[Finding] = []
     for m in facts.modules:
         for a in m.attributes:
@@ -319,9 +323,11 @@ def inspect_parameters(model: nn.Module, build_record: BuildRecord | None = None
         f"{len(rows)} parameters ({sum(p.numel() for p in total.values()):,} values), "
         f"{len(trainable)} trainable ({sum(p.numel() for p in trainable.values()):,} values), {len(buffers)} buffers."
     ]
+    tset = trainable_set(model, build_record)
+    summary += summary_lines(tset)
     return make_report(
         "inspect_parameters", findings, summary,
-        parameters=rows, buffers=buffers,
+        parameters=rows, buffers=buffers, trainable_set=tset,
         counts={"parameters": len(rows), "trainable": len(trainable),
                 "numel": sum(p.numel() for p in total.values()),
                 "trainable_numel": sum(p.numel() for p in trainable.values())},

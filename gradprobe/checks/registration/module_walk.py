@@ -144,6 +144,7 @@ class ModelFacts:
     grad_off: bool  # gradient recording is globally off after the build
     grad_off_sites: list[tuple[int, Loc]]
     unregistered: bool  # a plain tensor, container or non-leaf attribute holds what should be a parameter
+    by_module: str = ""  # the trainable set by module tree, one line (checks/trainable_set.py)
 
 
 def _measure_container(facts: AttrFacts, items: list[tuple[str, Any]], registered: set[int]) -> None:

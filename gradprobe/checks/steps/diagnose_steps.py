@@ -20,6 +20,7 @@ from gradprobe.checks.optimizer.engine import GP201
 from gradprobe.checks.steps.engine import audit_run
 from gradprobe.checks.steps.facts import AuditFacts
 from gradprobe.checks.steps.partners import checked_initialisation, partner_facts
+from gradprobe.checks.steps.per_tensor import table_lines
 from gradprobe.checks.trace.gradient_rules import GP306
 from gradprobe.findings import Finding
 
@@ -71,8 +72,8 @@ def check_by_design(loaded: Any, findings: list[Finding], facts: dict[str, Any],
         facts["checks"].append("zero-init partners over steps")
     return out
 # per_parameter too: a finding about tensors that do not train is judged beside what the steps measured of each
-STEPS_FACTS = ("steps", "mode", "headline", "verdicts", "per_parameter", "param_groups", "optimizer_steps", "order",
-               "ema_copies", "grad_scaler", "full_batch", "verified", "step_error", "script_step")
+STEPS_FACTS = ("steps", "mode", "headline", "verdicts", "per_parameter", "param_groups", "per_tensor_steps", "optimizer_steps",
+               "order", "ema_copies", "grad_scaler", "full_batch", "verified", "step_error", "script_step")
 
 
 def ema_moved(audit_facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -151,4 +152,4 @@ def merge_audit(report: dict[str, Any], steps: int, findings: list[Finding], fac
         lines.insert(1, f"Steps: {ended}; the steps it took were audited.")
     if report.get("ok"):
         lines += ["Verified over the steps: " + v for v in (audit_facts.get("verified") or [])[:MAX_VERIFIED]]
-    return kept, lines
+    return kept, lines + table_lines(audit_facts.get("per_tensor_steps") or {})

@@ -9,6 +9,7 @@ from typing import Any
 from gradprobe.checks.steps.accumulation import mass_text
 from gradprobe.checks.steps.facts import AuditFacts, EmaCopy, GroupStep, at, listed
 from gradprobe.checks.steps.gradients import one_loss_in_parts
+from gradprobe.checks.steps.per_tensor import per_tensor_steps, table_lines
 from gradprobe.checks.steps.schedule import schedule_lines
 from gradprobe.findings import Finding
 
@@ -150,7 +151,7 @@ def summary_lines(facts: AuditFacts, findings: list[Finding], measured: list[str
                         if facts.scaler_steps else "."))
     if not any(f["severity"] in ("error", "warning") for f in findings):
         lines += ["Verified: " + v for v in verified(facts, measured)]
-    return lines
+    return lines + table_lines(per_tensor_steps(facts))
 
 
 def _param_rows(facts: AuditFacts) -> list[dict[str, Any]]:
@@ -168,7 +169,7 @@ def facts_table(facts: AuditFacts, findings: list[Finding], measured: list[str] 
     return {
         "steps": facts.calls, "mode": facts.mode, "headline": headline(facts),
         "verdicts": dict(Counter(v.reason for v in facts.verdicts.values())),
-        "per_parameter": _param_rows(facts), "param_groups": group_rows(facts),
+        "per_parameter": _param_rows(facts), "param_groups": group_rows(facts), "per_tensor_steps": per_tensor_steps(facts),
         "optimizer_steps": [{"step": s.call + 1, "at": at(s.location), "backward_calls": len(s.backwards),
                              "backward_lines": sorted({at(b.location) for b in s.backwards}),
                              "loss_last_op": [b.top for b in s.backwards], "state_step": s.state_step}

@@ -8,7 +8,7 @@ Its `kind` says what cut the path; `CUT_FAMILY` groups kinds that one finding co
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -113,21 +113,6 @@ class Candidate:
         if self.kind == "process" and self.process_at:
             return self.process_at
         return self.location
-
-
-def tensors_in(args: Any, kwargs: Mapping[str, Any] | None) -> Iterator[torch.Tensor]:
-    """The tensors among an op's arguments (and one level into lists and tuples)."""
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, torch.Tensor):
-                    yield b
-    if kwargs:
-        for a in kwargs.values():
-            if isinstance(a, torch.Tensor):
-                yield a
 
 
 def outputs(out: Any) -> tuple[torch.Tensor, ...]:

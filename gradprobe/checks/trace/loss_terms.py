@@ -9,6 +9,12 @@ detached); it is the design (GP317, info) when another term trains through the v
 cut (SimSiam, a GAN's detached fakes beside the generator's term), when the cut value is only a target
 or a weight (actor-critic advantages), or when no optimizer holds what lies behind the cut (an EMA
 teacher).
+
+Whether the cut value is "fed on" is measured per term (checks/cut_uses.py): a node of the term's graph that took it as
+a value and read a parameter. A value that enters the term only as indices (a VQ-VAE's codes, an argmin over the
+distances of a detached encoding to the codebook) or only through what a sampling op drew from it (NeRF's fine samples
+placed by searchsorted over the coarse weights) is the design (GP317's "index" and "sample" situations): the parameter
+that met the cut value in the distance op is not on the term's graph, only the lookup is.
 """
 
 from __future__ import annotations
@@ -93,6 +99,23 @@ GP317: Rule[TraceFacts] = Rule(
             when="no optimizer holds the parameters behind the cut (an EMA teacher, a target network)",
             message="The loss term computed{term_at} reaches {modules} only through `{op}`{cut_at}, and no optimizer "
                     "holds them: a teacher or target network that this loss is not meant to train."),
+        "index": Situation(
+            when="the cut value enters the term only as indices or a mask (an argmin over codebook distances): no "
+                 "derivative flows there, cut or not",
+            message="The loss term computed{term_at} depends on {modules} only through `{op}`{cut_at}, and the value it "
+                    "cuts enters this term only as indices (`{use_op}`{use_at}), which carry no gradient with or without "
+                    "the cut; {others} train them. The cut changes nothing for this term.",
+            fix="Nothing to fix: removing `{op}` would not let this term train {modules}, since `{use_op}` has no "
+                "derivative; a straight-through estimator or another term is what trains them."),
+        "sample": Situation(
+            when="the cut value enters the term only through positions or categories sampled from it (searchsorted, "
+                 "multinomial: hierarchical or importance sampling)",
+            message="The loss term computed{term_at} depends on {modules} only through `{op}`{cut_at}, and the value it "
+                    "cuts enters this term only through what `{use_op}`{use_at} sampled from it (where this term's "
+                    "modules are evaluated, not a value they learn from), while {others} train them: a stop-gradient by "
+                    "design that keeps the sampler out of this term's gradient.",
+            fix="Nothing to fix if the sampler is meant to learn from the other term(s) only (NeRF's coarse network); "
+                "remove `{op}` only to differentiate through the sample positions on purpose."),
     },
 )
 
@@ -175,20 +198,36 @@ def severed(facts: TraceFacts) -> Iterator[Severed]:
             if term.cut is not None or not term.cuts:
                 continue
             others = frozenset().union(*(o.reached for o in split.terms if o is not term))
-            seen: set[tuple[str, Any, Any]] = set()
-            for ci in sorted(term.cuts):
-                cand = tracer.candidates[ci]
-                where = cand.where() or {}
-                key = (family_of(cand.kind), where.get("file"), where.get("line"))
-                if family_of(cand.kind) not in _CUT_FAMILIES or key in seen:
-                    continue
-                cut_off = behind(reach, cand.inputs)
-                missing = cut_off & others - term.reached
-                if not missing or cut_off & term.reached:  # a path around the cut (a straight-through estimator)
-                    continue
-                seen.add(key)
-                names = sorted(n for i in missing if facts.wanted(n := facts.name(tracer.params[i])))
-                yield Severed(term, split, cand, missing, names, _judge(facts, term, cand, missing))
+            yield from _outermost(facts, list(_term_cuts(facts, reach, split, term, others)))
+
+
+def _outermost(facts: TraceFacts, found: list[Severed]) -> Iterator[Severed]:
+    """The cuts of one term, less those whose value reaches the term only after a later cut of the list cut it again
+    (a straight-through `z + (z_q - z).detach()` whose output the decoder reads detached: the later detach is the
+    cause, the straight-through line is correct code)."""
+    tags = facts.tracer.tags
+    for s in found:
+        if not any(o.cut.index > s.cut.index and any(s.cut.index in tags.get(id(x), ()) for x in o.cut.inputs)
+                   for o in found):
+            yield s
+
+
+def _term_cuts(facts: TraceFacts, reach: Reach, split: TermSplit, term: Term, others: frozenset[int]) -> Iterator[Severed]:
+    tracer = facts.tracer
+    seen: set[tuple[str, Any, Any]] = set()
+    for ci in sorted(term.cuts):
+        cand = tracer.candidates[ci]
+        where = cand.where() or {}
+        key = (family_of(cand.kind), where.get("file"), where.get("line"))
+        if family_of(cand.kind) not in _CUT_FAMILIES or key in seen:
+            continue
+        cut_off = behind(reach, cand.inputs)
+        missing = cut_off & others - term.reached
+        if not missing or cut_off & term.reached:  # a path around the cut (a straight-through estimator)
+            continue
+        seen.add(key)
+        names = sorted(n for i in missing if facts.wanted(n := facts.name(tracer.params[i])))
+        yield Severed(term, split, cand, missing, names, _judge(facts, term, cand, missing))
 
 
 def _judge(facts: TraceFacts, term: Term, cand: Candidate, missing: frozenset[int]) -> str:
@@ -196,7 +235,15 @@ def _judge(facts: TraceFacts, term: Term, cand: Candidate, missing: frozenset[in
         return "split"
     if facts.optimized is not None and not (missing & facts.optimized):
         return "untrained"
-    fed = any(cand.index in facts.tracer.param_tags.get(i, frozenset()) for i in term.reached)
+    if term.value_fed is None:  # not measured: the parameters that met the cut's value
+        fed = any(cand.index in facts.tracer.param_tags.get(i, frozenset()) for i in term.reached)
+    elif cand.index in term.value_fed:
+        fed = True
+    elif cand.index in term.sample_fed:  # only as indices or samples (checks/cut_uses.py)
+        site = facts.tracer.cut_uses.site(cand.index) or {}
+        return "sample" if site.get("sampling") else "index"
+    else:
+        fed = False
     if not fed:
         return "target"
     return "cut" if cand.direct else "library"
@@ -220,11 +267,15 @@ def _others(split: TermSplit, term: Term, missing: frozenset[int] | None = None)
 
 def _severed_finding(facts: TraceFacts, s: Severed, rule: Rule[TraceFacts], situation: str | None) -> Finding:
     cand = s.cut
+    use = facts.tracer.cut_uses.site(cand.index) if situation in ("index", "sample") else None
+    evidence: dict[str, Any] = {"term": s.term.index, "term_name": s.term.name, "term_location": s.term.location,
+                                "cut": {"op": cand.op, "kind": cand.kind, "location": cand.where()},
+                                "loss_terms": term_table(s.split, facts.names, facts.tracer.candidates)}
+    if use is not None:
+        evidence["cut_value_used_as"] = {"how": situation, "op": use["op"], "location": use["location"]}
     return rule.finding(
-        situation, parameters=s.names, location=cand.where(),
-        evidence={"term": s.term.index, "term_name": s.term.name, "term_location": s.term.location,
-                  "cut": {"op": cand.op, "kind": cand.kind, "location": cand.where()},
-                  "loss_terms": term_table(s.split, facts.names, facts.tracer.candidates)},
+        situation, parameters=s.names, location=cand.where(), evidence=evidence,
+        use_op=(use or {}).get("op"), use_at=_loc((use or {}).get("location")),
         term_at=_term_at(s.term), modules=_modules(s.names), others=_others(s.split, s.term, s.missing),
         op=cand.op, cut_at=_same_or_at(cand.where(), s.term.location), through=_through(facts, s.term, cand))
 
@@ -239,5 +290,5 @@ def term_cut_from_module(facts: TraceFacts) -> Iterator[Finding]:
 @GP317.detector
 def stop_gradient_by_design(facts: TraceFacts) -> Iterator[Finding]:
     for s in severed(facts):
-        if s.names and s.situation in ("split", "target", "untrained"):
+        if s.names and s.situation in ("split", "target", "untrained", "index", "sample"):
             yield _severed_finding(facts, s, GP317, None if s.situation == "split" else s.situation)

@@ -24,7 +24,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from gradprobe.checks.core.function_calls import ApplyWatch, inside_custom_function
-from gradprobe.checks.core.step import param_names
+from gradprobe.checks.core.step import param_names, tensors_in
 from gradprobe.checks.trace.candidates import (
     LEFT_OPS,
     REWRAP_OPS,
@@ -40,10 +40,10 @@ from gradprobe.checks.trace.candidates import (
     leaf_inplace_target,
     outputs,
     storage_ptr,
-    tensors_in,
 )
 from gradprobe.checks.core.loss_parts import LossParts, declared
 from gradprobe.checks.trace.term_split import CutTerm, TermProbe
+from gradprobe.checks.trace.cut_uses import CutUses
 from gradprobe.checks.core.torchcompat import (
     CHECKPOINT_NO_INPUT_GRAD_WARNING,
     GRAD_ENABLE,
@@ -142,6 +142,7 @@ class GradTracer(TorchFunctionMode):
         self.cut_terms: dict[int, list[CutTerm]] = {}
         self.left_values: dict[int, tuple[object, int]] = {}
         self.zero_ops = ZeroOpWatch(user, self.params, read_zero)  # multiplies by zero on the grad path (GP318)
+        self.cut_uses = CutUses(self.tags, self.params, user)  # a cut's value used as a value, or as an index or sample
 
     def watch_plain(self, attrs: dict[str, torch.Tensor]) -> None:
         """Record how the step uses these module attributes on the way to the loss (GP101 without requires_grad)."""
@@ -186,6 +187,7 @@ class GradTracer(TorchFunctionMode):
         elif name in LEFT_OPS and not req and args and isinstance(args[0], torch.Tensor):
             self._left_detached(name, args[0])
         if tags is not None:
+            self.cut_uses.note(name, args, kwargs, out, tags)
             self._tag(out, tags)
         if not req:
             self._plain_op(name, args, kwargs, out)
@@ -466,6 +468,8 @@ class GradTracer(TorchFunctionMode):
             rec["made_at"] = returned_at
         self.backward_calls.append(rec)
         probe = self._term_probe(root, args, kwargs, rec, parts, returned_at, summed)
+        if probe is not None:
+            self.cut_uses.mark_terms(probe.split.terms, probe.edges)
         self.zero_ops.arm()
         if len(self.backward_roots) < MAX_ROOTS_KEPT:
             self.backward_roots.append(root.grad_fn if root is not None else None)

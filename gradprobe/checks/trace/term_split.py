@@ -61,6 +61,10 @@ class Term:
     shared_cuts: frozenset[int] = frozenset()  # cuts whose input value another term trains through
     cut: CutTerm | None = None  # set for a term that carries no gradient
     name: str | int | None = None  # the dict key or tuple index of a term a loss_fn returned (checks/core/loss_parts.py)
+    # cuts that reach this term's graph as a value, and those that reach it only as an index or a sample
+    # (checks/cut_uses.py); None: not measured
+    value_fed: frozenset[int] | None = None
+    sample_fed: frozenset[int] = frozenset()
 
 
 @dataclass
