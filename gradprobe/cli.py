@@ -120,7 +120,13 @@ def _run_check(args: argparse.Namespace) -> int:
 
             print("\n" + clean(flow_mermaid(flow)))
         _print_steps(report)
-    return 0 if report.get("ok") else 1
+    return exit_code(report)
+
+
+def exit_code(report: dict) -> int:
+    """0 verified, 1 problems found, 4 partly checked or not checked (docs/verdicts.md); 2 and 3 are the command's own."""
+    status = (report.get("verdict") or {}).get("status")
+    return {"verified": 0, "problems": 1}.get(str(status), 4)
 
 
 def _print_steps(report: dict) -> None:

@@ -68,6 +68,7 @@ class FunctionFacts:
     nondeterministic: list[tuple[int, float]] = field(default_factory=list)  # (input, max diff between two passes)
     second_order_failed: bool = False
     second_order_error: str | None = None
+    largest_error: float | None = None  # the largest |analytical - numerical| entry measured (full or projected)
 
     def label(self, j: int) -> str:
         ps = self.params_at.get(j, [])

@@ -49,6 +49,7 @@ from gradprobe.checks.backward_rules import GP308
 from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import GP113, resource_limit_finding
 from gradprobe.report import make_report
+from gradprobe.verdict import Cause, add_not_run, add_verified
 from gradprobe.userframes import UserCode, location
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ def _measure_fast(facts: FunctionFacts, cls: type[Function], fn: FnLike, inputs6
         gradcheck_error = str(exc)
     # torch's fast mode misses small elementwise errors (a dropped factor in one term): our own projections too
     projected, through = rewrites.projected_jacobians(fn, inputs64, req, flat_out)
+    facts.largest_error = max((float((a - n).abs().max()) for a, n in projected.values() if a.numel()), default=None)
     wrong = [j for j, (a, n) in projected.items() if bool(((a - n).abs() > atol + rtol * n.abs()).any())]
     if gradcheck_error is None and not wrong:
         return
@@ -157,6 +159,7 @@ def _measure_full(facts: FunctionFacts, cls: type[Function], fn: FnLike, inputs6
         m = _judge_input(facts, j, ana, numerical, tuple(inputs64[j].shape), starved)
         if m is not None:
             mismatches.append(m)
+    facts.largest_error = max((float((a - n).abs().max()) for a, n in jacobians.values() if a.numel()), default=None)
     rewrite = rewrites.Rewrite()
     if mismatches:
         through = {j: rewrites.is_identity(num) for j, (_, num) in jacobians.items()}
@@ -254,6 +257,8 @@ def check_function(cls: type[Function], inputs: tuple, params_at: Mapping[int, l
     if how:
         info["shrunk"] = how
     others = _measure(cls, inputs64, facts, info, user, fast_mode, check_second_order, starved)
+    if facts.largest_error is not None:
+        info["largest_abs_error"] = facts.largest_error
     return run_rules(FUNCTION_RULES, facts) + others, info
 
 
@@ -363,7 +368,25 @@ def gradcheck_findings(loaded: Loaded, watch: ApplyWatch, direct: DirectForwardW
         facts["called_at"] = entry["location"]
         findings += more
         checked.append(facts)
-    return findings, {"functions": checked}
+    out: dict[str, Any] = {"functions": checked}
+    gradcheck_verdict(out)
+    return findings, out
+
+
+def gradcheck_verdict(facts: dict[str, Any]) -> None:
+    """What gradcheck measured (facts.verified) and each Function it could not check (facts.not_run)."""
+    checked = facts["functions"]
+    done = [f for f in checked if "skipped" not in f]
+    for f in checked:
+        if "skipped" in f:
+            cause: Cause = "not_applicable" if f["skipped"].startswith("no ") else "gradprobe"
+            add_not_run(facts, f"gradcheck of {f['function']}", f["skipped"], cause)
+    if done:
+        worst = max((f.get("largest_abs_error") or 0.0 for f in done), default=0.0)
+        add_verified(facts, f"gradcheck of {len(done)} custom autograd Function(s) ({', '.join(f['function'] for f in done)}) "
+                            f"against finite differences in float64: largest |analytical - numerical| {worst:.2g}")
+    elif not checked:
+        add_verified(facts, "gradcheck: no custom autograd Function of the user's was called by the step")
 
 
 def gradcheck_report(loaded: Loaded, function: str | None = None, check_second_order: bool = False,
@@ -376,6 +399,7 @@ def gradcheck_report(loaded: Loaded, function: str | None = None, check_second_o
         findings.insert(0, limited)
     if error:
         facts["forward_error"] = error
+        add_not_run(facts, "gradcheck of the Functions after the point the forward raised", error, "user_code")
     n = len(facts["functions"])
     summary = [f"{n} custom autograd.Function(s) checked: " + ", ".join(f["function"] for f in facts["functions"])
                if n else "No user-defined autograd.Function was called by the forward."]

@@ -8,6 +8,7 @@ from typing import Any
 from gradprobe.errors import ToolInputError
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
+from gradprobe.verdict import settle
 from gradprobe.sandbox.executor import Executor, LocalExecutor
 from gradprobe.sandbox.failures import ChildFate, child_failure_finding
 from gradprobe.sandbox.hints import GIB, add_lines, annotate, memory_hint, outside_view
@@ -45,7 +46,8 @@ async def execute(
     finally:
         interp.close()
     roots = interpreters.roots if interpreters else ()
-    return add_lines(report, outside_view(report, target, roots), memory_hint(report, (limits or executor.limits).memory_bytes))
+    report = add_lines(report, outside_view(report, target, roots), memory_hint(report, (limits or executor.limits).memory_bytes))
+    return settle(report)  # the verdict again, from the findings and facts as they reached the parent
 
 
 async def _execute(tool: str, target: Target, options: dict[str, Any] | None, interp: Interpreter,

@@ -40,7 +40,9 @@ def run_job(job: Job | Mapping[str, Any], progress: Progress) -> ToolError | dic
 
 
 def _safe(report: ToolError | dict[str, Any]) -> ToolError | dict[str, Any]:
-    return report if isinstance(report, ToolError) else json_safe(report)
+    from gradprobe.verdict import settle
+
+    return report if isinstance(report, ToolError) else json_safe(settle(report))
 
 
 def _check_target(spec: Tool, job: Job, progress: Progress) -> ToolError | dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from gradprobe.findings import Finding
 from gradprobe.report import make_report
+from gradprobe.verdict import Cause, add_not_run, settle, summary_body
 from gradprobe.outcomes import GP100
 from gradprobe.sandbox.protocol import Phase, Result, ToolError, json_safe
 
@@ -141,12 +142,13 @@ def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> d
                            optimizer_site=None, scheduled=set(), schedule_sites={}, outside_moves={}, ema=[])
         found = list(run_rules(ONE_STEP_RULES, facts))
     except Exception as exc:  # ours: the script's own step ran
-        report.setdefault("facts", {})["watched_step_left_out"] = f"{type(exc).__name__}: {exc}"[:500]
-        return report
+        facts = report.setdefault("facts", {})
+        facts["watched_step_left_out"] = f"{type(exc).__name__}: {exc}"[:500]
+        add_not_run(facts, "the watch of the script's own first step (GP605)", facts["watched_step_left_out"], "gradprobe")
+        return settle(report)
     if not found:
         return report
-    return make_report(report["tool"], report["findings"] + found, report["summary"].splitlines()[1:],
-                       **report.get("facts", {}))
+    return make_report(report["tool"], report["findings"] + found, summary_body(report), **report.get("facts", {}))
 
 
 def deliver_and_exit(report: ToolError | dict[str, Any], progress: Callable[[str], None]) -> None:
@@ -217,7 +219,7 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
         first_lrs, first_loc = watch.lr_zero_step or (cap.lrs, cap.step_location)
         step_facts["first_step_lr_zero"] = {"learning_rates": first_lrs, "location": first_loc}
         findings = _lr_zero_findings(report["findings"], first_lrs, first_loc, judged_on=None if lr_zero_now else cap.lrs)
-        report = make_report(tool, findings, report["summary"].splitlines()[1:], **report.get("facts", {}))
+        report = make_report(tool, findings, summary_body(report), **report.get("facts", {}))
     if run.ended in ("raised", "exited", "timeout") and cap.how == "backward":
         # the script stopped between its backward and its first step: say so beside the findings
         how = (f"raised {type(run.exc).__name__}: {run.exc}" if run.ended == "raised" and run.exc is not None
@@ -225,9 +227,16 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
         step_facts["script_ended"] = f"after its backward, before any optimizer step, the script {how}"[:1500]
         if run.ended == "raised" and run.exc is not None:
             step_facts["script_traceback"] = watch.user.trimmed_traceback(run.exc)
-        report["summary"] += f"\nThe script {how[:300]} after its first backward; the checks ran on that backward's step."
+        cause: Cause = ("timeout" if run.ended == "timeout" else
+                 "gradprobe" if run.ended == "raised" and raised_in_gradprobe(run.exc) else "user_code")
+        add_not_run(report.setdefault("facts", {}), "the script's optimizer step (its update was never made, so not checked)",
+                    f"after its first backward the script {how[:400]}"
+                    + (" inside gradprobe's own code (gradprobe's failure, not the script's)" if cause == "gradprobe" else ""),
+                    cause, watch.user.innermost_of_traceback(run.exc) if run.exc is not None else None)
+        report["summary"] += (f"\nThe script {how[:300]} after its first backward, before any optimizer step: the checks "
+                              "ran on that backward's gradients only; the optimizer step was not checked.")
     report.setdefault("facts", {})["script_step"] = step_facts
-    return report
+    return settle(report)
 
 
 # a step that failed, a backward that raised, a loss without grad: the script's own step did none of these
@@ -246,7 +255,8 @@ def left_out(tool: str, exc: Exception, what: str) -> dict[str, Any]:
     error = f"{type(exc).__name__}: {exc}"[:500]
     return make_report(tool, [], [f"{what} failed ({error[:200]}) and was left out. The script's own step ran; this is "
                                   "a gradprobe limitation, not a finding."],
-                       replay_left_out={"what": what, "error": error, "internal_traceback": traceback.format_exc()[-4000:]})
+                       replay_left_out={"what": what, "error": error, "internal_traceback": traceback.format_exc()[-4000:]},
+                       not_run=[{"check": what, "why": error, "cause": "gradprobe"}])
 
 
 def _replay_failures_are_ours(tool: str, report: dict[str, Any]) -> dict[str, Any]:
@@ -260,7 +270,32 @@ def _replay_failures_are_ours(tool: str, report: dict[str, Any]) -> dict[str, An
     note = (f"gradprobe's replay of the script's step failed where the script's own step did not ({failed[0]['message'][:200]}): "
             "that result was left out (a gradprobe limitation, not a finding).")
     facts = dict(report.get("facts", {}), replay_left_out={"findings": failed})
-    return make_report(tool, kept, report["summary"].splitlines()[1:] + [note], **facts)
+    add_not_run(facts, "the checks that needed gradprobe's replay of the script's step",
+                f"the replay failed where the script's own step did not: {failed[0]['message'][:300]}", "gradprobe")
+    return make_report(tool, kept, summary_body(report) + [note], **facts)
+
+
+def raised_in_gradprobe(exc: BaseException | None) -> bool:
+    """Whether an error the script "raised" was raised inside gradprobe's own code (a hook or watch of ours, or a library
+    call it made), rather than by the user's code: the innermost frame that is either the user's or gradprobe's is
+    gradprobe's (gradprobe/verdict.py: a check that did not run because of gradprobe is gradprobe's, never the user's)."""
+    import gradprobe
+
+    ours = os.path.dirname(os.path.abspath(gradprobe.__file__)) + os.sep
+    last = None
+    tb = exc.__traceback__ if exc is not None else None
+    while tb is not None:
+        name = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        if name.startswith(ours):
+            last = "ours" if not name.endswith(("scriptmode/run.py", "sandbox/run_check.py")) else last
+        elif not _library(name):
+            last = "user"
+        tb = tb.tb_next
+    return last == "ours"
+
+
+def _library(path: str) -> bool:
+    return "site-packages" in path or "dist-packages" in path or path.startswith(("<", os.path.dirname(os.__file__)))
 
 
 def _lr_zero_findings(findings: list[Finding], lrs: list[float], loc: dict[str, Any] | None,

@@ -11,6 +11,7 @@ from gradprobe.checks.ranks import GP703, GP706, GP707, RANK_RULES, RankFacts, S
 from gradprobe.sandbox.failures import GP112
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
+from gradprobe.verdict import CAUSES, add_not_run, add_verified
 from gradprobe.sandbox.protocol import ToolError
 from gradprobe.scriptmode.rankwatch import collective_of, last_dump
 from gradprobe.scriptmode.ranks import RankOutcome
@@ -110,4 +111,29 @@ def merge_ranks(tool: str, target: dict[str, Any], outcome: RankOutcome, how: st
     extra["ranks"] = {"how": how, "world_size": n, "spawned_at": spawn_location, "ranks": ranks_facts,
                       "wait_seconds": round(outcome.seconds, 3)}
     lines = [f"{n} ranks ran ({how}); findings say which ranks they hold on (evidence.ranks)."]
+    rank_verdicts(extra, reports, n, how)
     return make_report(tool, findings, lines, **extra)
+
+
+def rank_verdicts(facts: dict[str, Any], reports: dict[int, dict[str, Any]], n: int, how: str) -> None:
+    """The merged verdict's facts: what the ranks that reported measured (each line once, with the ranks it holds on
+    when not all), the comparison across ranks, and every rank's not-run entries (each with its ranks)."""
+    facts["verified"], facts["not_run"] = [], []
+    lines: dict[str, list[int]] = {}
+    entries: dict[tuple[str, str, str], tuple[dict[str, Any], list[int]]] = {}
+    for rank in sorted(reports):
+        rfacts = reports[rank].get("facts") or {}
+        for line in rfacts.get("verified") or []:
+            lines.setdefault(str(line), []).append(rank)
+        for e in rfacts.get("not_run") or []:
+            if isinstance(e, dict):
+                key = (str(e.get("check")), str(e.get("why")), str(e.get("cause")))
+                entries.setdefault(key, (e, []))[1].append(rank)
+    if reports:
+        add_verified(facts, f"{len(reports)} of {n} rank(s) checked ({how}); parameters, gradients and the parameters in "
+                            "the loss compared across them")
+    for line, ranks in lines.items():
+        add_verified(facts, line if len(ranks) == len(reports) else f"{line} (rank(s) {', '.join(map(str, ranks))})")
+    for (check, why, cause), (e, ranks) in entries.items():
+        where = "" if len(ranks) == n else f" (rank(s) {', '.join(map(str, ranks))})"
+        add_not_run(facts, check + where, why, cause if cause in CAUSES else "gradprobe", e.get("location"))

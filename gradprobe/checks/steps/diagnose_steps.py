@@ -22,6 +22,7 @@ from gradprobe.checks.steps.engine import audit_run
 from gradprobe.checks.steps.facts import AuditFacts
 from gradprobe.checks.steps.partners import partner_facts
 from gradprobe.findings import Finding
+from gradprobe.verdict import add_not_run, add_verified, summary_body
 
 MAX_VERIFIED = 8
 CHECK_STEPS = 3  # optimizer steps that check a zero-initialised partner moves, when diagnose runs no steps of its own
@@ -50,6 +51,8 @@ def check_by_design(loaded: Any, findings: list[Finding], facts: dict[str, Any],
             _, audit = audit_run(loaded, CHECK_STEPS)
         except Exception as exc:  # a measurement of gradprobe's that fails is left out and named, never the report
             facts["zero_init_checked"] = {"left_out": f"{type(exc).__name__}: {exc}"[:300]}
+            add_not_run(facts, "the check over steps that a zero-initialised partner moves (GP306)",
+                        facts["zero_init_checked"]["left_out"], "gradprobe")
             return findings
     if audit is None:
         return findings
@@ -122,6 +125,7 @@ def add_steps(loaded: Any, steps: int, findings: list[Finding], facts: dict[str,
         if not isinstance(report, dict):  # the audit of the script's loop was left out (said in its note)
             note = str(report or "the script's own loop was not watched")
             facts["steps"] = {"note": note}
+            add_not_run(facts, "the audit of the steps", note, "gradprobe" if "failed" in note else "refused")
             return findings, [f"Steps: not audited ({note})."]
         audit = None
     else:
@@ -135,8 +139,13 @@ def merge_audit(report: dict[str, Any], steps: int, findings: list[Finding], fac
     audit_facts: dict[str, Any] = report.get("facts") or {}
     facts["steps"] = {k: audit_facts[k] for k in STEPS_FACTS if k in audit_facts}
     facts["checks"].append("steps")
+    for e in audit_facts.get("not_run") or []:
+        add_not_run(facts, str(e.get("check")), str(e.get("why")), e.get("cause", "gradprobe"), e.get("location"))
     if "headline" not in audit_facts:  # the audit did not run (script mode, no optimizer): say why
         facts["steps"]["note"] = report.get("summary", "")
+        if not audit_facts.get("not_run"):
+            add_not_run(facts, "the audit of the steps", summary_body(report)[-1] if summary_body(report) else "not said",
+                        "refused")
         measured = [f for f in report.get("findings") or [] if f["code"].startswith("GP6")]  # a scaler that skipped all
         return findings + measured, [f"Steps: not audited ({report.get('summary', '').splitlines()[-1]})"]
     kept, lines = settle_ema(check_by_design(loaded, findings, facts, audit) if loaded is not None else findings,
@@ -144,9 +153,10 @@ def merge_audit(report: dict[str, Any], steps: int, findings: list[Finding], fac
                              int(audit_facts.get("steps") or steps))
     kept += [f for f in report.get("findings") or [] if f["code"].startswith("GP6")]
     lines.insert(0, "Steps: " + str(audit_facts["headline"]))
+    add_verified(facts, f"{audit_facts.get('steps')} step(s) watched: {audit_facts['headline']}")
     ended = (audit_facts.get("script_step") or {}).get("script_ended")
     if ended:  # a script that ended before the steps asked for (its last step is the one diagnose checked)
         lines.insert(1, f"Steps: {ended}; the steps it took were audited.")
-    if report.get("ok"):
-        lines += ["Verified over the steps: " + v for v in (audit_facts.get("verified") or [])[:MAX_VERIFIED]]
+    if audit_facts.get("clean", report.get("ok")):
+        lines += ["Verified over the steps: " + v for v in (audit_facts.get("verified") or [])[1:MAX_VERIFIED + 1]]
     return kept, lines
