@@ -33,6 +33,7 @@ Cause = Literal["gradprobe", "user_code", "refused", "timeout", "not_applicable"
 Status = Literal["problems", "verified", "partial", "not_checked"]
 CAUSES: tuple[Cause, ...] = ("gradprobe", "user_code", "refused", "timeout", "not_applicable")
 BLOCKING: frozenset[str] = frozenset({"gradprobe", "user_code", "refused", "timeout"})
+HEAD_VERIFIED = 4  # verified lines the summary's first line quotes (all are in verdict.verified)
 HEADS: dict[Status, str] = {"problems": "problems found", "verified": "verified", "partial": "partly checked",
                             "not_checked": "not checked"}
 
@@ -89,10 +90,11 @@ GP121: Rule[Any] = Rule(
 
 # findings that say a check could not run (not a problem of the code): their cause, and what they stopped
 _OUTCOMES: dict[str, Cause] = {"GP000": "gradprobe", "GP113": "refused", "GP114": "timeout", "GP115": "gradprobe",
-                               "GP116": "gradprobe", "GP117": "refused"}
+                               "GP116": "gradprobe", "GP117": "refused", "GP122": "user_code"}
 _STOPPED = {"GP000": "gradprobe's checks", "GP113": "what needed the phase a memory limit stopped",
             "GP114": "every check not finished in time", "GP115": "every check (the child ended without a result)",
-            "GP116": "every check (the remote worker failed)", "GP117": "every check (the interpreter did not start)"}
+            "GP116": "every check (the remote worker failed)", "GP117": "every check (the interpreter did not start)",
+            "GP122": "every check (the code could not import the project's own package)"}
 
 
 def cause_of(value: Any, default: Cause = "gradprobe") -> Cause:
@@ -223,7 +225,9 @@ def _head(status: Status, findings: list[Finding], verified: list[str], not_run:
         if blocking:
             lines.append("not run: " + _said(blocking) + ".")
         return lines
-    done = "verified: " + "; ".join(verified) if verified else ""
+    shown = [v.rstrip(". ") for v in verified[:HEAD_VERIFIED]]
+    more = f" (+{len(verified) - HEAD_VERIFIED} more in verdict.verified)" if len(verified) > HEAD_VERIFIED else ""
+    done = "verified: " + "; ".join(shown) + more if verified else ""
     if status == "verified":
         return [f"{done}.{warned}"]
     if status == "partial":

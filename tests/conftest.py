@@ -116,7 +116,7 @@ def names_culprit(finding: dict, culprit: str) -> bool:
 
 
 BLOCKING = ("gradprobe", "user_code", "refused", "timeout")
-OUTCOMES = ("GP000", "GP113", "GP114", "GP115", "GP116", "GP117")  # findings that say a check could not run
+OUTCOMES = ("GP000", "GP113", "GP114", "GP115", "GP116", "GP117", "GP122")  # findings that say a check could not run
 
 
 def assert_verdict(report: dict, name: str = "") -> None:
