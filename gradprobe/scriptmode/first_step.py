@@ -229,7 +229,8 @@ def _check_step(tool: str, target: dict[str, Any], options: dict[str, Any], prog
             step_facts["script_traceback"] = watch.user.trimmed_traceback(run.exc)
         cause: Cause = ("timeout" if run.ended == "timeout" else
                  "gradprobe" if run.ended == "raised" and raised_in_gradprobe(run.exc) else "user_code")
-        add_not_run(report.setdefault("facts", {}), "the script's optimizer step (its update was never made, so not checked)",
+        add_not_run(report.setdefault("facts", {}), "the script's own optimizer step (never reached: what its code does "
+                    "between backward() and step() was not watched)",
                     f"after its first backward the script {how[:400]}"
                     + (" inside gradprobe's own code (gradprobe's failure, not the script's)" if cause == "gradprobe" else ""),
                     cause, watch.user.innermost_of_traceback(run.exc) if run.exc is not None else None)

@@ -1,0 +1,1 @@
+/work/wt/verdict/examples/scripts/verdict_partial/healthy_twin.py

@@ -1,0 +1,1 @@
+/work/wt/verdict/examples/scripts/verdict_partial/raises_after_backward.py

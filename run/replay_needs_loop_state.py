@@ -1,0 +1,1 @@
+/work/wt/verdict/examples/scripts/verdict_partial/replay_needs_loop_state.py
