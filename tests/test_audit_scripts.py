@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, assert_expected
+from conftest import ROOT, assert_expected, assert_verdict
 
 SCRIPTS = ROOT / "examples" / "scripts"
 GP6 = [f"GP60{i}" for i in range(1, 10)] + ["GP610", "GP611", "GP612"]
@@ -81,6 +81,7 @@ async def audit_script(client, project: str, args: list[str], steps: int = 4) ->
     target = {"project_dir": str(SCRIPTS / project), "script": "train.py", "args": args, "timeout_s": 240}
     result = await client.call_tool("audit_training", {"target": target, "steps": steps})
     assert not result.is_error, result.content
+    assert_verdict(result.structured_content, project)
     return result.structured_content
 
 

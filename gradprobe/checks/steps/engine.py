@@ -337,7 +337,7 @@ def audit_run(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> tuple[dict
     if run.error and run.limit is None:
         last = run.error.strip().splitlines()[-1]
         report["facts"]["step_error_location"] = run.error_location
-        span = f"step {run.error_call + 1}" + (f" to {steps}" if run.error_call + 1 < steps else "")
+        span = f"step {steps}" if run.error_call + 1 >= steps else f"steps {run.error_call + 1} to {steps}"
         add_not_run(report["facts"], f"the audit of {span}", f"step {run.error_call + 1} of {steps} raised ({last})"
                     + ("; the steps before it were audited" if run.error_call else "; nothing was audited"), "user_code",
                     run.error_location)
