@@ -232,7 +232,10 @@ def _head(status: Status, findings: list[Finding], verified: list[str], not_run:
         return [f"{done}.{warned}"]
     if status == "partial":
         return [f"{HEADS[status]}: {_said(blocking)}; {done}.{warned}"]
-    said = _said(blocking) if blocking else "nothing was measured"
+    moot = [e for e in not_run if e["cause"] == "not_applicable"]
+    said = _said(blocking) if blocking else (
+        "; ".join(f"{e['check']} does not apply ({_first_line(e['why'], 200)})" for e in moot) if moot
+        else "nothing was measured")
     return [f"{HEADS[status]}: {said}.{warned}"]
 
 

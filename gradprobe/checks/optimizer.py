@@ -550,8 +550,6 @@ def optimizer_findings(loaded: Loaded, step: bool = True) -> tuple[list[Finding]
 def optimizer_report(loaded: Loaded, step: bool = True) -> dict[str, Any]:
     findings, facts = optimizer_findings(loaded, step)
     summary = []
-    if loaded.optimizer is None and loaded.optimizer_error is None:  # the whole tool: a target without an optimizer
-        facts["not_run"] = [dict(e, cause="refused") for e in facts.get("not_run", [])]
     if "note" in facts:
         summary.append("No optimizer in the target: give `optimizer` (a callable taking the model) or define make_optimizer.")
     elif "param_groups" in facts:

@@ -153,7 +153,9 @@ def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptR
         if cap is not None and cap.optimizer is None and cap.how == "backward":
             return make_report("audit_training", [], [
                 "The script ran backward() with no optimizer in existence: audit_training watches optimizer steps, so "
-                "there was nothing to audit (diagnose checks such a step)."], note="no optimizer")
+                "there was nothing to audit (diagnose checks such a step)."], note="no optimizer",
+                not_run=[{"check": "the audit of the training steps", "cause": "not_applicable",
+                          "why": "the script ran backward() with no optimizer in existence (diagnose checks such a step)"}])
         if observer.scaler_steps and amp is not None:
             return _all_skipped_report(observer, amp, steps, run)
         return no_step_report("audit_training", run, target)

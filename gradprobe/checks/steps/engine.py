@@ -271,7 +271,7 @@ class _Run:
 def _no_optimizer_report() -> dict:
     return make_report("audit_training", [], ["audit_training needs an optimizer: give `optimizer` (make_optimizer(model)) "
                                               "or a `train_step` that steps one."], note="no optimizer",
-                       not_run=[{"check": "the audit of the training steps", "cause": "refused",
+                       not_run=[{"check": "the audit of the training steps", "cause": "not_applicable",
                                  "why": "the target has no optimizer and no train_step"}])
 
 
