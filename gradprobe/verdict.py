@@ -239,6 +239,36 @@ def _head(status: Status, findings: list[Finding], verified: list[str], not_run:
     return [f"{HEADS[status]}: {said}.{warned}"]
 
 
+def inconsistencies(report: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a report's verdict (empty when it is consistent): a `verified` or `ok` over a blocking not-run
+    entry or an error, a first line that is not the verdict's (or says OK / "No error found"), a blocking entry that is
+    neither said first nor a finding. The tests and the benchmarks call it on every report they have."""
+    v = report.get("verdict")
+    if not isinstance(v, Mapping):
+        return ["no verdict"]
+    out: list[str] = []
+    findings = list(report.get("findings") or [])
+    first = (str(report.get("summary") or "").splitlines() or [""])[0]
+    blocking = [e for e in v.get("not_run") or [] if e.get("cause") in BLOCKING]
+    errors = [f for f in findings if f.get("severity") == "error" and not _is_outcome(f)]
+    if report.get("ok") is not (v.get("status") == "verified"):
+        out.append(f"ok={report.get('ok')} with status {v.get('status')}")
+    if first != v.get("line"):
+        out.append("the summary's first line is not the verdict's")
+    if "No error found" in str(report.get("summary")) or first.upper().startswith("OK"):
+        out.append("says OK / No error found")
+    if (v.get("status") == "problems") is not bool(errors):
+        out.append(f"status {v.get('status')} with {len(errors)} error finding(s) about the code")
+    if v.get("status") == "verified" and (blocking or not v.get("verified")):
+        out.append("verified over a check that did not run, or with nothing measured")
+    if v.get("status") in ("partial", "not_checked") and not all(str(e.get("check")) in first for e in blocking):
+        out.append("a check that did not run is not said first")
+    said = {(f.get("evidence") or {}).get("check") for f in findings if f.get("code") == GP121.code}
+    if any(e.get("check") not in said for e in blocking if not e.get("finding")):
+        out.append("a check that did not run is not a finding (GP121)")
+    return out
+
+
 def summary_body(report: Mapping[str, Any]) -> list[str]:
     """The summary's lines below the verdict's head (what a report rebuilt with make_report passes as its summary)."""
     lines = str(report.get("summary") or "").splitlines()
