@@ -48,7 +48,7 @@ from gradprobe.checks.soft_prompt import (
 )
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
-from gradprobe.verdict import add_verified
+from gradprobe.verdict import add_not_run, add_verified
 
 if TYPE_CHECKING:
     from gradprobe.checks.trace import TraceRun
@@ -397,8 +397,9 @@ def prompt_findings(loaded: Loaded, trace: TraceRun, base_obs: BaseObserver | No
         fed = sum(1 for r in rows if r.get("grad") == "ok")
         add_verified(info, f"prompt tuning ({found.rule}): {fed} of {len(rows)} prompt tensor(s) got a gradient through "
                            "the base model, the base's inputs and the trainable set checked")
-    elif not found.any:
-        add_verified(info, f"prompt tuning: no soft prompt found ({found.rule})")
+    elif not found.any:  # nothing of prompt tuning was verified: the checks do not apply to what the step does
+        add_not_run(info, "the prompt-tuning checks", f"no soft prompt found ({found.rule}); name one with `prompt`",
+                    "not_applicable")
     return run_rules(PROMPT_RULES, facts), info
 
 
