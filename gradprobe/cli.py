@@ -57,14 +57,16 @@ def _script_target(args: argparse.Namespace) -> dict:
 
 def _run_from(script: str | None) -> str:
     """The project of a script run from the command line: the working directory when the script is inside it, else the
-    script's own directory (the sandbox shows the child the project only)."""
+    project the script belongs to (gradprobe.target.project_root_of: the sandbox shows the child the project only)."""
     import os
+
+    from gradprobe.target import project_root_of
 
     cwd = os.getcwd()
     if not script:
         return cwd
     path = os.path.realpath(os.path.abspath(script))
-    return cwd if path.startswith(os.path.realpath(cwd).rstrip(os.sep) + os.sep) else os.path.dirname(path)
+    return cwd if path.startswith(os.path.realpath(cwd).rstrip(os.sep) + os.sep) else project_root_of(path)
 
 
 def _common(args: argparse.Namespace) -> dict:

@@ -154,6 +154,14 @@ async def test_a_src_layout_run_from_the_root_over_mcp(client):
     assert report["facts"]["script_step"]["captured_at"] == "optimizer.step"
 
 
+@pytest.mark.anyio
+async def test_an_absolute_script_without_project_dir_runs_from_its_projects_root(client):
+    """`"script": "/abs/repo/scripts/run.py"` alone: the project is the repository root (the nearest directory holding
+    pyproject.toml), never the script's folder; the recipe resolves against the root."""
+    report = await call(client, "diagnose", {"script": str(SRC / "scripts" / "run.py"), "args": ["recipes/tiny.yaml"]})
+    assert report["verdict"]["status"] == "verified", (report["verdict"], report["findings"][:2])
+
+
 def test_a_src_layout_run_from_the_root_on_the_command_line():
     """`gradprobe diagnose --script scripts/run.py -- recipes/tiny.yaml` from the root: the project is the working
     directory, not scripts/ (it used to be, and src/ was outside the sandbox's view: GP112 No module named)."""
