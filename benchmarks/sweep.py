@@ -238,6 +238,12 @@ async def run_one(spec: dict, gt: GroundTruth, executor, steps: int = 0) -> dict
     res["ratio_build_step"] = res["seconds"] / max(truth["step_s"] + truth["build_s"], 1e-6)
     res.update(classify(report))
     res["status"] = status_of(res)
+    from gradprobe.verdict import inconsistencies
+
+    # the report's own verdict (docs/verdicts.md), what did not run, and whether the verdict is consistent
+    res["verdict"] = (report.get("verdict") or {}).get("status")
+    res["not_run"] = [e for e in (report.get("verdict") or {}).get("not_run", []) if e.get("cause") != "not_applicable"][:6]
+    res["verdict_problems"] = inconsistencies(report) if "verdict" in report else []
     facts = report.get("facts") or {}
     if facts.get("ranks"):  # a two-rank wrap: how many ranks stepped, and who wrapped the model
         res["ranks"] = {"world_size": facts["ranks"].get("world_size"),

@@ -41,10 +41,12 @@ def _target_from_args(args: argparse.Namespace) -> dict:
 
 
 def _script_target(args: argparse.Namespace) -> dict:
-    """--script FILE / --module MOD, and the script's own arguments after `--`."""
+    """--script FILE / --module MOD, and the script's own arguments after `--`. The project is the directory the command
+    is run from, as `python scripts/run.py ARGS` runs there (its working directory: relative paths in ARGS and in the
+    script resolve against it); a script outside it has its own directory as the project."""
     import os
 
-    project = os.path.abspath(args.project_dir or (os.path.dirname(os.path.abspath(args.script)) if args.script else "."))
+    project = os.path.abspath(args.project_dir or _run_from(args.script))
     target = {"project_dir": project, "args": list(args.script_args), "device": args.device, "seed": args.seed,
               "timeout_s": args.timeout, "world_size": args.world_size, **_common(args)}
     if args.script:
@@ -52,6 +54,20 @@ def _script_target(args: argparse.Namespace) -> dict:
     else:
         target["module"] = args.module
     return {k: v for k, v in target.items() if v is not None}
+
+
+def _run_from(script: str | None) -> str:
+    """The project of a script run from the command line: the working directory when the script is inside it, else the
+    project the script belongs to (gradprobe.target.project_root_of: the sandbox shows the child the project only)."""
+    import os
+
+    from gradprobe.target import project_root_of
+
+    cwd = os.getcwd()
+    if not script:
+        return cwd
+    path = os.path.realpath(os.path.abspath(script))
+    return cwd if path.startswith(os.path.realpath(cwd).rstrip(os.sep) + os.sep) else project_root_of(path)
 
 
 def _common(args: argparse.Namespace) -> dict:
@@ -132,7 +148,13 @@ def _run_check(args: argparse.Namespace) -> int:
 
             print("\n" + clean(flow_mermaid(flow)))
         _print_steps(report)
-    return 0 if report.get("ok") else 1
+    return exit_code(report)
+
+
+def exit_code(report: dict) -> int:
+    """0 verified, 1 problems found, 4 partly checked or not checked (docs/verdicts.md); 2 and 3 are the command's own."""
+    status = (report.get("verdict") or {}).get("status")
+    return {"verified": 0, "problems": 1}.get(str(status), 4)
 
 
 def _print_steps(report: dict) -> None:

@@ -42,7 +42,8 @@ def target_failed_finding(phase: str, error: Any, *, situation: str | None = Non
                           location: Location | Mapping[str, Any] | None = None,
                           evidence: Mapping[str, Any] | None = None) -> Finding:
     """GP100: the user's code raised while `phase` (importing, building the model, making the optimizer, ...)."""
-    return GP100.finding(situation, phase=phase, error=error, location=location, evidence=evidence)
+    ev = {**(evidence or {}), **({"situation": situation} if situation else {})}  # the verdict reads what did not run
+    return GP100.finding(situation, phase=phase, error=error, location=location, evidence=ev)
 
 
 GP113: Rule[Any] = Rule(

@@ -14,6 +14,8 @@ def clean(text: object) -> str:
 
 _COLORS = {"error": "\033[31m", "warning": "\033[33m", "info": "\033[36m"}
 _RESET, _BOLD, _DIM = "\033[0m", "\033[1m", "\033[2m"
+# the verdict's status as the title says it (gradprobe/verdict.py): never "OK" over a check that did not run
+_TITLES = {"verified": "VERIFIED", "problems": "PROBLEMS FOUND", "partial": "PARTLY CHECKED", "not_checked": "NOT CHECKED"}
 
 
 def _loc(f: dict) -> str:
@@ -27,8 +29,9 @@ def _loc(f: dict) -> str:
 def render_text(report: dict, *, color: bool = False, max_findings: int = 12) -> str:
     """A readable report: the summary, then each finding with its line and fix."""
     c = (lambda code, s: f"{code}{s}{_RESET}") if color else (lambda code, s: s)
-    out = [c(_BOLD, f"gradprobe {clean(report.get('tool'))}: " + ("OK" if report.get("ok") is True else "ERRORS FOUND")),
-           clean(report.get("summary", ""))]
+    status = (report.get("verdict") or {}).get("status") if isinstance(report.get("verdict"), dict) else None
+    title = _TITLES.get(str(status), "NOT CHECKED")
+    out = [c(_BOLD, f"gradprobe {clean(report.get('tool'))}: {title}"), clean(report.get("summary", ""))]
     findings = report.get("findings") or []
     for f in findings[:max_findings]:
         sev = clean(f.get("severity", "info"))

@@ -27,8 +27,10 @@ class Target(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     project_dir: str = Field(default="", description=(
-        "The user's project root (absolute path); put first on the child's sys.path. "
-        "May be left out when `model` or `script` is an absolute file path: its directory is then the project."))
+        "The user's project root (absolute path), the directory the user runs the code from: a script runs with it as "
+        "its working directory. May be left out when `model` or `script` is an absolute file path: the model file's "
+        "directory is then the project, and a script's project is the nearest directory above it holding "
+        "pyproject.toml, setup.py, setup.cfg or .git (else the script's own directory)."))
     model: Ref = Field(
         default=None,
         description=(
@@ -99,7 +101,8 @@ class Target(BaseModel):
             if isinstance(ref, str) and os.path.isabs(ref.strip()):
                 path, sep, name = ref.strip().partition(":")
                 if path.endswith(".py"):
-                    return {**data, "project_dir": os.path.dirname(path), field: os.path.basename(path) + sep + name}
+                    root = project_root_of(path) if field == "script" else os.path.dirname(path)
+                    return {**data, "project_dir": root, field: os.path.relpath(path, root) + sep + name}
         return data
 
     @field_validator("model", "inputs", "loss", "optimizer", "train_step")
@@ -207,6 +210,24 @@ class Target(BaseModel):
             f'run it as one: {{"script": "{self.model}", "args": [...]}} (command line: gradprobe diagnose --script '
             f'{self.model} -- ARGS); it runs to its first optimizer step, which is checked. Or name the callable that '
             f'returns the model: "model": "{self.model}:CALLABLE"')
+
+
+PROJECT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+
+
+def project_root_of(script: str) -> str:
+    """The project a script belongs to, when no directory was given: the nearest directory above it that holds a
+    project marker (pyproject.toml, setup.py, setup.cfg, .git), where `python scripts/run.py` is run from; else the
+    script's own directory."""
+    here = os.path.dirname(os.path.abspath(script))
+    d = here
+    while True:
+        if any(os.path.exists(os.path.join(d, m)) for m in PROJECT_MARKERS):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return here
+        d = parent
 
 
 def _top_level_names(path: str) -> set[str] | None:

@@ -33,6 +33,30 @@ def is_gradprobe_file(filename: str) -> bool:
     return path.startswith(PACKAGE_DIR + os.sep) and not path.startswith(_DEMO_DIR)
 
 
+_RUNS_THE_SCRIPT = (os.path.join("scriptmode", "run.py"), os.path.join("sandbox", "run_check.py"))
+
+
+def raised_in_gradprobe(exc: BaseException | None) -> bool:
+    """Whether an error the script "raised" was raised inside gradprobe's own code (a hook or watch of ours, or a library
+    call it made), rather than by the user's code: the innermost frame that is either the user's or gradprobe's is
+    gradprobe's (gradprobe/verdict.py: a check that did not run because of gradprobe is gradprobe's, never the user's).
+    The frames that run the script itself (scriptmode/run.py, sandbox/run_check.py) count as neither."""
+    last = None
+    tb = exc.__traceback__ if exc is not None else None
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if is_gradprobe_file(name):
+            last = "ours" if not os.path.realpath(name).endswith(_RUNS_THE_SCRIPT) else last
+        elif not _library(name):
+            last = "user"
+        tb = tb.tb_next
+    return last == "ours"
+
+
+def _library(path: str) -> bool:
+    return "site-packages" in path or "dist-packages" in path or path.startswith(("<", os.path.dirname(os.__file__)))
+
+
 def location(filename: str, line: int, function: str) -> dict[str, Any]:
     """A finding's location: file, line, function and the source text of that line. A line inside a statement
     spread over several lines names the statement's first line (`x = f(\n ...\n).detach()` is one statement)."""

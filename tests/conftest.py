@@ -115,7 +115,33 @@ def names_culprit(finding: dict, culprit: str) -> bool:
     return culprit in str(finding)
 
 
+BLOCKING = ("gradprobe", "user_code", "refused", "timeout")
+
+
+def assert_verdict(report: dict, name: str = "") -> None:
+    """The report's verdict is consistent with its findings and facts (docs/verdicts.md; gradprobe.verdict.inconsistencies):
+    never `verified` (nor OK, nor "No error found") while a check that applies did not run, every blocking not-run entry
+    is said first and is a finding, `ok` is True only for `verified`; the text's title never says OK. Called by the
+    example tests on the reports they already have."""
+    from gradprobe.render import render_text
+    from gradprobe.verdict import inconsistencies
+
+    assert not inconsistencies(report), (name, inconsistencies(report), report["verdict"])
+    v = report["verdict"]
+    first = report["summary"].splitlines()[0]
+    assert " OK" not in render_text(report).splitlines()[0], name
+    for e in report["facts"].get("not_run") or []:  # the engines' entries keep the shared contract
+        assert set(e) >= {"check", "why", "cause"} and e["cause"] in (*BLOCKING, "not_applicable"), (name, e)
+    heads = {"verified": "verified: ", "problems": "problems found: ", "partial": "partly checked: ",
+             "not_checked": "not checked: "}
+    assert first.startswith(heads[v["status"]]), (name, first)
+    blocking = [e for e in v["not_run"] if e["cause"] in BLOCKING]
+    if v["status"] == "problems" and blocking:
+        assert any(line.startswith("not run: ") for line in report["summary"].splitlines()[:v["head_lines"]]), name
+
+
 def assert_expected(report: dict, expect: dict, name: str) -> None:
+    assert_verdict(report, name)
     findings = report["findings"]
     if expect.get("healthy") or not expect["codes"]:
         errors = [f for f in findings if f["severity"] == "error"]

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, assert_expected
+from conftest import ROOT, assert_expected, assert_verdict
 from report_consistency import assert_consistent
 
 SCRIPTS = ROOT / "examples" / "scripts"
@@ -82,6 +82,7 @@ async def audit_script(client, project: str, args: list[str], steps: int = 4) ->
     target = {"project_dir": str(SCRIPTS / project), "script": "train.py", "args": args, "timeout_s": 240}
     result = await client.call_tool("audit_training", {"target": target, "steps": steps})
     assert not result.is_error, result.content
+    assert_verdict(result.structured_content, project)
     return result.structured_content
 
 
@@ -142,7 +143,9 @@ async def test_script_that_ends_before_n_steps_is_audited_on_the_steps_it_took(c
     assert report["ok"] and not report["findings"], report["findings"]
     step = report["facts"]["script_step"]
     assert step["optimizer_steps_watched"] == 2 and "after 2 of 4 optimizer steps" in step["script_ended"], step
-    assert report["summary"].startswith("The script ended after 2 of 4 optimizer steps")
+    # a script that finished has no more steps: not applicable, said, and the steps it took are verified
+    assert report["verdict"]["status"] == "verified" and "The script ended after 2 of 4 optimizer steps" in report["summary"]
+    assert [(e["check"], e["cause"]) for e in report["verdict"]["not_run"]] == [("optimizer steps 3 to 4", "not_applicable")]
 
 
 @pytest.mark.anyio
@@ -152,6 +155,8 @@ async def test_script_without_an_optimizer_says_there_is_nothing_to_audit(client
     assert not result.is_error, result.content
     report = result.structured_content
     assert not report["findings"] and "no optimizer in existence" in report["summary"], report
+    assert report["verdict"]["status"] == "not_checked" and report["summary"].startswith(
+        "not checked: the audit of the training steps does not apply"), report["summary"]
 
 
 @pytest.mark.anyio

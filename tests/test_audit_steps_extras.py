@@ -13,12 +13,13 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, ROOT, assert_verdict
 
 
 async def call(client, tool: str, name: str, **options) -> tuple[dict, list]:
     result = await client.call_tool(tool, {"target": {"project_dir": str(EXAMPLES), "model": name}, **options})
     assert not result.is_error, result.content
+    assert_verdict(result.structured_content, name)
     return result.structured_content, [c for c in result.content if getattr(c, "type", "") == "image"]
 
 

@@ -36,5 +36,7 @@ def test_mutants_sample(tmp_path: Path) -> None:
     assert len(buggy) >= 20, len(buggy)
     assert len({r["op"] for r in buggy}) >= 14, sorted({r["op"] for r in buggy})
     assert len(controls) == 2 and all(r["ok"] for r in controls), [r for r in controls if not r["ok"]]
+    # no report says OK while a check that applies did not run (docs/verdicts.md)
+    assert not [(r["id"], r["verdict_problems"]) for r in rows if r.get("verdict_problems")]
     assert hits / len(buggy) >= 0.9, [(r["id"], r.get("codes_seen")) for r in buggy if not r.get("ok")]
     assert lines / len(buggy) >= 0.85, [(r["id"], r.get("line_ok")) for r in buggy if not r.get("line_ok")]

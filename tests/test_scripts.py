@@ -99,7 +99,7 @@ def test_cli_script_form():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     broken = subprocess.run([sys.executable, "-m", "gradprobe", "diagnose", "--json", "--script",
                              str(SCRIPTS / "nanogpt_broken" / "train.py"), "--", "--max_iters=2", "--eval_iters=1"],
-                            capture_output=True, text=True, env=env, timeout=600)
+                            capture_output=True, text=True, env=env, timeout=600, cwd=SCRIPTS / "nanogpt_broken")
     assert broken.returncode == 1, broken.stderr[-2000:]
     import json
 
@@ -108,7 +108,7 @@ def test_cli_script_form():
     assert report["facts"]["script_step"]["captured_at"] == "optimizer.step"
     bad_args = subprocess.run([sys.executable, "-m", "gradprobe", "diagnose", "--script",
                                str(SCRIPTS / "nanogpt" / "train.py"), "--", "--no-such-flag"],
-                              capture_output=True, text=True, env=env, timeout=600)
+                              capture_output=True, text=True, env=env, timeout=600, cwd=SCRIPTS / "nanogpt")
     assert bad_args.returncode == 1 and "GP112" in bad_args.stdout, bad_args.stdout[-2000:]
 
 

@@ -44,3 +44,6 @@ def test_sweep_sample_has_no_crash_no_false_error_and_no_new_code_warning():
     assert not bad, bad
     not_audited = [(r["name"], r.get("steps_note")) for r in built if not r.get("steps_audited")]
     assert not not_audited, not_audited
+    # no report says OK while a check that applies did not run (docs/verdicts.md)
+    inconsistent = [(r["name"], r["verdict_problems"]) for r in built if r.get("verdict_problems")]
+    assert not inconsistent, inconsistent

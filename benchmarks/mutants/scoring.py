@@ -86,6 +86,11 @@ async def _score(cases: list[Path], tool: str, timeout: float, on_row: Callable[
                 findings = (res.structured_content or {}).get("findings") or []
                 verdict = judge(expected, findings)
                 verdict["findings"] = [_summary(f) for f in findings]
+                if res.structured_content and not res.is_error:  # the report's own verdict, and whether it is consistent
+                    from gradprobe.verdict import inconsistencies
+
+                    verdict["verdict"] = (res.structured_content.get("verdict") or {}).get("status")
+                    verdict["verdict_problems"] = inconsistencies(res.structured_content)
                 if res.is_error:
                     verdict["error"] = " ".join(getattr(c, "text", "") for c in res.content)[:300]
             except Exception as exc:  # a protocol failure is a miss, and is shown

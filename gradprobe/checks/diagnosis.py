@@ -44,6 +44,11 @@ from gradprobe.findings import SEVERITY_RANK, Finding, catalogue, run_rules
 from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.loading import BuildRecorder
 from gradprobe.report import make_report
+from gradprobe.checks.subcheck_verdicts import subcheck_verdict
+from gradprobe.verdict import add_not_run, add_verified, lift
+
+# what does not run when the step cannot (no inputs, or the optimizer a train_step needs failed to build)
+STEP_CHECKS = "the step checks (trace, optimizer step, gradcheck, prompt tuning, compile, precision)"
 
 def _rank(f: Finding) -> tuple[int, int, int]:
     """Severity, then the rule's root-cause rank (declared with the rule), then the widest finding first."""
@@ -184,10 +189,18 @@ def _not_stepped(loaded: Any, findings: list[Finding], facts: dict[str, Any]) ->
     if loaded.batch is None and loaded.train_step is None:
         several = (loaded.info.get("models") or {}) if isinstance(getattr(loaded, "info", None), dict) else {}
         facts["note"] = several.get("note") or "no inputs and no train_step: the step-based checks were skipped"
+        if "script_step" in (loaded.info or {}):  # a script's step that gradprobe could not replay: ours
+            add_not_run(facts, STEP_CHECKS, "gradprobe found no call of the model with grad enabled to replay the "
+                        "script's step on", "gradprobe")
+        else:
+            add_not_run(facts, STEP_CHECKS, several.get("note") or "the target gives no inputs and no train_step to run "
+                        "a step with (give `inputs`, make_inputs in the model's file, or a `train_step`)", "refused")
         return True
     if loaded.optimizer_error is not None and loaded.train_step is not None and loaded.optimizer is None:
         # reported once above, as the root: train_step cannot run without the optimizer it takes
         facts["note"] = "make_optimizer failed, so train_step was not run: the step-based checks were skipped"
+        add_not_run(facts, STEP_CHECKS, "make_optimizer failed, so train_step (which takes the optimizer) was not run",
+                    "user_code")
         found = prompt_tuning.find_prompt(loaded.model, used=prompt_tuning.forward_watched(loaded))
         if found.any:
             findings += prompt_tuning.nonleaf_prompt_findings(loaded, found.attrs)
@@ -219,9 +232,12 @@ def _gradcheck(loaded: Any, seen: _Observed, tfacts: dict[str, Any], facts: dict
     if seen.step.resource_limit is not None:
         # the step ran out of memory: gradcheck would run the same Functions again (in float64), so it is left out
         facts["gradcheck"] = {"skipped": "the step was stopped by a memory limit (GP113)"}
+        add_not_run(facts, "gradcheck of the custom autograd Functions", "the step was stopped by a memory limit (GP113)",
+                    "refused")
         return []
     starved = frozenset(r["name"] for r in tfacts.get("per_parameter", []) if r["grad"] == "none")
     gfindings, gfacts = gradcheck.gradcheck_findings(loaded, seen.capture, seen.direct, starved=starved)
+    lift(facts, gfacts)
     facts["gradcheck"] = gfacts
     facts["checks"].append("gradcheck")
     return gfindings
@@ -231,14 +247,19 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     model = loaded.model
     findings: list[Finding] = registration.check_registration(model, loaded.record, loaded.info, user=loaded.user)
     facts: dict[str, Any] = {"checks": ["registration"]}
+    add_verified(facts, registration.registration_line(model))
     coverage: list[Finding] = []
     shared = storage.measure_storage(model, loaded.optimizer, loaded.record)
     facts.setdefault("verified", []).append(storage.verified_line(shared))
     if loaded.optimizer_error is not None or loaded.optimizer is not None:
         coverage, ofacts = optimizer.optimizer_findings(loaded, step=False, storage=False)
+        lift(facts, ofacts)
         findings += coverage
         facts["optimizer"] = ofacts
         facts["checks"].append("optimizer")
+    else:
+        add_not_run(facts, "optimizer coverage", "the target gives no optimizer (`optimizer`, or make_optimizer in the "
+                    "model's file): the optimizer checks apply to the optimizer it names", "not_applicable")
     if _not_stepped(loaded, findings, facts):
         facts["shared_storage"] = storage.facts_dict(shared)
         return findings + storage.storage_findings(shared), facts
@@ -259,12 +280,16 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     tfindings, tfacts = trace.analyze(tracer, seen.grads, model, step, record=loaded.record, optimizer=loaded.optimizer)
     findings, coverage = _registration_after_step(loaded, seen, findings, coverage)
     findings += tfindings
+    lift(facts, tfacts)
     facts.update(tfacts)
     facts["checks"].append("trace")
     if seen.step_obs is not None and seen.before is not None and step.error is None and tracer.backward_error is None:
         findings += optimizer.analyze_step(model, seen.opt, seen.before, seen.step_obs, coverage,
                                            optimizer._opt_site(loaded.record, seen.opt)[1])
         facts["step_events"] = seen.step_obs.events[:50]
+        if not step.failed:
+            moved, measured = optimizer.moved_count(model, seen.before)
+            add_verified(facts, f"one real optimizer step: {moved} of {measured} trainable parameter(s) changed")
     if step.error is None:  # after the step's own measurements: a graph the model keeps for the next call (GP119)
         findings += carried_graph_findings(loaded, tracer)
     findings += _gradcheck(loaded, seen, tfacts, facts)
@@ -278,6 +303,7 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     else:
         run = trace.TraceRun(tfindings, tfacts, tracer, seen.grads, step)
         pfindings, pfacts = prompt_tuning.prompt_findings(loaded, run, seen.base_obs, found)
+        lift(facts, pfacts)
         findings += pfindings
         facts["prompt_tuning"] = pfacts
         facts["checks"].append("prompt_tuning")
@@ -286,10 +312,12 @@ def diagnose_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
         if sfacts is not None:
             findings, facts[name] = findings + sfindings, sfacts
             facts["checks"].append(name)
+            subcheck_verdict(facts, name, sfacts)
     afindings, afacts = autocast_underflow.underflow_findings(loaded, seen.amp, step.failed)  # GP708: fp16 underflow
     if afacts is not None:
         findings, facts["autocast"] = findings + afindings, afacts
         facts["checks"].append("autocast")
+        subcheck_verdict(facts, "autocast", afacts)
     if not step.failed:
         findings += _dependencies(loaded, facts)
     return _scaler_backoff(findings, seen.amp), facts
@@ -304,10 +332,13 @@ def _dependencies(loaded: Any, facts: dict[str, Any]) -> list[Finding]:
         dfindings, dfacts = dependency_findings(loaded)
     except Exception as exc:  # ours: the step ran; the probe is left out and said so
         facts["dependencies"] = {"ran": False, "left_out": f"{type(exc).__name__}: {exc}"[:300]}
+        add_not_run(facts, "the dependency check (GP9xx)", f"gradprobe's probe raised {type(exc).__name__}: {exc}"[:300],
+                    "gradprobe")
         return []
     facts["dependencies"] = dfacts
     if dfacts["ran"]:
         facts["checks"].append("dependencies")
+    lift(facts, dfacts)  # what it verified (the dependencies measured, positions sampled) and what it could not run
     return dfindings
 
 

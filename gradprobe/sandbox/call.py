@@ -8,9 +8,11 @@ from typing import Any
 from gradprobe.errors import ToolInputError
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
+from gradprobe.verdict import settle
 from gradprobe.sandbox.executor import Executor, LocalExecutor
 from gradprobe.sandbox.failures import ChildFate, child_failure_finding
 from gradprobe.sandbox.hints import GIB, add_lines, annotate, memory_hint, outside_view
+from gradprobe.sandbox.project_imports import project_modules
 from gradprobe.sandbox.interpreter import HOW_TO_NAME, Interpreter, InterpreterPolicy, choose
 from gradprobe.sandbox.protocol import Job
 from gradprobe.sandbox.runner import ChildOutcome, Limits, ProgressFn
@@ -45,7 +47,8 @@ async def execute(
     finally:
         interp.close()
     roots = interpreters.roots if interpreters else ()
-    return add_lines(report, outside_view(report, target, roots), memory_hint(report, (limits or executor.limits).memory_bytes))
+    report = add_lines(report, outside_view(report, target, roots), memory_hint(report, (limits or executor.limits).memory_bytes))
+    return settle(report)  # the verdict again, from the findings and facts as they reached the parent
 
 
 async def _execute(tool: str, target: Target, options: dict[str, Any] | None, interp: Interpreter,
@@ -66,7 +69,7 @@ async def _execute(tool: str, target: Target, options: dict[str, Any] | None, in
     if outcome.report is not None and not outcome.timed_out:
         report = outcome.report
         report.setdefault("facts", {})["sandbox"] = sandbox
-        return annotate(report, interp)
+        return annotate(project_modules(report, target), interp)
     fate = _fate(outcome, target, interp)
     if outcome.oom and fate.cause == "died":  # a resource limit, measured by the cgroup: neither the code's error nor ours
         cap = (limits or executor.limits).memory_bytes

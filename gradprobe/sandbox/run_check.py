@@ -55,7 +55,9 @@ def _dispatch(spec: Tool, job: Job, progress: Progress,
 
 
 def _safe(report: ToolError | dict[str, Any]) -> ToolError | dict[str, Any]:
-    return report if isinstance(report, ToolError) else json_safe(report)
+    from gradprobe.verdict import settle
+
+    return report if isinstance(report, ToolError) else json_safe(settle(report))
 
 
 def _check_target(spec: Tool, job: Job, progress: Progress,

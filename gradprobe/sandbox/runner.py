@@ -35,9 +35,9 @@ from gradprobe.sandbox.verify import Verified, verify
 if TYPE_CHECKING:
     from gradprobe.sandbox.warm import WarmWorker
 
-CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
-LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHILD = os.path.join(os.path.dirname(os.path.realpath(__file__)), "child.py")  # real paths: the view binds those
+LAUNCH = os.path.join(os.path.dirname(os.path.realpath(__file__)), "launch.py")
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 OUTPUT_CAP = 64 * 1024
 RESULT_CAP = 8 * 1024 * 1024
 SETUP_S = 60.0  # before a call's timeout starts: confinement, the server's checks, a cold child importing torch

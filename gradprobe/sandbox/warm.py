@@ -22,7 +22,7 @@ from typing import Any
 from gradprobe.sandbox.protocol import Job, Policy
 from gradprobe.sandbox.zygote import base_policy, split_frames
 
-ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
+ZYGOTE = os.path.join(os.path.dirname(os.path.realpath(__file__)), "zygote.py")  # the real path: the view binds it
 START_TIMEOUT_S = 120.0
 
 

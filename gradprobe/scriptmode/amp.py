@@ -20,7 +20,9 @@ import torch.nn as nn
 
 from gradprobe.checks.core.step import call_model
 from gradprobe.checks.precision.autocast_underflow import GP708, AutocastWatch, script_underflow
+from gradprobe.checks.subcheck_verdicts import drop, subcheck_verdict
 from gradprobe.report import make_report
+from gradprobe.verdict import summary_body
 from gradprobe.scriptmode.observe import ModuleCall
 from gradprobe.scriptmode.step import Replay, _call_of, _get, _method_of
 
@@ -64,6 +66,7 @@ def amp_report(report: dict[str, Any], watch: AutocastWatch, run: ScriptRun) -> 
     rep = run.replayed
     facts = dict(report.get("facts", {}))
     facts.pop("autocast", None)
+    drop(facts, "autocast")
     kept = [f for f in report["findings"] if f["code"] != GP708.code]
     call = None if rep is None else _call_of(run.watch, rep.model) if rep.batch is not None else _method_of(run.watch, rep.model)
     if rep is None or call is None or call.autocast is None:
@@ -84,6 +87,7 @@ def amp_report(report: dict[str, Any], watch: AutocastWatch, run: ScriptRun) -> 
         afacts["replayed_with"] = ("the output gradients of the script's own backward" if call.out_grads
                                    else "the replay's loss")
     facts["autocast"] = afacts
+    subcheck_verdict(facts, "autocast", afacts)
     checks = list(facts.get("checks", []))
     facts["checks"] = checks + ["autocast"] if "autocast" not in checks else checks
     return make_report(report["tool"], kept + found, _summary_tail(report, facts["checks"]), **facts)
@@ -92,7 +96,7 @@ def amp_report(report: dict[str, Any], watch: AutocastWatch, run: ScriptRun) -> 
 def _summary_tail(report: dict[str, Any], checks: list[str] | None = None) -> list[str]:
     """The summary's lines below its head (make_report writes the head again, from the findings); `checks`: the
     checks that ran, said again."""
-    lines = report["summary"].splitlines()[1:]
+    lines = summary_body(report)
     out = [ln for ln in lines if not re.match(r"\d+ more error\(s\): ", ln)]
     if checks:
         out = [f"Checks run: {', '.join(checks)}." if ln.startswith("Checks run: ") else ln for ln in out]

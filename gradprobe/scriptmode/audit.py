@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gradprobe.report import make_report
+from gradprobe.verdict import Cause, add_not_run, settle, summary_body
 from gradprobe.sandbox.protocol import ToolError
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def _diagnose_after(audit: ToolError | dict[str, Any], target: dict[str, Any], o
 
         facts.setdefault("checks", [])
         found, lines = merge_audit(audit_or_note, int(options.get("steps") or 0), list(report["findings"]), facts)
-        report = make_report("diagnose", found, report["summary"].splitlines()[1:] + lines, **facts)
+        report = make_report("diagnose", found, summary_body(report) + lines, **facts)
     return report
 
 
@@ -153,7 +154,9 @@ def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptR
         if cap is not None and cap.optimizer is None and cap.how == "backward":
             return make_report("audit_training", [], [
                 "The script ran backward() with no optimizer in existence: audit_training watches optimizer steps, so "
-                "there was nothing to audit (diagnose checks such a step)."], note="no optimizer")
+                "there was nothing to audit (diagnose checks such a step)."], note="no optimizer",
+                not_run=[{"check": "the audit of the training steps", "cause": "not_applicable",
+                          "why": "the script ran backward() with no optimizer in existence (diagnose checks such a step)"}])
         if observer.scaler_steps and amp is not None:
             return _all_skipped_report(observer, amp, steps, run)
         return no_step_report("audit_training", run, target)
@@ -180,14 +183,27 @@ def audit_script_report(observer: ScriptSteps, record: BuildRecord, run: ScriptR
         step_facts["measurement_left_out"] = observer.failed
         report["summary"] += (f"\nA measurement of gradprobe's failed ({observer.failed[:200]}) and was left out; "
                               "the script's own steps ran.")
+        add_not_run(report["facts"], "a measurement of the watched steps", observer.failed, "gradprobe")
     if observer.done < steps:
         how = _ended(run)
         step_facts["script_ended"] = f"after {observer.done} of {steps} optimizer steps, the script {how}"
-        first, _, rest = report["summary"].partition("\n")
-        report["summary"] = f"The script {how} after {observer.done} of {steps} optimizer steps; those were audited. " + \
-            first + ("\n" + rest if rest else "")
+        report["summary"] += f"\nThe script {how} after {observer.done} of {steps} optimizer steps; those were audited."
+        add_not_run(report["facts"], f"optimizer steps {observer.done + 1} to {steps}", step_facts["script_ended"],
+                    _ended_cause(run))
     report["facts"]["script_step"] = step_facts
-    return report
+    return settle(report)
+
+
+def _ended_cause(run: ScriptRun) -> Cause:
+    """Whose it is that the script took fewer steps than asked: a script that finished or exited has no more steps (not
+    applicable); one that raised or ran out of time stopped the audit."""
+    if run.ended == "timeout":
+        return "timeout"
+    if run.ended == "raised":
+        from gradprobe.userframes import raised_in_gradprobe
+
+        return "gradprobe" if raised_in_gradprobe(run.exc) else "user_code"
+    return "not_applicable"
 
 
 def _all_skipped_report(observer: ScriptSteps, amp: ScalerWatch, steps: int, run: ScriptRun) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from gradprobe.findings import Finding
 from gradprobe.outcomes import GP100
 from gradprobe.report import make_report
 from gradprobe.sandbox.protocol import Phase, Result, ToolError, json_safe
+from gradprobe.userframes import raised_in_gradprobe
+from gradprobe.verdict import Cause, add_not_run, settle, summary_body
 
 if TYPE_CHECKING:
     from gradprobe.loading import BuildRecord
@@ -89,7 +91,7 @@ def check_step(tool: str, target: dict[str, Any], options: dict[str, Any], progr
         first_lrs, first_loc = watch.lr_zero_step or (cap.lrs, cap.step_location)
         step_facts["first_step_lr_zero"] = {"learning_rates": first_lrs, "location": first_loc}
         findings = _lr_zero_findings(report["findings"], first_lrs, first_loc, judged_on=None if lr_zero_now else cap.lrs)
-        report = make_report(tool, findings, report["summary"].splitlines()[1:], **report.get("facts", {}))
+        report = make_report(tool, findings, summary_body(report), **report.get("facts", {}))
     if run.ended in ("raised", "exited", "timeout") and cap.how == "backward":
         # the script stopped between its backward and its first step: say so beside the findings
         how = (f"raised {type(run.exc).__name__}: {run.exc}" if run.ended == "raised" and run.exc is not None
@@ -97,12 +99,20 @@ def check_step(tool: str, target: dict[str, Any], options: dict[str, Any], progr
         step_facts["script_ended"] = f"after its backward, before any optimizer step, the script {how}"[:1500]
         if run.ended == "raised" and run.exc is not None:
             step_facts["script_traceback"] = watch.user.trimmed_traceback(run.exc)
-        report["summary"] += f"\nThe script {how[:300]} after its first backward; the checks ran on that backward's step."
+        cause: Cause = ("timeout" if run.ended == "timeout" else
+                        "gradprobe" if run.ended == "raised" and raised_in_gradprobe(run.exc) else "user_code")
+        add_not_run(report.setdefault("facts", {}), "the script's own optimizer step (never reached: what its code does "
+                    "between backward() and step() was not watched)",
+                    f"after its first backward the script {how[:400]}"
+                    + (" inside gradprobe's own code (gradprobe's failure, not the script's)" if cause == "gradprobe" else ""),
+                    cause, watch.user.innermost_of_traceback(run.exc) if run.exc is not None else None)
+        report["summary"] += (f"\nThe script {how[:300]} after its first backward, before any optimizer step: the checks "
+                              "ran on that backward's gradients only; the optimizer step was not checked.")
     report.setdefault("facts", {})["script_step"] = step_facts
     line = models_line(step_facts.get("models") or [])
     if line:  # several models, checked as one: which, and the frozen ones beside them
         report["summary"] += "\n" + line
-    return report
+    return settle(report)
 
 
 # a step that failed, a backward that raised, a loss without grad: the script's own step did none of these
@@ -121,7 +131,8 @@ def left_out(tool: str, exc: Exception, what: str) -> dict[str, Any]:
     error = f"{type(exc).__name__}: {exc}"[:500]
     return make_report(tool, [], [f"{what} failed ({error[:200]}) and was left out. The script's own step ran; this is "
                                   "a gradprobe limitation, not a finding."],
-                       replay_left_out={"what": what, "error": error, "internal_traceback": traceback.format_exc()[-4000:]})
+                       replay_left_out={"what": what, "error": error, "internal_traceback": traceback.format_exc()[-4000:]},
+                       not_run=[{"check": what, "why": error, "cause": "gradprobe"}])
 
 
 def _replay_failures_are_ours(tool: str, report: dict[str, Any]) -> dict[str, Any]:
@@ -135,7 +146,9 @@ def _replay_failures_are_ours(tool: str, report: dict[str, Any]) -> dict[str, An
     note = (f"gradprobe's replay of the script's step failed where the script's own step did not ({failed[0]['message'][:200]}): "
             "that result was left out (a gradprobe limitation, not a finding).")
     facts = dict(report.get("facts", {}), replay_left_out={"findings": failed})
-    return make_report(tool, kept, report["summary"].splitlines()[1:] + [note], **facts)
+    add_not_run(facts, "the checks that needed gradprobe's replay of the script's step",
+                f"the replay failed where the script's own step did not: {failed[0]['message'][:300]}", "gradprobe")
+    return make_report(tool, kept, summary_body(report) + [note], **facts)
 
 
 def _lr_zero_findings(findings: list[Finding], lrs: list[float], loc: dict[str, Any] | None,

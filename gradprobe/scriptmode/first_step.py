@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gradprobe.report import make_report
+from gradprobe.verdict import add_not_run, settle, summary_body
 from gradprobe.sandbox.protocol import ToolError
 from gradprobe.scriptmode.checked_step import check_step, deliver_and_exit, left_out
 
@@ -141,9 +142,10 @@ def _watched_first_step(report: dict[str, Any], first: Any, run: ScriptRun) -> d
                            optimizer_site=None, scheduled=set(), schedule_sites={}, outside_moves={}, ema=[])
         found = list(run_rules(ONE_STEP_RULES, facts))
     except Exception as exc:  # ours: the script's own step ran
-        report.setdefault("facts", {})["watched_step_left_out"] = f"{type(exc).__name__}: {exc}"[:500]
-        return report
+        facts = report.setdefault("facts", {})
+        facts["watched_step_left_out"] = f"{type(exc).__name__}: {exc}"[:500]
+        add_not_run(facts, "the watch of the script's own first step (GP605)", facts["watched_step_left_out"], "gradprobe")
+        return settle(report)
     if not found:
         return report
-    return make_report(report["tool"], report["findings"] + found, report["summary"].splitlines()[1:],
-                       **report.get("facts", {}))
+    return make_report(report["tool"], report["findings"] + found, summary_body(report), **report.get("facts", {}))

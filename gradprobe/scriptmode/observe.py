@@ -174,7 +174,7 @@ class StepWatch:
             if top and not torch.is_grad_enabled():
                 watch.seq += 1
                 watch.quiet_calls[id(module)] = watch.seq
-            elif top:
+            elif top and not _on_meta(module):  # a call on the meta device (a flop count) is no step of the script's
                 watch.reached(4)
                 watch.seq += 1
                 rec = ModuleCall(module, args, kwargs, watch.seq, watch.user.innermost(skip=2))
@@ -207,7 +207,8 @@ class StepWatch:
         orig_autograd_backward = torch.autograd.backward
 
         def run_backward(fn: Callable[..., Any], root: Any, *args: Any, **kwargs: Any) -> Any:
-            if watch._in_backward or threading.get_ident() != watch.main:
+            if watch._in_backward or threading.get_ident() != watch.main or (isinstance(root, torch.Tensor) and root.is_meta):
+                # a backward on the meta device (a flop count on a meta model) has no data: it is no training step
                 return fn(*args, **kwargs)
             watch._stop_again()
             watch.reached(5)
@@ -360,6 +361,13 @@ def _keep_output_grads(rec: ModuleCall) -> None:
                 walk(v, path + (i,), depth + 1)
 
     walk(rec.output, (), 0)
+
+
+def _on_meta(module: nn.Module) -> bool:
+    """A module whose first parameter is on the meta device (built under `torch.device("meta")`, not yet `to_empty`):
+    its calls compute no data and are no step's."""
+    p = next(module.parameters(), None) if isinstance(module, nn.Module) else None
+    return p is not None and p.is_meta
 
 
 def _lrs(opt: torch.optim.Optimizer | None) -> list[float]:

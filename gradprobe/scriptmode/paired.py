@@ -35,12 +35,12 @@ Progress = Callable[[str], None]
 
 def _exec_target(target: dict[str, Any]) -> None:
     """The script (or `python -m` module) as run.py runs it: argv, sys.path, a working directory mirroring the project."""
-    from gradprobe.scriptmode.run import _mirror_cwd
+    from gradprobe.scriptmode.run import _mirror_cwd, scratch_dir
 
     project_dir = os.path.realpath(target["project_dir"])
     script, module = target.get("script"), str(target.get("module") or "")
     args = [str(a) for a in (target.get("args") or [])]
-    os.chdir(_mirror_cwd(project_dir, os.environ.get("TMPDIR") or os.getcwd()))
+    os.chdir(_mirror_cwd(project_dir, scratch_dir()))
     if script:
         path = os.path.join(project_dir, script)
         sys.argv = [path, *args]

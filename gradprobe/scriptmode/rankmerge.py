@@ -12,6 +12,7 @@ from gradprobe.checks.ranks.rules import GP703, GP706, GP707, RANK_RULES, RankFa
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
 from gradprobe.sandbox.failures import GP112
+from gradprobe.verdict import CAUSES, add_not_run, add_verified
 from gradprobe.sandbox.protocol import ToolError
 from gradprobe.scriptmode.rankwatch import collective_of, last_dump
 from gradprobe.userframes import UserCode
@@ -122,4 +123,37 @@ def merge_ranks(tool: str, target: dict[str, Any], outcome: RankOutcome, how: st
     extra["ranks"] = {"how": how, "world_size": n, "spawned_at": spawn_location, "ranks": ranks_facts,
                       "wait_seconds": round(outcome.seconds, 3)}
     lines = [f"{n} ranks ran ({how}); findings say which ranks they hold on (evidence.ranks)."]
+    rank_verdicts(extra, reports, n, how, {labels[i]: o for i, o in obs.items()})
     return make_report(tool, findings, lines, **extra)
+
+
+def rank_verdicts(facts: dict[str, Any], reports: dict[int, dict[str, Any]], n: int, how: str,
+                  observed: dict[int, Any] | None = None) -> None:
+    """The merged verdict's facts: what the ranks that reported measured (each line once, with the ranks it holds on
+    when not all), the comparison across ranks (with the ranks it lost), and every rank's not-run entries (each with
+    its ranks)."""
+    facts["verified"], facts["not_run"] = [], []
+    lines: dict[str, list[int]] = {}
+    entries: dict[tuple[str, str, str], tuple[dict[str, Any], list[int]]] = {}
+    for rank in sorted(reports):
+        rfacts = reports[rank].get("facts") or {}
+        for line in rfacts.get("verified") or []:
+            lines.setdefault(str(line), []).append(rank)
+        for e in rfacts.get("not_run") or []:
+            if isinstance(e, dict):
+                key = (str(e.get("check")), str(e.get("why")), str(e.get("cause")))
+                entries.setdefault(key, (e, []))[1].append(rank)
+    seen = {r: o for r, o in (observed or {}).items() if isinstance(o, dict) and not o.get("error")}
+    for rank, o in sorted((observed or {}).items()):
+        if isinstance(o, dict) and o.get("error"):
+            add_not_run(facts, f"the comparison across ranks of rank {rank}'s parameters and gradients (GP704, GP705)",
+                        f"gradprobe's snapshot of rank {rank} at its first step failed: {o['error']}", "gradprobe")
+    if reports:
+        add_verified(facts, f"{len(reports)} of {n} rank(s) checked ({how})" + (
+            f"; parameters and gradients of {len(seen)} rank(s) compared across them at their first step"
+            if len(seen) > 1 else ""))
+    for line, ranks in lines.items():
+        add_verified(facts, line if len(ranks) == len(reports) else f"{line} (rank(s) {', '.join(map(str, ranks))})")
+    for (check, why, cause), (e, ranks) in entries.items():
+        where = "" if len(ranks) == n else f" (rank(s) {', '.join(map(str, ranks))})"
+        add_not_run(facts, check + where, why, cause if cause in CAUSES else "gradprobe", e.get("location"))

@@ -13,7 +13,9 @@ import os
 import runpy
 import signal
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, cast
@@ -21,7 +23,7 @@ from typing import Any, cast
 from gradprobe.findings import Finding, Location
 from gradprobe.outcomes import GP113
 from gradprobe.report import make_report
-from gradprobe.sandbox.failures import script_no_step
+from gradprobe.sandbox.failures import GP000, script_no_step
 from gradprobe.sandbox.protocol import Phase
 from gradprobe.scriptmode.observe import StepWatch, StopScript
 from gradprobe.scriptmode.modelranks import ModelStep
@@ -29,6 +31,12 @@ from gradprobe.scriptmode.step import Replay
 
 # the script gets this share of the call's timeout; the rest is for the checks on its step
 SCRIPT_SHARE = 0.7
+
+
+def scratch_dir() -> str:
+    """Where a script's new files land: the sandbox's scratch (TMPDIR), else a fresh temporary directory (a script run
+    in-process, through the library: never the caller's working directory, which may be a checkout)."""
+    return os.environ.get("TMPDIR") or tempfile.mkdtemp(prefix="gradprobe-run-")
 
 
 def _mirror_cwd(project_dir: str, scratch: str) -> str:
@@ -80,7 +88,7 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
     script: str | None = target.get("script")
     module = str(target.get("module") or "")
     args = [str(a) for a in (target.get("args") or [])]
-    scratch = os.environ.get("TMPDIR") or os.getcwd()
+    scratch = scratch_dir()
     run = ScriptRun(watch)
     started(run)
     child_t0 = getattr(getattr(progress, "__self__", None), "t0", None)  # the child's start (its result channel)
@@ -116,13 +124,11 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
         elif script:
             path = os.path.join(project_dir, script)
             sys.argv = [path, *args]
-            sys.path.insert(0, os.path.dirname(path))
-            if project_dir not in sys.path:
-                sys.path.insert(1, project_dir)
+            sys.path.insert(0, os.path.dirname(path))  # as `python path` sets it: the script's directory, not the cwd
             runpy.run_path(path, run_name="__main__")
         else:
             sys.argv = [module, *args]
-            sys.path.insert(0, project_dir)
+            sys.path.insert(0, project_dir)  # as `python -m` sets it: the working directory (the project) first
             runpy.run_module(module, run_name="__main__", alter_sys=True)
     except StopScript as exc:
         run.exc = exc
@@ -196,6 +202,14 @@ def _how_it_ended(run: ScriptRun, evidence: dict[str, Any]) -> tuple[str, dict[s
 
 
 def no_step_report(tool: str, run: ScriptRun, target: dict[str, Any]) -> dict[str, Any]:
+    from gradprobe.userframes import raised_in_gradprobe
+
     f = no_step_finding(run, target)
+    if f["code"] != GP113.code and run.ended == "raised" and raised_in_gradprobe(run.exc):
+        # the script raised inside gradprobe's own code (a watch of ours): gradprobe's failure, never the script's
+        f = GP000.finding(tool=tool, error=f"{type(run.exc).__name__}: {run.exc}"[:500] + " (raised inside gradprobe's "
+                          "watch of the script, before its first step)", evidence={
+                              **f["evidence"], "raised_in": "gradprobe's watch of the script",
+                              "internal_traceback": "".join(traceback.format_exception(run.exc))[-4000:] if run.exc else ""})
     why = "a memory limit stopped it" if f["code"] == GP113.code else run.ended
     return make_report(tool, [f], [f"The script reached no training step ({why})."])

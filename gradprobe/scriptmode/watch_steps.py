@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gradprobe.checks.core.mode_stack import enter_beneath, leave
 from gradprobe.checks.core.step import param_names
 from gradprobe.checks.steps.copies import UpdateWatch, kept_share, versions
 from gradprobe.checks.steps.facts import EmaCopy
@@ -179,16 +180,14 @@ class ScriptSteps(StepObserver):
             return
         self._versions = versions(by_id[pid] for c in copies for pid in c.params)
         self._updates = UpdateWatch(by_id[pid] for c in copies for pid in {*c.params, *c.students})
-        self._updates.__enter__()
+        enter_beneath(self._updates)  # beneath the script's own modes (checks/core/mode_stack.py)
 
     def _close_updates(self) -> None:
         watch = self._updates
         if watch is None or getattr(watch, "closed", False):
             return
         watch.closed = True  # type: ignore[attr-defined]
-        n = torch._C._len_torch_function_stack()
-        if n and torch._C._get_function_stack_at(n - 1) is watch:
-            watch.__exit__(None, None, None)
+        leave(watch)
 
     def _open_held(self, by_id: dict[int, torch.Tensor]) -> None:
         """After a main step: the held copies' starting values, and the watch of writes from the model's parameters."""
@@ -197,15 +196,13 @@ class ScriptSteps(StepObserver):
         self._held_open = True
         self._held_watch = HeldCopies([p for pid, p in by_id.items() if pid in in_opt], by_id.values(), self.held,
                                       lambda: self.user.innermost())
-        self._held_watch.__enter__()
+        enter_beneath(self._held_watch)
 
     def _close_held(self) -> None:
         watch, self._held_watch = self._held_watch, None
         if watch is not None:
             watch.pending = {}
-        n = torch._C._len_torch_function_stack()
-        if watch is not None and n and torch._C._get_function_stack_at(n - 1) is watch:
-            watch.__exit__(None, None, None)
+            leave(watch)
 
     def close_window(self) -> None:
         self._close_held()

@@ -57,6 +57,8 @@ class CompiledFacts:
     compared: int = 0
     diffs: list[GradDiff] = field(default_factory=list)
     skipped: str | None = None
+    skip_cause: str = "refused"  # whose the skip is (a gradprobe/verdict.py cause): "gradprobe" when our comparison raised
+    largest: float = 0.0  # the largest relative difference of a parameter's gradient measured
     why: Why | None = None  # why they differ, where dynamo's output says (compiled_why.py); None when nothing differs
     why_failed: str | None = None
 
@@ -64,7 +66,8 @@ class CompiledFacts:
         return [d for d in self.diffs if d.status == status]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"wrapper": self.wrapper, "compared": self.compared, "skipped": self.skipped, "tolerance": RTOL,
+        return {"wrapper": self.wrapper, "compared": self.compared, "skipped": self.skipped, "skip_cause": self.skip_cause,
+                "largest_rel_diff": self.largest, "tolerance": RTOL,
                 "differing": [vars(d) for d in self.diffs[:20]],
                 "why": self.why.as_dict() if self.why is not None else self.why_failed}
 
@@ -247,10 +250,13 @@ def measure(loaded: Any) -> CompiledFacts | None:
         ge = _grads(eager, eager, params, loaded.batch, loaded.loss_fn)
         gc = _grads(wrapper, eager, params, loaded.batch, loaded.loss_fn)
     except Exception as exc:  # the eager step's own failure is the trace's finding; here it only skips the comparison
-        facts.skipped = f"{type(exc).__name__}: {str(exc)[:300]}"
+        facts.skipped, facts.skip_cause = f"{type(exc).__name__}: {str(exc)[:300]}", "gradprobe"
         return facts
     facts.compared = len(named)
     floor = _floor(ge)
+    rels = [float((c - e).norm()) / max(float(e.norm()), floor, 1e-12) for e, c in zip(ge, gc, strict=True)
+            if e is not None and c is not None]
+    facts.largest = max((r for r in rels if math.isfinite(r)), default=0.0)
     facts.diffs = [d for (n, _), e, c in zip(named, ge, gc, strict=True) if (d := _compare(n, e, c, floor)) is not None]
     if facts.of("missing") or facts.of("differs"):
         _explain(facts, loaded, wrapper, named, ge)

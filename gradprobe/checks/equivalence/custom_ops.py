@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gradprobe.checks.gradcheck.engine import not_run, verified_line
 from gradprobe.checks.gradcheck.reference import reference_report
 
 if TYPE_CHECKING:
@@ -29,8 +28,7 @@ def run(loaded: Loaded, options: dict[str, Any]) -> dict[str, Any]:
     if limited is not None:
         findings.insert(0, limited)
     functions = facts["functions"]
-    verified = [line for f in functions if (line := verified_line(f, findings))]
-    skipped = not_run(functions)
+    verified, skipped = list(facts.get("verified") or []), list(facts.get("not_run") or [])  # gradcheck_verdict's
     if error:
         skipped.append({"check": "gradcheck", "why": f"the step raised {error}: Functions after it were not reached",
                         "cause": "user_code"})

@@ -51,6 +51,7 @@ from gradprobe.checks.trace.backward_rules import GP308
 from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import GP113, resource_limit_finding
 from gradprobe.report import make_report
+from gradprobe.verdict import Cause, add_not_run, add_verified, lift
 from gradprobe.userframes import UserCode, location
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ def _measure_fast(facts: FunctionFacts, cls: type[Function], fn: FnLike, inputs6
         gradcheck_error = str(exc)
     # torch's fast mode misses small elementwise errors (a dropped factor in one term): our own projections too
     projected, through = rewrites.projected_jacobians(fn, inputs64, req, flat_out, eps=facts.step)
+    facts.largest_error = max((float((a - n).abs().max()) for a, n in projected.values() if a.numel()), default=None)
     wrong = [j for j, (a, n) in projected.items() if bool(((a - n).abs() > atol + rtol * n.abs()).any())]
     if gradcheck_error is None and not wrong:
         return
@@ -166,6 +168,7 @@ def _measure_full(facts: FunctionFacts, cls: type[Function], fn: FnLike, inputs6
         m = _judge_input(facts, j, ana, numerical, tuple(inputs64[j].shape), starved)
         if m is not None:
             mismatches.append(m)
+    facts.largest_error = max((float((a - n).abs().max()) for a, n in jacobians.values() if a.numel()), default=None)
     rewrite = rewrites.Rewrite()
     if mismatches:
         through = {j: rewrites.is_identity(num) for j, (_, num) in jacobians.items()}
@@ -275,7 +278,8 @@ def check_function(cls: type[Function], inputs: tuple, params_at: Mapping[int, l
     clean = not (others or facts.structure or facts.missing or facts.wrong or "skipped" in info)
     if clean and weights_at:
         _measure_perturbed(cls, inputs64, facts, info, user, fast_mode, starved, list(weights_at))
-    info["largest_abs_error"], info["atol"], info["rtol"] = facts.largest, facts.atol, facts.rtol
+    info["largest_abs_error"] = max(facts.largest, facts.largest_error or 0.0)  # full Jacobians and projected ones
+    info["atol"], info["rtol"] = facts.atol, facts.rtol
     return run_rules(FUNCTION_RULES, facts) + others, info
 
 
@@ -402,7 +406,23 @@ def gradcheck_findings(loaded: Loaded, watch: ApplyWatch, direct: DirectForwardW
         facts["called_at"] = entry["location"]
         findings += more
         checked.append(facts)
-    return findings, {"functions": checked}
+    out: dict[str, Any] = {"functions": checked}
+    gradcheck_verdict(out, findings)
+    return findings, out
+
+
+def gradcheck_verdict(facts: dict[str, Any], findings: list[Finding]) -> None:
+    """What gradcheck measured (facts.verified: one line per Function found right, at which weights and tolerances) and
+    each Function it could not check (facts.not_run)."""
+    checked = facts["functions"]
+    for f in checked:
+        if "skipped" in f:
+            cause: Cause = "not_applicable" if f["skipped"].startswith("no ") else "gradprobe"
+            add_not_run(facts, f"gradcheck of {f['function']}", f["skipped"], cause)
+        elif (line := verified_line(f, findings)) is not None:
+            add_verified(facts, line)
+    if not checked:
+        add_verified(facts, "gradcheck: no custom autograd Function of the user's was called by the step")
 
 
 def gradcheck_report(loaded: Loaded, function: str | None = None, check_second_order: bool = False,
@@ -416,17 +436,15 @@ def gradcheck_report(loaded: Loaded, function: str | None = None, check_second_o
         findings.insert(0, limited)
     if error:
         facts["forward_error"] = error
+        add_not_run(facts, "gradcheck of the Functions after the point the forward raised", error, "user_code")
     n = len(facts["functions"])
     summary = [f"{n} custom autograd.Function(s) checked: " + ", ".join(f["function"] for f in facts["functions"])
                if n else "No user-defined autograd.Function was called by the forward."]
-    facts["verified"] = [line for f in facts["functions"] if (line := verified_line(f, findings))]
-    facts["not_run"] = not_run(facts["functions"])
     if reference is not None:  # a custom module against the reference it replaces (GP804)
         rfindings, rfacts = reference_report(loaded, reference)
         findings += rfindings
         facts["reference"] = rfacts
-        facts["verified"] += rfacts["verified"]
-        facts["not_run"] += rfacts["not_run"]
+        lift(facts, rfacts)
         summary.append(rfacts["summary"])
     return make_report("run_gradcheck", findings, summary, **facts)
 
@@ -476,8 +494,3 @@ def verified_line(info: dict[str, Any], findings: list[Finding]) -> str | None:
     size = f"largest |analytical - numerical| {largest:.2g}, " if mode == "full Jacobian" else ""
     return (f"{name}: backward matches finite differences at the recorded inputs{at} ({mode}, {size}"
             f"atol {info.get('atol', 0):.2g}, rtol {info.get('rtol', 0):.2g}{dtype})")
-
-
-def not_run(functions: list[dict[str, Any]]) -> list[dict[str, str]]:
-    return [{"check": f"gradcheck {f['function']}", "why": f["skipped"], "cause": "not_applicable"}
-            for f in functions if "skipped" in f]

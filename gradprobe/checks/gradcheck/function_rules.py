@@ -72,6 +72,7 @@ class FunctionFacts:
     precision: dict[str, Any] | None = None  # the dtype it computes in and the tolerances that follow, when below float64
     perturbed: list[dict[str, Any]] | None = None  # `wrong` was measured at these inputs moved from the recorded call
     largest: float = 0.0  # the largest |analytical - numerical| seen over the full Jacobians compared
+    largest_error: float | None = None  # the largest |analytical - numerical| entry measured (full or projected)
 
     def label(self, j: int) -> str:
         ps = self.params_at.get(j, [])

@@ -25,7 +25,7 @@ from gradprobe.checks.optimizer.param_groups import (
     scan_groups,
     zero_lr_explained,
 )
-from gradprobe.checks.optimizer.param_updates import StepObserver, snapshot, stuck_findings
+from gradprobe.checks.optimizer.param_updates import StepObserver, _local, snapshot, stuck_findings
 from gradprobe.checks.optimizer.several_optimizers import (
     held_by_others,
     shared_parameter_findings,
@@ -43,6 +43,7 @@ from gradprobe.modelset import ModelSet, idle_members
 from gradprobe.findings import Finding, Rule, Situation, run_rules
 from gradprobe.outcomes import resource_limit_finding, target_failed_finding
 from gradprobe.report import make_report
+from gradprobe.verdict import add_not_run, add_verified
 from gradprobe.userframes import enclosing_def
 
 if TYPE_CHECKING:  # loading imports the checks package: no import cycle at run time
@@ -477,7 +478,7 @@ def check_step(loaded: Loaded, coverage: list[Finding], observers: Sequence[Any]
     coverage += replaced_during_step(loaded.model, loaded.optimizer, loaded.record,
                                      {(f["code"], tuple(f["parameters"])) for f in coverage})
     err = result.error
-    facts = {"events": obs.events[:50],
+    facts: dict[str, Any] = {"events": obs.events[:50],
              "step_error": f"{type(err).__name__}: {err}" if err is not None else result.loss_problem}
     if result.resource_limit is not None:  # a memory limit stopped the step: nothing about updates is measured
         return [resource_limit_finding("running one real step (forward, backward, optimizer.step)", result.resource_limit,
@@ -485,6 +486,7 @@ def check_step(loaded: Loaded, coverage: list[Finding], observers: Sequence[Any]
     if result.failed:
         return [], facts
     coverage[:] = settle_coverage(coverage, loaded.model, set(obs.grad_after_backward))
+    facts["moved"] = moved_count(loaded.model, before)
     return analyze_step(loaded.model, loaded.optimizer, before, obs, coverage,
                         _opt_site(loaded.record, loaded.optimizer)[1]), facts
 
@@ -517,25 +519,57 @@ def build_failure_findings(loaded: Loaded) -> list[Finding]:
                                   evidence={"traceback": loaded.user.trimmed_traceback(exc.cause) if exc.cause else text})]
 
 
+def moved_count(model: nn.Module, before: dict[int, torch.Tensor]) -> tuple[int, int]:
+    """(parameters the step changed, parameters measured) of a snapshot taken before it."""
+    params = [p for p in model.parameters() if id(p) in before and before[id(p)].shape == p.shape]
+    return sum(not torch.equal(before[id(p)], _local(p.detach())) for p in params), len(params)
+
+
+def coverage_line(model: nn.Module, optimizer: Any) -> str:
+    """What the coverage check measured (facts.verified): which trainable parameters the optimizer holds, by identity."""
+    held = {id(p) for g in getattr(optimizer, "param_groups", []) for p in g.get("params", [])}
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    groups = len(getattr(optimizer, "param_groups", []))
+    return (f"optimizer coverage: {type(optimizer).__name__} ({groups} group(s)) holds {len(trainable & held)} of "
+            f"{len(trainable)} trainable parameter(s), compared by identity")
+
+
+def _step_verdict(facts: dict[str, Any], step_facts: dict[str, Any]) -> None:
+    moved = step_facts.get("moved")
+    if moved is not None:
+        add_verified(facts, f"one real optimizer step: {moved[0]} of {moved[1]} trainable parameter(s) changed")
+    elif step_facts.get("step_error"):
+        add_not_run(facts, "the optimizer step check", f"the step failed: {step_facts['step_error']}", "user_code")
+
+
 def optimizer_findings(loaded: Loaded, step: bool = True, storage: bool = True) -> tuple[list[Finding], dict[str, Any]]:
     """`storage`: also distinct Parameters over one storage (GP805) and, with the step, the update it causes (diagnose
     measures those in its own step)."""
     if loaded.optimizer_error is not None:
         return build_failure_findings(loaded), {}
     if loaded.optimizer is None:
-        return [], {"note": "the target has no optimizer: only registration-level facts apply"}
+        none: dict[str, Any] = {"note": "the target has no optimizer: only registration-level facts apply"}
+        add_not_run(none, "optimizer coverage", "the target gives no optimizer (`optimizer`, or make_optimizer in the "
+                    "model's file)", "not_applicable")
+        return [], none
     findings, groups = check_coverage(loaded.model, loaded.optimizer, loaded.record)
     facts: dict[str, Any] = {"optimizer": type(loaded.optimizer).__name__, "param_groups": groups}
     shared = measure_storage(loaded.model, loaded.optimizer, loaded.record) if storage else None
+    add_verified(facts, coverage_line(loaded.model, loaded.optimizer))
     has_step = loaded.batch is not None or loaded.train_step is not None
     if step and isinstance(loaded.optimizer, torch.optim.Optimizer) and has_step:
         watch = (StorageStep(shared, loaded.optimizer),) if shared is not None else ()
         more, step_facts = check_step(loaded, findings, watch)
         findings += more
         facts["step"] = step_facts
+        _step_verdict(facts, step_facts)
+    elif step and isinstance(loaded.optimizer, torch.optim.Optimizer):
+        add_not_run(facts, "the optimizer step check", "the target gives no inputs and no train_step to run a step with",
+                    "not_applicable")
     if shared is not None:
         findings += storage_findings(shared)
-        facts["shared_storage"], facts["verified"] = facts_dict(shared), [verified_line(shared)]
+        facts["shared_storage"] = facts_dict(shared)
+        add_verified(facts, verified_line(shared))
     return findings, facts
 
 

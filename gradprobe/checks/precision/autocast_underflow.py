@@ -81,6 +81,7 @@ class UnderflowFacts:
     scaled: bool = False  # a GradScaler scaled the loss during the step
     params: list[ParamUnderflow] = field(default_factory=list)
     skipped: str | None = None
+    skip_cause: str = "refused"  # whose the skip is (a gradprobe/verdict.py cause)
 
     def lost(self) -> list[ParamUnderflow]:
         return [p for p in self.params if p.underflow >= UNDERFLOW and p.ref_nonzero >= MIN_ENTRIES]
@@ -88,7 +89,8 @@ class UnderflowFacts:
     def as_dict(self) -> dict[str, Any]:
         worst = sorted(self.params, key=lambda p: -p.underflow)[:20]
         return {"device": self.device, "dtype": self.dtype, "autocast_line": self.location, "grad_scaler": self.scaled,
-                "skipped": self.skipped, "underflow_threshold": UNDERFLOW, "measured": len(self.params),
+                "skipped": self.skipped, "skip_cause": self.skip_cause, "underflow_threshold": UNDERFLOW,
+                "measured": len(self.params),
                 "worst": [vars(p) for p in worst]}
 
 
@@ -265,6 +267,7 @@ def measure(loaded: Any, watch: AutocastWatch, step_failed: bool) -> UnderflowFa
                            scaled=bool(watch.scaler.facts.scaled))
     if facts.scaled:
         facts.skipped = "a GradScaler scaled the loss: its gradients are not measured against fp32"
+        facts.skip_cause = "not_applicable"  # a GradScaler is what keeps fp16 gradients from underflowing
     elif not any(e.enabled for e in watch.entered):
         # entered before the step (a caller's `with torch.autocast` around it): whether a GradScaler scales that loss
         # was not seen, so nothing is judged (a script's own step is judged from its run instead: `script_underflow`)
@@ -285,7 +288,7 @@ def _rerun(facts: UnderflowFacts, model: nn.Module, step: Callable[[nn.Module], 
     try:
         amp, ref = _grads(model, step, fp32=False, under=under), _grads(model, step, fp32=True)
     except Exception as exc:  # the real step already ran: a failing rerun only skips the measure
-        facts.skipped = f"{type(exc).__name__}: {str(exc)[:300]}"
+        facts.skipped, facts.skip_cause = f"{type(exc).__name__}: {str(exc)[:300]}", "gradprobe"
         return
     facts.params = [r for n, a, f in zip(named, amp, ref, strict=True) if (r := _compare(n, a, f)) is not None]
 
@@ -300,6 +303,7 @@ def script_underflow(model: nn.Module, step: Callable[[nn.Module], None] | None,
                            scaled=bool(watch.scaler.facts.scaled))
     if facts.scaled:
         facts.skipped = "a GradScaler scaled the loss: its gradients are not measured against fp32"
+        facts.skip_cause = "not_applicable"  # a GradScaler is what keeps fp16 gradients from underflowing
     elif step is None:
         facts.skipped = why_not or "the script's step cannot be rerun on a copy of the model"
     elif sum(p.numel() for p in model.parameters()) > _MAX_COPY:

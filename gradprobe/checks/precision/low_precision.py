@@ -41,9 +41,11 @@ class LowParam:
 class PrecisionFacts:
     params: list[LowParam] = field(default_factory=list)
     skipped: str | None = None
+    skip_cause: str = "refused"  # whose the skip is (a gradprobe/verdict.py cause): "gradprobe" when our measure raised
 
     def as_dict(self) -> dict[str, Any]:
-        return {"low_precision": [vars(p) for p in self.params[:30]], "skipped": self.skipped, "underflow_error": UNDERFLOW}
+        return {"low_precision": [vars(p) for p in self.params[:30]], "skipped": self.skipped, "skip_cause": self.skip_cause,
+                "underflow_error": UNDERFLOW}
 
 
 GP702: Rule[PrecisionFacts] = Rule(
@@ -130,7 +132,7 @@ def measure(loaded: Any) -> PrecisionFacts | None:
         reference = copy.deepcopy(model).float()
         ref = _grads(reference, names, _to_fp32(loaded.batch), loaded.loss_fn)
     except Exception as exc:  # the step's own failure is the trace's finding; here it only skips the measure
-        facts.skipped = f"{type(exc).__name__}: {str(exc)[:300]}"
+        facts.skipped, facts.skip_cause = f"{type(exc).__name__}: {str(exc)[:300]}", "gradprobe"
         return facts
     for row, g, r in zip(facts.params, here, ref, strict=True):
         if r is None:

@@ -48,6 +48,7 @@ from gradprobe.checks.prompt.soft_prompt import (
 )
 from gradprobe.findings import Finding, run_rules
 from gradprobe.report import make_report
+from gradprobe.verdict import add_not_run, add_verified
 
 if TYPE_CHECKING:
     from gradprobe.checks.trace.engine import TraceRun
@@ -389,6 +390,16 @@ def prompt_findings(loaded: Loaded, trace: TraceRun, base_obs: BaseObserver | No
                     ) -> tuple[list[Finding], dict[str, Any]]:
     """Measure the step, run the GP5xx rules over it (the report ranks them)."""
     facts, info = _measure(loaded, trace, base_obs, found)
+    rows = info.get("prompt") or []
+    if trace.step.failed or trace.step.not_run:
+        pass  # the step's own failure is its finding (or, on a script, a check that did not run)
+    elif found.any and rows:
+        fed = sum(1 for r in rows if r.get("grad") == "ok")
+        add_verified(info, f"prompt tuning ({found.rule}): {fed} of {len(rows)} prompt tensor(s) got a gradient through "
+                           "the base model, the base's inputs and the trainable set checked")
+    elif not found.any:  # nothing of prompt tuning was verified: the checks do not apply to what the step does
+        add_not_run(info, "the prompt-tuning checks", f"no soft prompt found ({found.rule}); name one with `prompt`",
+                    "not_applicable")
     return run_rules(PROMPT_RULES, facts), info
 
 

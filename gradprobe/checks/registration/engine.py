@@ -325,14 +325,24 @@ def inspect_parameters(model: nn.Module, build_record: BuildRecord | None = None
     ]
     tset = trainable_set(model, build_record)
     summary += summary_lines(tset)
+    verified = [registration_line(model), verified_line(shared)]
     return make_report(
-        "inspect_parameters", findings, summary,
+        "inspect_parameters", findings, summary, verified=verified,
         parameters=rows, buffers=buffers, trainable_set=tset,
         counts={"parameters": len(rows), "trainable": len(trainable),
                 "numel": sum(p.numel() for p in total.values()),
                 "trainable_numel": sum(p.numel() for p in trainable.values())},
-        shared_storage=facts_dict(shared), verified=[verified_line(shared)],
+        shared_storage=facts_dict(shared),
     )
+
+
+def registration_line(model: nn.Module) -> str:
+    """What the registration checks measured, as a verdict's line (facts.verified)."""
+    params = {id(p): p for p in model.parameters()}
+    trainable = sum(p.requires_grad for p in params.values())
+    modules = sum(1 for _ in model.modules())
+    return (f"registration: {modules} module(s), {len(params)} parameter(s) ({trainable} trainable) and "
+            f"{sum(1 for _ in model.buffers())} buffer(s) inspected")
 
 
 def inspect_report(loaded: Loaded) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from gradprobe.checks.steps.partners import checked_initialisation, partner_fact
 from gradprobe.checks.steps.per_tensor import table_lines
 from gradprobe.checks.trace.gradient_rules import GP306
 from gradprobe.findings import Finding
+from gradprobe.verdict import add_not_run, add_verified, summary_body
 
 MAX_VERIFIED = 8
 _OWNER_CODES = ("GP212", "GP213")  # several optimizers over the steps (steps/optimizer_owners.py): the audit's too
@@ -52,6 +53,8 @@ def check_by_design(loaded: Any, findings: list[Finding], facts: dict[str, Any],
             _, audit = audit_run(loaded, CHECK_STEPS)
         except Exception as exc:  # a measurement of gradprobe's that fails is left out and named, never the report
             facts["zero_init_checked"] = {"left_out": f"{type(exc).__name__}: {exc}"[:300]}
+            add_not_run(facts, "the check over steps that a zero-initialised partner moves (GP306)",
+                        facts["zero_init_checked"]["left_out"], "gradprobe")
             return findings
     if audit is None:
         return findings
@@ -125,6 +128,7 @@ def add_steps(loaded: Any, steps: int, findings: list[Finding], facts: dict[str,
         if not isinstance(report, dict):  # the audit of the script's loop was left out (said in its note)
             note = str(report or "the script's own loop was not watched")
             facts["steps"] = {"note": note}
+            add_not_run(facts, "the audit of the steps", note, "gradprobe" if "failed" in note else "refused")
             return findings, [f"Steps: not audited ({note})."]
         audit = None
     else:
@@ -138,8 +142,13 @@ def merge_audit(report: dict[str, Any], steps: int, findings: list[Finding], fac
     audit_facts: dict[str, Any] = report.get("facts") or {}
     facts["steps"] = {k: audit_facts[k] for k in STEPS_FACTS if k in audit_facts}
     facts["checks"].append("steps")
+    for e in audit_facts.get("not_run") or []:
+        add_not_run(facts, str(e.get("check")), str(e.get("why")), e.get("cause", "gradprobe"), e.get("location"))
     if "headline" not in audit_facts:  # the audit did not run (script mode, no optimizer): say why
         facts["steps"]["note"] = report.get("summary", "")
+        if not audit_facts.get("not_run"):
+            add_not_run(facts, "the audit of the steps", summary_body(report)[-1] if summary_body(report) else "not said",
+                        "refused")
         measured = [f for f in report.get("findings") or [] if f["code"].startswith("GP6")]  # a scaler that skipped all
         return findings + measured, [f"Steps: not audited ({report.get('summary', '').splitlines()[-1]})"]
     kept, lines = settle_ema(check_by_design(loaded, findings, facts, audit) if loaded is not None else findings,
@@ -147,9 +156,10 @@ def merge_audit(report: dict[str, Any], steps: int, findings: list[Finding], fac
                              int(audit_facts.get("steps") or steps))
     kept += [f for f in report.get("findings") or [] if f["code"].startswith("GP6") or f["code"] in _OWNER_CODES]
     lines.insert(0, "Steps: " + str(audit_facts["headline"]))
+    add_verified(facts, f"{audit_facts.get('steps')} step(s) watched: {audit_facts['headline']}")
     ended = (audit_facts.get("script_step") or {}).get("script_ended")
     if ended:  # a script that ended before the steps asked for (its last step is the one diagnose checked)
         lines.insert(1, f"Steps: {ended}; the steps it took were audited.")
-    if report.get("ok"):
-        lines += ["Verified over the steps: " + v for v in (audit_facts.get("verified") or [])[:MAX_VERIFIED]]
+    if audit_facts.get("clean", report.get("ok")):
+        lines += ["Verified over the steps: " + v for v in (audit_facts.get("verified") or [])[1:MAX_VERIFIED + 1]]
     return kept, lines + table_lines(audit_facts.get("per_tensor_steps") or {})

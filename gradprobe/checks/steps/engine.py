@@ -35,6 +35,7 @@ from gradprobe.checks.steps.updates import GP606, UPDATE_RULES
 from gradprobe.findings import Finding, run_rules
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
+from gradprobe.verdict import Cause, add_not_run, settle
 
 RULES = GRADIENT_RULES + UPDATE_RULES + RATIO_RULES + MODE_RULES + FULL_BATCH_RULES + SCHEDULE_RULES
 _RANK = {r.code: r.rank for r in RULES + AMP_RULES + OVERFIT_RULES}
@@ -271,7 +272,9 @@ class _Run:
 
 def _no_optimizer_report() -> dict:
     return make_report("audit_training", [], ["audit_training needs an optimizer: give `optimizer` (make_optimizer(model)) "
-                                              "or a `train_step` that steps one."], note="no optimizer")
+                                              "or a `train_step` that steps one."], note="no optimizer",
+                       not_run=[{"check": "the audit of the training steps", "cause": "not_applicable",
+                                 "why": "the target has no optimizer and no train_step"}])
 
 
 def with_owners(watch: OwnersWatch, findings: list[Finding]) -> list[Finding]:
@@ -328,13 +331,21 @@ def audit_run(loaded: Any, steps: int = 4, overfit_steps: int = 0) -> tuple[dict
     measured = accumulation_lines(factors.factors, facts) + full_batch_line(facts.full_batch)
     lines = summary_lines(facts, findings, measured) + ([line] if extra else [])
     fb = full_batch_facts(facts.full_batch, facts.full_batch_left_out)
+    if facts.full_batch_left_out:
+        left = facts.full_batch_left_out
+        cause: Cause = ("not_applicable" if left.startswith("the default step") else
+                        "gradprobe" if left.startswith("the full-batch gradient could not") else "refused")
+        add_not_run(extra, "the comparison of the accumulated gradient with one full batch", left, cause)
     report = make_report("audit_training", findings, lines, **facts_table(facts, findings, measured), **extra,
                          **({"full_batch": fb} if fb else {}))
     if run.error and run.limit is None:
-        first, _, rest = report["summary"].partition("\n")
         last = run.error.strip().splitlines()[-1]
-        head = (f"Step {run.error_call + 1} of {steps} raised ({last}); " + ("the steps before it were audited: "
-                if run.error_call else "nothing was audited: ") + first)
-        report["summary"] = head + ("\n" + rest if rest else "")
         report["facts"]["step_error_location"] = run.error_location
+        span = f"step {steps}" if run.error_call + 1 >= steps else f"steps {run.error_call + 1} to {steps}"
+        add_not_run(report["facts"], f"the audit of {span}", f"step {run.error_call + 1} of {steps} raised ({last})"
+                    + ("; the steps before it were audited" if run.error_call else "; nothing was audited"), "user_code",
+                    run.error_location)
+        if overfit_steps > 0:
+            add_not_run(report["facts"], "overfit one batch", "a watched step raised first", "user_code")
+        report = settle(report)
     return report, facts

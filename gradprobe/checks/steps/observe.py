@@ -25,6 +25,8 @@ import torch.optim.lr_scheduler as lr_scheduler
 import torch.optim.optimizer as optimizer_mod
 from torch.overrides import TorchFunctionMode
 
+from gradprobe.checks.core.mode_stack import enter_beneath, leave
+
 from gradprobe.checks.steps.accumulation import divided_twice, loss_scaling
 from gradprobe.checks.steps.facts import (
     AttachSite, BackwardCall, Event, GradCall, GradChange, GroupStep, LossScaling, ModeCall, OptimizerBuilt, OptStep, ParamStep,
@@ -158,15 +160,12 @@ class StepObserver:
             if g is not None and not g.is_sparse and not g.is_meta:
                 ptrs[g.data_ptr()] = id(p)
         self.window = _GradWrites(self, ptrs)
-        self.window.__enter__()
+        enter_beneath(self.window)  # beneath the user's modes: their `with torch.device(...)` exits stay balanced
 
     def close_window(self) -> None:
         window, self.window = self.window, None
-        if window is None:
-            return
-        n = torch._C._len_torch_function_stack()
-        if n and torch._C._get_function_stack_at(n - 1) is window:
-            window.__exit__(None, None, None)
+        if window is not None:
+            leave(window)
 
     # ---- patches --------------------------------------------------------------------------------------------------
 
@@ -231,13 +230,15 @@ class StepObserver:
         observer = self
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if observer._depth:
+            loss = args[0] if args else kwargs.get("tensors" if not first_is_loss else "self")
+            if isinstance(loss, (list, tuple)):
+                loss = loss[0] if loss else None
+            if observer._depth or (isinstance(loss, torch.Tensor) and loss.is_meta):
+                # a backward on the meta device (a flop count on a meta model, as litgpt's measure_flops does) has no
+                # data: no training step, nothing to measure
                 return orig(*args, **kwargs)
             observer._depth += 1
             try:
-                loss = args[0] if args else kwargs.get("tensors" if not first_is_loss else "self")
-                if isinstance(loss, (list, tuple)):
-                    loss = loss[0] if loss else None
                 observer._before_backward(loss)
                 result = orig(*args, **kwargs)
                 observer._after_backward()

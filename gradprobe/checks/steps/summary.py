@@ -191,6 +191,8 @@ def facts_table(facts: AuditFacts, findings: list[Finding], measured: list[str] 
                                   for a in facts.attached if a.call >= 0][:64],
         "grad_scaler": [{"step": s.call + 1, "at": at(s.location), "scale": s.scale, "skipped": s.skipped}
                         for s in facts.scaler_steps[:64]],
-        "verified": verified(facts, measured) if ok else [],
+        # what was measured, whatever the findings (the verdict's facts.verified: gradprobe/verdict.py)
+        "verified": [f"{facts.calls} step(s) watched: {headline(facts)}", *verified(facts, measured)] if facts.opt_steps else [],
+        "clean": ok,
         "step_error": facts.step_error,
     }

@@ -31,6 +31,7 @@ from gradprobe.checks.core.torchcompat import ANOMALY_FRAME, allocation_failure,
 from gradprobe.findings import Finding, run_rules
 from gradprobe.flowchart import flow_graph, flow_mermaid
 from gradprobe.report import make_report
+from gradprobe.verdict import add_verified
 from gradprobe.userframes import UserCode
 
 __all__ = ["GradRecorder", "GradTracer", "TraceRun", "analyze", "observed_step", "trace_findings", "trace_grad_path",
@@ -60,7 +61,14 @@ def analyze(tracer: GradTracer, grads: GradRecorder, model: nn.Module, step: Ste
     """The GP3xx findings of one recorded step, and the facts the report carries."""
     facts = measure(tracer, grads, model, step, only, record, optimizer)
     findings = run_rules(BEFORE_THE_END, facts) + step_end_findings(facts) + run_rules(AFTER_THE_END, facts)
-    return rank(findings, facts), facts.summary()
+    out = facts.summary()
+    if not step.failed and step.resource_limit is None and step.not_run is None and tracer.backward_error is None:
+        table = out["per_parameter"]
+        counts = {s: sum(1 for r in table if r["grad"] == s) for s in ("ok", "zero", "none", "nonfinite")}
+        add_verified(out, f"one step traced ({len(tracer.backward_calls)} backward call(s)): {counts['ok']} of {len(table)} "
+                          f"trainable parameter(s) got a finite non-zero gradient ({counts['zero']} zero, {counts['none']} "
+                          f"none, {counts['nonfinite']} non-finite)")
+    return rank(findings, facts), out
 
 
 def _anomaly_rerun(run: Callable[[], None], user: UserCode) -> tuple[dict[str, Any] | None, str | None]:

@@ -76,7 +76,7 @@ async def call_tool(runtime: Runtime, tool: str, target: Target, options: dict[s
                                    interpreters=runtime.interpreters)
         if post is not None:
             extra_content = post(report)
-        outcome = "ok" if report.get("ok") else "findings"
+        outcome = str((report.get("verdict") or {}).get("status") or "findings")
     except ToolInputError as exc:
         outcome = "tool-error"
         raise ToolError(str(exc)) from None

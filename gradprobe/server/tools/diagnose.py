@@ -25,7 +25,9 @@ code once in a sandbox and runs every check that applies: registration (GP1xx), 
 coverage and one real step (GP2xx, when an optimizer is given), the traced step (GP3xx), gradcheck
 of the custom autograd Functions it sees (GP4xx), and prompt-tuning checks when a soft prompt or
 PEFT model is found (GP5xx). One root cause yields one finding (consequences are folded into its
-evidence.related); the summary's first line names the root cause and the fix. The result also
+evidence.related). The summary's first line is the verdict (`verdict` in the result): "problems found:" with the
+root cause and its fix, "verified:" with what was measured, or "partly checked:" / "not checked:" naming each
+check that did not run and why (never OK over a check that did not run). The result also
 carries a Mermaid flowchart of the gradient flow (facts.mermaid) and an SVG picture of it.
 With `steps` > 0 it also runs that many real training steps, observed (audit_training's GP6xx checks:
 facts.steps, with a per-group SVG chart of the lr, grad norm and update ratio over the steps); an EMA

@@ -1,1 +1,0 @@
-/work/wt/ops/examples/scripts/shared_storage_broken/train.py

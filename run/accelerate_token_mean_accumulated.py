@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_accum/accelerate_token_mean_accumulated.py

@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_ranks/accelerate_token_mean_gathered.py

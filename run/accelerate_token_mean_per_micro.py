@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_accum_broken/accelerate_token_mean_per_micro.py

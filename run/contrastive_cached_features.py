@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_accum/contrastive_cached_features.py

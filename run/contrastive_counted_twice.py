@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_accum_broken/contrastive_counted_twice.py

@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_ranks/contrastive_gather_with_grad.py

@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_ranks_broken/contrastive_labels_cached.py

@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_ranks_broken/grad_sum_not_divided.py

@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_accum/loop_divided.py

@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_accum_broken/loop_not_divided.py

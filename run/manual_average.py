@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/spawn/manual_average.py

@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_ranks/mean_loss_batchnorm.py

@@ -1,1 +1,0 @@
-/tmp/rnd/noisy.py

@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_ranks/token_mean_global.py

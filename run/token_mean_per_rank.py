@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_ranks_broken/token_mean_per_rank.py

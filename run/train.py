@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/hf_trainer_accum_broken/train.py

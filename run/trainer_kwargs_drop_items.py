@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_accum_broken/trainer_kwargs_drop_items.py

@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_accum/trainer_num_items.py

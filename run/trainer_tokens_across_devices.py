@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_ranks/trainer_tokens_across_devices.py

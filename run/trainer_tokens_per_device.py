@@ -1,1 +1,0 @@
-/work/wt/equiv/examples/scripts/equiv_ranks_broken/trainer_tokens_per_device.py
