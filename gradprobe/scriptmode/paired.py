@@ -293,7 +293,7 @@ def run_equivalence_job(tool: str, target: dict[str, Any], options: dict[str, An
 # ---- diagnose with the comparisons ----------------------------------------------------------------------------------
 
 NOT_ASKED = ("not asked: `compare: true` runs check_equivalence's comparisons that apply (N processes against one, k "
-             "micro-batches against one batch); they cost a second run of the script")
+             "micro-batches against one batch); on a script they cost a second run of it")
 
 
 def diagnose_with_comparisons(job: Any, progress: Progress, dispatch: Callable[..., Any]) -> ToolError | dict[str, Any]:
@@ -308,12 +308,17 @@ def diagnose_with_comparisons(job: Any, progress: Progress, dispatch: Callable[.
     plain = Job(tool=job.tool, target=job.target, options=options)
     script = bool(job.target.get("script") or job.target.get("module"))
     if not compare:
-        report = dispatch(BY_NAME["diagnose"], plain, progress)
-        if isinstance(report, dict) and (script or int(job.target.get("world_size") or 1) > 1):
+        # a build_model() target's train_step may accumulate (compared in process): asked of the loaded target
+        has_step = None if script else (lambda loaded: {"train_step": loaded.train_step is not None})
+        report = dispatch(BY_NAME["diagnose"], plain, progress, has_step)
+        also = (report.get("facts") or {}).pop("_also", None) if isinstance(report, dict) else None
+        if isinstance(report, dict) and (script or int(job.target.get("world_size") or 1) > 1 or (also or {}).get("train_step")):
             report.setdefault("facts", {}).setdefault("not_run", []).append(
                 {"check": "the equivalence comparisons", "why": NOT_ASKED, "cause": "not_applicable"})
         return report
-    eq_options = {"steps": max(2, int(options.get("steps") or 2))}
+    # only the comparisons diagnose does not run itself: its own checks already measure custom Functions (gradcheck),
+    # shared storage and packed vs padded (dependencies); run again here they would be reported twice
+    eq_options = {"steps": max(2, int(options.get("steps") or 2)), "compare": list(PAIRED)}
     equivalence: Any
     if script:
         paired = compare_pairs(job.target, eq_options, progress)
@@ -334,7 +339,8 @@ def merge_equivalence(report: dict[str, Any], equivalence: dict[str, Any]) -> di
 
     facts = dict(report.get("facts") or {})
     eq_facts = equivalence.get("facts") or {}
-    facts["equivalence"] = eq_facts.get("comparisons") or {}
+    facts["equivalence"] = {name: entry for name, entry in (eq_facts.get("comparisons") or {}).items()
+                            if entry.get("applies") is not None}  # those asked (the others are diagnose's own checks)
     facts["verified"] = list(facts.get("verified") or []) + list(eq_facts.get("verified") or [])
     facts["not_run"] = list(facts.get("not_run") or []) + list(eq_facts.get("not_run") or [])
     lines = (report.get("summary") or "").splitlines()[1:]
