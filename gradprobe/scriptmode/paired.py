@@ -18,9 +18,7 @@ Every process ends itself with os._exit after its steps; one that does not finis
 from __future__ import annotations
 
 import os
-import runpy
 import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,23 +48,12 @@ class SetupRun:
 
 def _exec_target(target: dict[str, Any]) -> None:
     """The script (or `python -m` module) as run.py runs it: argv, sys.path, a working directory mirroring the project."""
-    from gradprobe.scriptmode.run import _mirror_cwd
+    from gradprobe.scriptmode.run import _mirror_cwd, exec_script
 
     project_dir = os.path.realpath(target["project_dir"])
-    script, module = target.get("script"), str(target.get("module") or "")
-    args = [str(a) for a in (target.get("args") or [])]
     os.chdir(_mirror_cwd(project_dir, os.environ.get("TMPDIR") or os.getcwd()))
-    if script:
-        path = os.path.join(project_dir, script)
-        sys.argv = [path, *args]
-        sys.path.insert(0, os.path.dirname(path))
-        if project_dir not in sys.path:
-            sys.path.insert(1, project_dir)
-        runpy.run_path(path, run_name="__main__")
-    else:
-        sys.argv = [module, *args]
-        sys.path.insert(0, project_dir)
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    exec_script(project_dir, target.get("script"), str(target.get("module") or ""),
+                [str(a) for a in (target.get("args") or [])])
 
 
 def _setup_process(target: dict[str, Any], role: str, index: int, env: dict[str, str], out_dir: str, steps: int,
