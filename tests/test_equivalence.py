@@ -167,6 +167,18 @@ async def test_diagnose_compares_a_build_model_target(client):
 
 
 @pytest.mark.anyio
+async def test_diagnose_compare_at_ranks_of_a_build_model_target_says_it_did_not_compare(client):
+    """A build_model() target at world_size 2 is diagnosed rank by rank, where the comparisons do not run: with
+    compare: true the report says so (the same target at one process gets GP802), never a bare all-clear."""
+    target = {"project_dir": str(ROOT / "examples" / "broken"), "model": "gp802_accumulation_not_divided_loss_fn.py",
+              "world_size": 2}
+    report = (await client.call_tool("diagnose", {"target": target, "compare": True})).structured_content
+    entry = next(e for e in report["facts"]["not_run"] if e["check"] == "the equivalence comparisons")
+    assert entry["cause"] == "refused" and "check_equivalence" in entry["why"], entry
+    assert "Not run: the equivalence comparisons" in report["summary"], report["summary"]
+
+
+@pytest.mark.anyio
 async def test_diagnose_compare_does_not_repeat_its_own_checks(client):
     """compare: true adds the paired comparisons only: custom Functions, shared storage and packed vs padded are
     diagnose's own checks (gradcheck, GP805, check_dependencies), so each finding and verified line comes once."""

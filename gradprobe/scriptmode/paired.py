@@ -282,6 +282,9 @@ def run_equivalence_job(tool: str, target: dict[str, Any], options: dict[str, An
 NOT_ASKED = ("not asked: `compare: true` runs check_equivalence's comparisons that apply (N processes against one, k "
              "micro-batches against one batch); on a script they cost a second run of it")
 
+RANKS_NOT_COMPARED = ("diagnose runs a build_model() target at world_size > 1 rank by rank, where no comparison runs; "
+                      "check_equivalence compares its train_step's micro-batches against one batch, as one process")
+
 
 def diagnose_with_comparisons(job: Any, progress: Progress, dispatch: Callable[..., Any]) -> ToolError | dict[str, Any]:
     """diagnose, with check_equivalence's comparisons when `compare` is true (a script's paired runs first, forked
@@ -315,8 +318,13 @@ def diagnose_with_comparisons(job: Any, progress: Progress, dispatch: Callable[.
         report = dispatch(BY_NAME["diagnose"], plain, progress,
                           lambda loaded: run_tool("check_equivalence", loaded, dict(eq_options)))
         equivalence = (report.get("facts") or {}).pop("_also", None) if isinstance(report, dict) else None
-    if isinstance(report, ToolError) or not isinstance(equivalence, dict):
+    if isinstance(report, ToolError):
         return report
+    if not isinstance(equivalence, dict):  # the target did not load (its report says so first), or it ran as ranks
+        if script or int(job.target.get("world_size") or 1) < 2:
+            return report
+        entry = {"check": "the equivalence comparisons", "why": RANKS_NOT_COMPARED, "cause": "refused"}
+        equivalence = {"findings": [], "summary": f"\nNot run: {entry['check']}: {entry['why']}", "facts": {"not_run": [entry]}}
     return merge_equivalence(report, equivalence)
 
 
