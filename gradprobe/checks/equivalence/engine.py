@@ -24,7 +24,6 @@ COMPARISONS: tuple[str, ...] = (
     "gradprobe.checks.equivalence.packing",
 )
 PAIRED = ("ranks", "accumulation")  # as in scriptmode/paired.py: measured by paired runs of a script
-KNOWN = ("ranks", "accumulation", "custom_ops", "storage", "packing")  # the names a caller may ask for
 DEFAULT_STEPS = 2
 
 
