@@ -96,6 +96,26 @@ async def test_packed_rows_with_an_all_ones_mask_see_each_other(client):
 
 
 @pytest.mark.anyio
+async def test_check_equivalence_compares_packed_and_padded_as_check_dependencies_does(client):
+    """check_equivalence's packing comparison measures the packed rows and the model's causality as check_dependencies
+    does: the model that takes no attention_mask is padded as a causal model, so GP803 is found (not left out as not
+    applicable) at the line of the packed leak; its twin is verified."""
+    async def equivalence(model: str) -> dict:
+        target = {"project_dir": str(EXAMPLES), "model": model}
+        result = await client.call_tool("check_equivalence", {"target": target, "compare": ["packing"]})
+        assert not result.is_error, result.content
+        return result.structured_content
+
+    path = EXAMPLES / "gp903_packing_all_ones_mask.py"
+    report = await equivalence(path.name)
+    gp803 = one_finding(report["findings"], "GP803")
+    assert gp803["location"]["line"] == line_of(path, "return self.lm("), gp803
+    assert report["facts"]["comparisons"]["packing"]["applies"] and not report["facts"]["not_run"], report["facts"]
+    twin = await equivalence("healthy_deps_packed_position_ids.py")
+    assert twin["ok"] and [v.split(":")[0] for v in twin["facts"]["verified"]] == ["packed vs padded"], twin["facts"]
+
+
+@pytest.mark.anyio
 async def test_healthy_designs_claim_nothing_they_do_not_do(client):
     bert = await _call(client, "healthy_deps_bert_mlm.py")
     assert bert["ok"] and not bert["findings"]

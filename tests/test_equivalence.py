@@ -141,6 +141,9 @@ async def test_diagnose_runs_the_comparisons_when_asked(client):
     hit = next(f for f in report["findings"] if f["code"] == "GP802")
     assert hit["location"]["line"] == example_expect(path)["line"], hit
     assert report["facts"]["equivalence"]["accumulation"]["applies"], report["facts"]["equivalence"]
+    # the comparisons that take a loaded target are diagnose's own checks: not asked again, not said "did not load"
+    assert set(report["facts"]["equivalence"]) == {"ranks", "accumulation"}, report["facts"]["equivalence"]
+    assert "did not load" not in report["summary"], report["summary"]
     result = await client.call_tool("diagnose", {"target": target})
     report = result.structured_content
     assert not [f for f in report["findings"] if f["code"].startswith("GP8")], report["findings"]
@@ -156,6 +159,37 @@ async def test_diagnose_compares_a_build_model_target(client):
     report = result.structured_content
     hit = next(f for f in report["findings"] if f["code"] == "GP802")
     assert "4x (k)" in hit["message"] and hit["location"]["line"] == 45, hit
+    # without compare, a target whose train_step may accumulate is told the comparison did not run
+    report = (await client.call_tool("diagnose", {"target": target})).structured_content
+    assert not [f for f in report["findings"] if f["code"].startswith("GP8")], report["findings"]
+    entry = next(e for e in report["facts"]["not_run"] if e["check"] == "the equivalence comparisons")
+    assert "compare: true" in entry["why"], entry
+
+
+@pytest.mark.anyio
+async def test_diagnose_compare_at_ranks_of_a_build_model_target_says_it_did_not_compare(client):
+    """A build_model() target at world_size 2 is diagnosed rank by rank, where the comparisons do not run: with
+    compare: true the report says so (the same target at one process gets GP802), never a bare all-clear."""
+    target = {"project_dir": str(ROOT / "examples" / "broken"), "model": "gp802_accumulation_not_divided_loss_fn.py",
+              "world_size": 2}
+    report = (await client.call_tool("diagnose", {"target": target, "compare": True})).structured_content
+    entry = next(e for e in report["facts"]["not_run"] if e["check"] == "the equivalence comparisons")
+    assert entry["cause"] == "refused" and "check_equivalence" in entry["why"], entry
+    assert "Not run: the equivalence comparisons" in report["summary"], report["summary"]
+
+
+@pytest.mark.anyio
+async def test_diagnose_compare_does_not_repeat_its_own_checks(client):
+    """compare: true adds the paired comparisons only: custom Functions, shared storage and packed vs padded are
+    diagnose's own checks (gradcheck, GP805, check_dependencies), so each finding and verified line comes once."""
+    path = ROOT / "examples" / "broken" / "gp401_rmsnorm_backward_drops_weight.py"
+    target = {"project_dir": str(path.parent), "model": path.name}
+    report = (await client.call_tool("diagnose", {"target": target, "compare": True})).structured_content
+    codes = [f["code"] for f in report["findings"]]
+    assert codes.count("GP401") == 1 and codes.count("GP405") == 1, codes
+    verified = report["facts"]["verified"]
+    assert verified and len(verified) == len(set(verified)), verified
+    assert set(report["facts"]["equivalence"]) == {"ranks", "accumulation"}, report["facts"]["equivalence"]
 
 
 def test_batches_join_as_one_batch_or_refuse_with_why():

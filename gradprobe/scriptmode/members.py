@@ -161,10 +161,11 @@ def _live_optimizer_params(watch: Any, captured: Any, names: dict[int, str]) -> 
 
 
 def find_members(watch: Any, captured: Any, in_graph: set[int], user: UserCode, step_graph: set[int] | None = None,
-                 frame: types.FrameType | None = None) -> Members:
+                 frame: types.FrameType | None = None, outer: list[nn.Module] | None = None) -> Members:
     """The trained and frozen models at the step (see the module docstring). `captured`: the optimizer stepping (or
     None); `in_graph`: ids of the leaves of the graphs the script's backward() calls ran on; `step_graph`: of those
-    since the last optimizer step (this step's loss; default `in_graph`)."""
+    since the last optimizer step (this step's loss; default `in_graph`); `outer`: step.outermost_modules(), when the
+    caller has walked the live objects already."""
     step_graph = in_graph if step_graph is None else step_graph
     from gradprobe.scriptmode.step import outermost_modules, unwrap
     from gradprobe.sharded import unsharded_to_sharded
@@ -178,7 +179,7 @@ def find_members(watch: Any, captured: Any, in_graph: set[int], user: UserCode, 
     grad_calls, quiet_calls = _window_calls(watch)
     found = Members()
     seen: set[int] = set()
-    for root in outermost_modules():
+    for root in outermost_modules() if outer is None else outer:
         m = unwrap(root, user)
         if id(m) in seen:
             continue

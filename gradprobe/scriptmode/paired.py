@@ -18,9 +18,7 @@ Every process ends itself with os._exit after its steps; one that does not finis
 from __future__ import annotations
 
 import os
-import runpy
 import signal
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,23 +33,12 @@ Progress = Callable[[str], None]
 
 def _exec_target(target: dict[str, Any]) -> None:
     """The script (or `python -m` module) as run.py runs it: argv, sys.path, a working directory mirroring the project."""
-    from gradprobe.scriptmode.run import _mirror_cwd, scratch_dir
+    from gradprobe.scriptmode.run import _mirror_cwd, exec_script, scratch_dir
 
     project_dir = os.path.realpath(target["project_dir"])
-    script, module = target.get("script"), str(target.get("module") or "")
-    args = [str(a) for a in (target.get("args") or [])]
     os.chdir(_mirror_cwd(project_dir, scratch_dir()))
-    if script:
-        path = os.path.join(project_dir, script)
-        sys.argv = [path, *args]
-        sys.path.insert(0, os.path.dirname(path))
-        if project_dir not in sys.path:
-            sys.path.insert(1, project_dir)
-        runpy.run_path(path, run_name="__main__")
-    else:
-        sys.argv = [module, *args]
-        sys.path.insert(0, project_dir)
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    exec_script(project_dir, target.get("script"), str(target.get("module") or ""),
+                [str(a) for a in (target.get("args") or [])])
 
 
 def _setup_process(target: dict[str, Any], role: str, index: int, env: dict[str, str], out_dir: str, steps: int,
@@ -278,7 +265,10 @@ def run_equivalence_job(tool: str, target: dict[str, Any], options: dict[str, An
 # ---- diagnose with the comparisons ----------------------------------------------------------------------------------
 
 NOT_ASKED = ("not asked: `compare: true` runs check_equivalence's comparisons that apply (N processes against one, k "
-             "micro-batches against one batch); they cost a second run of the script")
+             "micro-batches against one batch); on a script they cost a second run of it")
+
+RANKS_NOT_COMPARED = ("diagnose runs a build_model() target at world_size > 1 rank by rank, where no comparison runs; "
+                      "check_equivalence compares its train_step's micro-batches against one batch, as one process")
 
 
 def diagnose_with_comparisons(job: Any, progress: Progress, dispatch: Callable[..., Any]) -> ToolError | dict[str, Any]:
@@ -293,12 +283,17 @@ def diagnose_with_comparisons(job: Any, progress: Progress, dispatch: Callable[.
     plain = Job(tool=job.tool, target=job.target, options=options)
     script = bool(job.target.get("script") or job.target.get("module"))
     if not compare:
-        report = dispatch(BY_NAME["diagnose"], plain, progress)
-        if isinstance(report, dict) and (script or int(job.target.get("world_size") or 1) > 1):
+        # a build_model() target's train_step may accumulate (compared in process): asked of the loaded target
+        has_step = None if script else (lambda loaded: {"train_step": loaded.train_step is not None})
+        report = dispatch(BY_NAME["diagnose"], plain, progress, has_step)
+        also = (report.get("facts") or {}).pop("_also", None) if isinstance(report, dict) else None
+        if isinstance(report, dict) and (script or int(job.target.get("world_size") or 1) > 1 or (also or {}).get("train_step")):
             report.setdefault("facts", {}).setdefault("not_run", []).append(
                 {"check": "the equivalence comparisons", "why": NOT_ASKED, "cause": "not_applicable"})
         return report
-    eq_options = {"steps": max(2, int(options.get("steps") or 2))}
+    # only the comparisons diagnose does not run itself: its own checks already measure custom Functions (gradcheck),
+    # shared storage and packed vs padded (dependencies); run again here they would be reported twice
+    eq_options = {"steps": max(2, int(options.get("steps") or 2)), "compare": list(PAIRED)}
     equivalence: Any
     if script:
         paired = compare_pairs(job.target, eq_options, progress)
@@ -308,8 +303,13 @@ def diagnose_with_comparisons(job: Any, progress: Progress, dispatch: Callable[.
         report = dispatch(BY_NAME["diagnose"], plain, progress,
                           lambda loaded: run_tool("check_equivalence", loaded, dict(eq_options)))
         equivalence = (report.get("facts") or {}).pop("_also", None) if isinstance(report, dict) else None
-    if isinstance(report, ToolError) or not isinstance(equivalence, dict):
+    if isinstance(report, ToolError):
         return report
+    if not isinstance(equivalence, dict):  # the target did not load (its report says so first), or it ran as ranks
+        if script or int(job.target.get("world_size") or 1) < 2:
+            return report
+        entry = {"check": "the equivalence comparisons", "why": RANKS_NOT_COMPARED, "cause": "refused"}
+        equivalence = {"findings": [], "summary": f"\nNot run: {entry['check']}: {entry['why']}", "facts": {"not_run": [entry]}}
     return merge_equivalence(report, equivalence)
 
 
@@ -319,7 +319,8 @@ def merge_equivalence(report: dict[str, Any], equivalence: dict[str, Any]) -> di
 
     facts = dict(report.get("facts") or {})
     eq_facts = equivalence.get("facts") or {}
-    facts["equivalence"] = eq_facts.get("comparisons") or {}
+    facts["equivalence"] = {name: entry for name, entry in (eq_facts.get("comparisons") or {}).items()
+                            if entry.get("applies") is not None}  # those asked (the others are diagnose's own checks)
     facts["verified"] = list(facts.get("verified") or []) + list(eq_facts.get("verified") or [])
     facts["not_run"] = list(facts.get("not_run") or []) + list(eq_facts.get("not_run") or [])
     lines = (report.get("summary") or "").splitlines()[1:]

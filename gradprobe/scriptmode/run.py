@@ -82,6 +82,19 @@ class ScriptRun:
         signal.setitimer(signal.ITIMER_REAL, 1.0, 1.0)
 
 
+def exec_script(project_dir: str, script: str | None, module: str, args: list[str]) -> None:
+    """The script (or `python -m` module) as `__main__`, with its argv and sys.path as python would set them."""
+    if script:
+        path = os.path.join(project_dir, script)
+        sys.argv = [path, *args]
+        sys.path.insert(0, os.path.dirname(path))  # as `python path` sets it: the script's directory, not the cwd
+        runpy.run_path(path, run_name="__main__")
+    else:
+        sys.argv = [module, *args]
+        sys.path.insert(0, project_dir)  # as `python -m` sets it: the working directory (the project) first
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
 def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
                started: Callable[[ScriptRun], None] = lambda run: None) -> ScriptRun:
     project_dir = os.path.realpath(target["project_dir"])
@@ -121,15 +134,8 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
         if callable(entry):
             sys.argv = [os.path.join(project_dir, script) if script else module or str(target.get("model") or ""), *args]
             entry()
-        elif script:
-            path = os.path.join(project_dir, script)
-            sys.argv = [path, *args]
-            sys.path.insert(0, os.path.dirname(path))  # as `python path` sets it: the script's directory, not the cwd
-            runpy.run_path(path, run_name="__main__")
         else:
-            sys.argv = [module, *args]
-            sys.path.insert(0, project_dir)  # as `python -m` sets it: the working directory (the project) first
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            exec_script(project_dir, script, module, args)
     except StopScript as exc:
         run.exc = exc
         if watch.capture is not None:

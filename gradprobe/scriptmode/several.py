@@ -141,13 +141,13 @@ def _loss(recs: list[ModuleCall], calls: list[PlannedCall], sinks: list[int],
 
 
 def several_replay(watch: StepWatch, captured: Any, roots: list[torch.Tensor], user: UserCode,
-                   members: Members | None = None) -> Replay | None:
+                   members: Members | None = None, outer: list[nn.Module] | None = None) -> Replay | None:
     """The replayed step over several models (None when the script trains one: step.replay_one's path)."""
     _, leaf_ids, _ = graph_leaves(roots)
     start = window_start(watch)
     step_roots = [b.root for b in watch.backwards if b.root is not None and b.seq > start] or roots
     _, step_ids, _ = graph_leaves(step_roots)
-    found = members if members is not None else find_members(watch, captured, leaf_ids, user, step_ids)
+    found = members if members is not None else find_members(watch, captured, leaf_ids, user, step_ids, outer=outer)
     if not found.several:
         return None
     in_step = found.step() or found.trained
@@ -167,11 +167,11 @@ def several_replay(watch: StepWatch, captured: Any, roots: list[torch.Tensor], u
     return Replay(models, ((), {}), loss_fn, None, facts)
 
 
-def several_model(watch: StepWatch, captured: Any, roots: list[torch.Tensor], user: UserCode) -> tuple[nn.Module | None,
-                                                                                                      Members]:
+def several_model(watch: StepWatch, captured: Any, roots: list[torch.Tensor], user: UserCode,
+                  outer: list[nn.Module] | None = None) -> tuple[nn.Module | None, Members]:
     """The models the audit watches: a ModelSet of every trained model when there are several, else None."""
     _, leaf_ids, _ = graph_leaves(roots)
-    found = find_members(watch, captured, leaf_ids, user)
+    found = find_members(watch, captured, leaf_ids, user, outer=outer)
     return (model_of(found.trained) if found.several else None), found
 
 

@@ -108,15 +108,17 @@ def outermost_modules() -> list[nn.Module]:
     return [m for m in mods if id(m) not in inner]
 
 
-def choose_model(watch: StepWatch, in_opt: set[int], in_graph: set[int], user: UserCode) -> tuple[nn.Module | None, dict]:
+def choose_model(watch: StepWatch, in_opt: set[int], in_graph: set[int], user: UserCode,
+                 outer: list[nn.Module] | None = None) -> tuple[nn.Module | None, dict]:
     """The outermost module holding most of the optimizer's parameters, then of the loss graph's
-    leaves; ties go to the one called last, then to the smaller one."""
+    leaves; ties go to the one called last, then to the smaller one. `outer`: outermost_modules(), when the caller
+    has walked the live objects already."""
     from gradprobe.sharded import unsharded_to_sharded  # FSDP2: the graph's leaves are the unsharded parameters
 
     last_call = {mid: c.seq for mid, c in watch.calls.items()}
     best, best_key = None, None
     seen: set[int] = set()
-    for root in outermost_modules():
+    for root in outermost_modules() if outer is None else outer:
         m = unwrap(root, user)
         if id(m) in seen:
             continue
@@ -217,16 +219,16 @@ def _scalar_loss(value: Any) -> torch.Tensor | None:
     return None
 
 
-def replay_one(watch: StepWatch, user: UserCode) -> Replay | None:
+def replay_one(watch: StepWatch, user: UserCode, outer: list[nn.Module] | None = None) -> Replay | None:
     """Choose the one model and build the replayed step; None when nothing was trained (scriptmode/replay.py first
-    asks whether several models were trained)."""
+    asks whether several models were trained). `outer`: outermost_modules(), when the caller walked them already."""
     cap = watch.capture
     roots = [b.root for b in watch.backwards if b.root is not None]
     in_opt: set[int] = set()
     if cap is not None and cap.optimizer is not None:
         in_opt = {id(p) for g in cap.optimizer.param_groups for p in g["params"]}
     _, leaf_ids, _ = graph_leaves(roots)
-    model, facts = choose_model(watch, in_opt, leaf_ids, user)
+    model, facts = choose_model(watch, in_opt, leaf_ids, user, outer)
     if model is None:
         return None
     root = facts.pop("_root")

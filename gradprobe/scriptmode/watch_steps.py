@@ -111,12 +111,13 @@ class ScriptSteps(StepObserver):
 
     def _choose_model(self, opt: torch.optim.Optimizer) -> None:
         from gradprobe.scriptmode.several import several_model
-        from gradprobe.scriptmode.step import choose_model, graph_leaves
+        from gradprobe.scriptmode.step import choose_model, graph_leaves, outermost_modules
 
         roots = [b.root for b in self.watch.backwards if b.root is not None]
         in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
         _, leaf_ids, _ = graph_leaves(roots)
-        several, members = several_model(self.watch, opt, roots, self.user)
+        outer = outermost_modules()  # one walk over the live objects, for both questions
+        several, members = several_model(self.watch, opt, roots, self.user, outer)
         if several is not None:  # several models trained (scriptmode/members.py): all of them, under the script's names
             from gradprobe.checks.several.report import FrozenWatch
 
@@ -126,7 +127,7 @@ class ScriptSteps(StepObserver):
                                       for m in members.frozen)
             self.watch.backwards = self.watch.backwards[-1:]
             return
-        model, note = choose_model(self.watch, in_opt, leaf_ids, self.user)
+        model, note = choose_model(self.watch, in_opt, leaf_ids, self.user, outer)
         root = note.pop("_root", None)
         self.model = model
         self.model_note = {"model": type(model).__name__ if model is not None else None,

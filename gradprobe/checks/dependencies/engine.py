@@ -55,6 +55,7 @@ class Outcome:
     verified: list[str] = field(default_factory=list)
     not_run: list[dict[str, str]] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    packing: dict[str, Any] | None = None  # packed vs padded's own result (checks/dependencies/packed_vs_padded.py), when it ran
 
     def skip(self, check: str, why: str, cause: str = "not_applicable") -> None:
         self.not_run.append({"check": check, "why": why[:400], "cause": cause})
@@ -321,8 +322,13 @@ def _packed_vs_padded(loaded: Any, run: Run, out: Outcome) -> None:
     """GP803 from checks/dependencies/packed_vs_padded.py; when a packed leak was measured, it is the same cause (its line)."""
     from gradprobe.checks.dependencies import packed_vs_padded as packing
 
+    if run.seg is None:  # measured above: the comparison's own search would call the model again to find none
+        out.facts["packed_vs_padded"] = {}
+        out.skip("packed_vs_padded", packing.NO_PACKED_ROWS)
+        return
     causal = run.claim is not None and any(s.causal for s in run.samples) and not any(lk.kind == "future" for lk in run.leaks)
     result = packing.run(loaded, {"segments": run.seg, "tokens": run.claim.ids if run.claim else None, "causal": causal})
+    out.packing = result
     out.facts["packed_vs_padded"] = result.get("facts", {})
     if not result.get("applies"):
         out.skip("packed_vs_padded", result.get("why_not") or "no packed rows", "not_applicable")

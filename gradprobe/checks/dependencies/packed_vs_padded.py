@@ -21,14 +21,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.checks.core.step import backward_grads, call_model, param_names
-from gradprobe.checks.dependencies.claims import ce_targets, layout
+from gradprobe.checks.core.step import backward_grads, call_model, compute_loss, param_names
+from gradprobe.checks.dependencies.claims import ce_targets
 from gradprobe.checks.dependencies.explain import _kwargs, accepts, blocks_of
-from gradprobe.checks.dependencies.harness import ProbeMode, outputs_of, probed, untouched
-from gradprobe.checks.dependencies.segments import Segments, find_segments, restarting_positions
-from gradprobe.checks.core.step import compute_loss
+from gradprobe.checks.dependencies.harness import ProbeMode, outputs_of, untouched
+from gradprobe.checks.dependencies.segments import Segments, restarting_positions
 from gradprobe.findings import Rule
 
+NO_PACKED_ROWS = "the batch has no packed rows"
 # (loss relative error, gradient relative error, cosine at least) by the dtype the parameters compute in
 TOLERANCES = {torch.float64: (1e-9, 1e-7, 1 - 1e-10), torch.float32: (1e-4, 2e-3, 0.9999),
               torch.bfloat16: (3e-2, 8e-2, 0.99), torch.float16: (1e-2, 3e-2, 0.995)}
@@ -239,19 +239,6 @@ def _compare(packed: Side, padded: Side) -> tuple[str | None, float, float, int]
     return worst, worst_rel, worst_cos, len(padded.grads)
 
 
-def _segments(loaded: Any, options: dict[str, Any]) -> tuple[Segments | None, torch.Tensor | None]:
-    seg, tokens = options.get("segments"), options.get("tokens")
-    if seg is not None:
-        return seg, tokens
-    with untouched(loaded.model):
-        probe = probed(loaded.model, loaded.batch, loaded.loss_fn, loaded.user)
-    lay = layout(probe)
-    if lay is None or not lay.positions:
-        return None, None
-    tokens = next((lf.ids for lf in lay.token_leaves if lf.ids is not None), None)
-    return find_segments(loaded.batch, lay.B, lay.T, tokens), tokens
-
-
 def _dtype(model: nn.Module) -> torch.dtype:
     for p in model.parameters():
         if p.is_floating_point():
@@ -260,18 +247,13 @@ def _dtype(model: nn.Module) -> torch.dtype:
 
 
 def run(loaded: Any, options: dict[str, Any]) -> dict:
-    """Packed vs padded on the target's batch (see the module's docstring)."""
+    """Packed vs padded on the target's batch (see the module's docstring). `options["segments"]` (with "tokens" and
+    "causal"): the packed rows as the dependencies engine measured them (check_equivalence reaches this through that
+    engine too: checks/equivalence/packing.py)."""
     result: dict[str, Any] = {"applies": False, "why_not": "", "findings": [], "verified": [], "not_run": [], "facts": {}}
-    if loaded.batch is None:
-        result["why_not"] = "the target has no batch"
-        return result
-    try:
-        seg, tokens = _segments(loaded, options)
-    except Exception as exc:
-        result["why_not"] = f"the model could not be called on the batch ({type(exc).__name__}: {exc})"[:300]
-        return result
+    seg, tokens = options["segments"], options.get("tokens")
     if seg is None:
-        result["why_not"] = "the batch has no packed rows"
+        result["why_not"] = NO_PACKED_ROWS
         return result
     result["applies"] = True
     padded = padded_batch(loaded.batch, seg, tokens, loaded.model, causal=bool(options.get("causal")))

@@ -2,8 +2,8 @@
 
 A comparison is a module exposing `run(loaded, options) -> dict` with `applies`, `why_not`, `findings`, `verified`,
 `not_run` ({"check", "why", "cause"}) and `facts`. COMPARISONS names them (name -> module path, in the order they
-run): the paired ones and custom_ops live in this package; storage and packing in the families whose checks they
-also serve (registration, dependencies), which never import this one. `options["compare"]` selects some by name.
+run): they live in this package, except storage, whose check the registration family serves too and which never
+imports this one. `options["compare"]` selects some by name.
 The paired comparisons of a script target (PAIRED) read what scriptmode/paired.py measured (`options["_paired"]`);
 the others take the loaded target (a build_model() target, or a script's first step).
 """
@@ -22,10 +22,9 @@ COMPARISONS: dict[str, str] = {
     "accumulation": "gradprobe.checks.equivalence.accumulation",
     "custom_ops": "gradprobe.checks.equivalence.custom_ops",
     "storage": "gradprobe.checks.registration.shared_storage",
-    "packing": "gradprobe.checks.dependencies.packed_vs_padded",
+    "packing": "gradprobe.checks.equivalence.packing",
 }
 PAIRED = ("ranks", "accumulation")  # as in scriptmode/paired.py: measured by paired runs of a script
-KNOWN = tuple(COMPARISONS)  # the names a caller may ask for
 DEFAULT_STEPS = 2
 
 

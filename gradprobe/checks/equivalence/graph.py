@@ -8,47 +8,20 @@ from typing import Any
 
 import torch
 
-from gradprobe.checks.steps.accumulation import _SCALING, _reduction, _scaling_step, _traced_line
+from gradprobe.checks.steps.accumulation import _traced_line, scaling_walk
 from gradprobe.checks.steps.facts import LossScaling
 from gradprobe.userframes import UserCode
 
 _NLL = ("NllLossBackward0", "NllLoss2DBackward0", "NllLossNdBackward0")
 # nodes a loss passes through unchanged on its way out of a wrapped model's forward (DDP's output sink)
 _PASSTHROUGH = ("_DDPSinkBackward",)
-MAX_DEPTH = 16
 
 
 def scaling_of(loss: torch.Tensor, user: UserCode | None) -> tuple[LossScaling, Any]:
     """As checks/steps/accumulation.py loss_scaling (the constant multiplications and divisions at the top of the loss's
     graph, the reduction under them), walking through the nodes a wrapped model's output passes unchanged; and the
     node under the scaling."""
-    out, node = LossScaling(ops=[]), loss.grad_fn
-    output_nr = loss.output_nr  # which output of its node the tensor on the path is (known at the top)
-    for _ in range(MAX_DEPTH):
-        if node is None:
-            break
-        if node.name() in _PASSTHROUGH:  # _DDPSink.apply(ddp_weakref, *outputs): output k is its k-th tensor input
-            nexts = node.next_functions
-            node = nexts[output_nr][0] if output_nr < len(nexts) else None
-            output_nr = 0
-            continue
-        found = _scaling_step(node) if node.name() in _SCALING else None
-        if found is None:
-            break
-        out.ops.append(found[0])
-        output_nr = next((nr for fn, nr in node.next_functions if fn is found[1]), 0)  # which output of the next node
-        if user is not None:
-            line, inside = _traced_line(node, user)
-            out.lines.append(line)
-            out.in_library.append(inside)
-        node = found[1]
-    if node is not None:
-        out.stopped_at = node.name()
-        try:
-            out.reduction, out.count = _reduction(node)
-        except RuntimeError:
-            pass
-    return out, node
+    return scaling_walk(loss, user, _PASSTHROUGH)
 
 
 def read_loss(loss: torch.Tensor, user: UserCode | None) -> tuple[dict[str, Any], list[tuple[dict | None, torch.Tensor]]]:

@@ -31,6 +31,7 @@ import torch
 from torch.autograd.function import Function
 from torch.overrides import TorchFunctionMode
 
+from gradprobe.checks.gradcheck.backward_lines import _code_of, _tensors
 from gradprobe.userframes import location
 
 C = 4.0
@@ -88,30 +89,14 @@ class _Dtypes(TorchFunctionMode):
         return out
 
 
-def _tensors(xs: Any) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for x in xs:
-        if isinstance(x, torch.Tensor):
-            out.append(x)
-        elif isinstance(x, (list, tuple)):
-            out += _tensors(x)
-    return out
-
-
 def _eps(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).eps)
 
 
-def _forward_code(cls: type[Function]) -> tuple[CodeType | None, str | None]:
-    fn = cls.__dict__.get("forward")
-    fn = getattr(fn, "__func__", fn)
-    code = getattr(fn, "__code__", None)
-    return code, (code.co_filename if code is not None else None)
-
-
 def measure(cls: type[Function], inputs64: tuple, atol: float, rtol: float) -> Precision:
     """Run the forward once on the float64 copies and derive the check's tolerances from the dtype it computes in."""
-    code, filename = _forward_code(cls)
+    code = _code_of(cls, "forward")
+    filename = code.co_filename if code is not None else None
     rec = _Dtypes(code)
     try:
         with torch.no_grad(), rec:

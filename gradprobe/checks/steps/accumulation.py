@@ -93,9 +93,24 @@ _FRAME = re.compile(r'\s*File "([^"]+)", line (\d+), in (\S+)')
 def loss_scaling(loss: torch.Tensor, user: UserCode | None = None) -> LossScaling:
     """The constant multiplications/divisions at the top of the loss's graph, and the reduction under them (with
     `user`, each operation's line, when anomaly mode recorded the forward's tracebacks)."""
+    return scaling_walk(loss, user)[0]
+
+
+def scaling_walk(loss: torch.Tensor, user: UserCode | None = None,
+                 passthrough: tuple[str, ...] = ()) -> tuple[LossScaling, Any]:
+    """loss_scaling, and the node under the scaling; nodes named in `passthrough` (a loss passing unchanged through a
+    wrapped model's output sink: output k of the node is its k-th input) are walked through."""
     out, node = LossScaling(ops=[]), loss.grad_fn
+    output_nr = loss.output_nr  # which output of its node the tensor on the path is (known at the top)
     for _ in range(MAX_DEPTH):
-        if node is None or node.name() not in _SCALING:
+        if node is None:
+            break
+        if node.name() in passthrough:
+            nexts = node.next_functions
+            node = nexts[output_nr][0] if output_nr < len(nexts) else None
+            output_nr = 0
+            continue
+        if node.name() not in _SCALING:
             break
         try:
             found = _scaling_step(node)
@@ -104,6 +119,7 @@ def loss_scaling(loss: torch.Tensor, user: UserCode | None = None) -> LossScalin
         if found is None:
             break
         out.ops.append(found[0])
+        output_nr = next((nr for fn, nr in node.next_functions if fn is found[1]), 0)  # which output of the next node
         if user is not None:
             line, inside = _traced_line(node, user)
             out.lines.append(line)
@@ -115,7 +131,7 @@ def loss_scaling(loss: torch.Tensor, user: UserCode | None = None) -> LossScalin
             out.reduction, out.count = _reduction(node)
         except RuntimeError:
             pass
-    return out
+    return out, node
 
 
 def loss_factor(loss: torch.Tensor) -> float:

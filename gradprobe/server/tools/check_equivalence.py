@@ -30,7 +30,7 @@ Comparisons (`compare`, default: every one that applies):
   backward() calls against the target's loss on the whole batch;
 - custom_ops: every custom autograd.Function the step calls, at its recorded inputs and with its weight-like inputs
   perturbed (a backward can be exact only while a norm weight is 1), tolerances from the dtype it computes in (as
-  run_gradcheck reports a wrong derivative);
+  run_gradcheck, with its codes);
   with `reference.module` and `reference.replaces`, a fused module against the one it replaces (GP804);
 - storage: distinct Parameters over one storage (a tie made with `.data`), measured at one step (GP805);
 - packing: packed rows (position ids restarting, cu_seqlens) against the same examples padded, one per row (GP803);

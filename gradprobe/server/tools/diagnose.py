@@ -34,8 +34,9 @@ facts.steps, with a per-group SVG chart of the lr, grad norm and update ratio ov
 copy left with requires_grad=True outside the optimizer that its EMA update moved at every step is then
 recognised as such (no GP201). On a script target the script's own loop is watched for those steps, and
 the checks run on the step after them (one run of the script). With `compare: true` it also runs
-check_equivalence's comparisons that apply (GP8xx; a second run of the script); otherwise facts.not_run says they
-did not run.
+check_equivalence's paired comparisons that apply (N processes against one, k micro-batches against one batch:
+GP8xx; a second run of the script); otherwise facts.not_run says they did not run. Custom Functions, shared storage
+and packed vs padded are among its own checks either way.
 {TARGET_HELP}
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}}}"""
 
