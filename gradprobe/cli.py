@@ -139,11 +139,32 @@ def _print_steps(report: dict) -> None:
         print("\nper parameter group, per optimizer step:\n" + clean(steps_table(groups)))
 
 
+def _refuse_serve_args(args: argparse.Namespace) -> None:
+    """Serving flags that would open a hole are refused before anything starts (exit 2, the reason on stderr)."""
+    import os
+
+    from gradprobe.envrules import refused
+
+    for root in args.allow_root or ():
+        if os.path.realpath(root) == "/":
+            _exit_usage(f"--allow-root {root}: '/' would let callers read the whole machine; name the code's own directory")
+    for name in args.allow_env:
+        why = refused(name)
+        if why:
+            _exit_usage(f"--allow-env {name}: {why.removeprefix('env: ')}, whatever the operator allows")
+
+
+def _exit_usage(message: str) -> NoReturn:
+    print(f"gradprobe: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def serve_options(args: argparse.Namespace) -> ServeOptions:
     """The one place serving flags become typed options (gradprobe.server.options.ServeOptions)."""
     from gradprobe.sandbox.runner import Limits
     from gradprobe.server.options import HttpOptions, ServeOptions
 
+    _refuse_serve_args(args)
     http = None
     if args.http:
         http = HttpOptions(host=args.host, port=args.port, token_file=args.token_file, insecure_no_auth=args.insecure_no_auth,

@@ -13,10 +13,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gradprobe.envrules import refused as refused_env
+
 REF_HELP = '"FILE_OR_MODULE:CALLABLE", e.g. "train.py:build_model" or "mypkg.models:Net"'
 _DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|auto|meta)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_ENV_FIXED = frozenset({"HOME", "TMPDIR", "TMP", "TEMP", "PATH"})
 
 Ref = Annotated[str | None, Field(default=None, description=f"{REF_HELP}")]
 
@@ -143,8 +144,9 @@ class Target(BaseModel):
         for name in v:
             if not _ENV_NAME.match(name):
                 raise ValueError(f"env: {name!r} is not a variable name (letters, digits and _)")
-            if name in _ENV_FIXED or name.startswith(("GRADPROBE_", "LD_", "PYTHON")):
-                raise ValueError(f"env: {name} is set by gradprobe's sandbox and cannot be given")
+            why = refused_env(name)
+            if why:
+                raise ValueError(why)
         return v
 
     @field_validator("device")

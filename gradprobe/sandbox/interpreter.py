@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gradprobe.sandbox.roots import inside
+
 if TYPE_CHECKING:
     from gradprobe.sandbox.protocol import PythonExec
 
@@ -213,10 +215,6 @@ def find_project_env(project_dir: str, stop: str | None) -> tuple[str | None, li
         d = parent
 
 
-def _inside(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
 @dataclass(frozen=True)
 class InterpreterPolicy:
     """What the server accepts. `strict` (over HTTP, or with --allow-root): a named interpreter only when listed with
@@ -247,11 +245,11 @@ class InterpreterPolicy:
         """A found environment counts over HTTP when it lives in an allowed root and the file it runs does too (or is
         the server's own or a listed interpreter's)."""
         reals = {server_interpreter("").real} | {real for _, real in self.allowed}
-        return _inside(interp.env, self.roots) and (_inside(interp.real, self.roots) or interp.real in reals)
+        return inside(interp.env, self.roots) and (inside(interp.real, self.roots) or interp.real in reals)
 
     def stop_for(self, project_dir: str) -> str | None:
         real = os.path.realpath(project_dir)
-        held = [r for r in self.roots if _inside(real, (r,))]
+        held = [r for r in self.roots if inside(real, (r,))]
         return max(held, key=len) if held else None
 
 

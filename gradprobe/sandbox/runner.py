@@ -272,8 +272,7 @@ class _ChildCall:
                  warm: WarmWorker | None, allowed_roots: list[str] | None):
         self.python, self.timeout_s, self.limits, self.progress, self.warm = python, timeout_s, limits, progress, warm
         self.scratch = tempfile.mkdtemp(prefix="gradprobe-call-", dir="/tmp")
-        self.env = child_env(self.scratch)
-        self.env.update({str(k): str(v) for k, v in (job.target.get("env") or {}).items()})  # the target's own (checked)
+        self.env = child_env(self.scratch)  # the target's own `env` is applied by the child, inside every layer (child.py)
         self.policy = make_policy(job, limits, scratch=self.scratch, python=python, timeout_s=timeout_s,
                                   allowed_roots=allowed_roots)
         if self.policy.project_dir:  # the child mounts the directory it opens at this path (and refuses one outside the roots)

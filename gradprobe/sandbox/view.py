@@ -17,6 +17,7 @@ import struct
 import sys
 
 from gradprobe.sandbox.protocol import Layer, Policy
+from gradprobe.sandbox.roots import inside
 
 _libc = ctypes.CDLL(None, use_errno=True)
 NOBODY = 65534
@@ -152,8 +153,10 @@ def clone_python_trees(policy: Policy) -> dict[str, int]:
     return {tree.path: _clone_tree(tree.fd) for tree in trees}
 
 
-def _inside(path: str, roots: list[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+def _covered(path: str, dirs: list[str]) -> bool:
+    """`path` is already in the view: one of the bound `dirs` or below one (`/` covers everything). Not the roots test
+    (that is roots.inside, where `/` holds nothing)."""
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
 
 
 def privileged() -> bool:
@@ -179,7 +182,7 @@ def open_project(policy: Policy, clone: bool = True) -> tuple[int | None, str]:
     try:
         real = os.readlink(f"/proc/self/fd/{fd}")
         roots = policy.allowed_roots
-        if roots and not _inside(real, roots):
+        if roots and not inside(real, roots):
             raise Refused(f"project_dir {want!r} is outside the roots this server may read")
         return (_clone_tree(fd) if clone else None), real
     finally:
@@ -199,7 +202,7 @@ def open_read_paths(policy: Policy, clone: bool = True) -> list[tuple[str, int]]
             try:
                 real = os.readlink(f"/proc/self/fd/{fd}")
                 roots = policy.allowed_roots
-                if (roots and not _inside(real, roots)) or real == "/":
+                if (roots and not inside(real, roots)) or real == "/":
                     raise Refused(f"read_paths: {want!r} is outside the roots this server may read")
                 out.append((real, _clone_tree(fd) if clone else -1))
             finally:
@@ -236,7 +239,7 @@ def prepare_view(policy: Policy, newroot: str, opened: dict[str, int] | None = N
             _place(newroot, path, True)  # /bin -> usr/bin on merged-/usr systems
             continue
         real = path if tree is not None else os.path.realpath(path)
-        if _inside(real, seen) or _inside("/tmp", [real]):  # /tmp itself (or /) is the call's own tmpfs
+        if _covered(real, seen) or _covered("/tmp", [real]):  # /tmp itself (or /) is the call's own tmpfs
             if tree is not None:
                 os.close(tree)
             continue
@@ -277,7 +280,7 @@ def finish_view(policy: Policy, newroot: str, project_tree: int | None, ro: list
     pivot_root."""
     scratch = policy.scratch
     for real, tree in reads or []:
-        if _inside(real, ro) or not real.startswith("/") or (tree < 0 and not os.path.exists(real)):
+        if _covered(real, ro) or not real.startswith("/") or (tree < 0 and not os.path.exists(real)):
             if tree >= 0:
                 os.close(tree)
             continue
@@ -287,12 +290,12 @@ def finish_view(policy: Policy, newroot: str, project_tree: int | None, ro: list
         ro.append(real)
     if project_tree is not None:
         proj = policy.project_dir_real or ""
-        if not _inside(proj, ro):
+        if not _covered(proj, ro):
             mapped.append(_bind(project_tree, _place(newroot, proj, True), IDMAP_FD))  # closes project_tree
             ro.append(proj)
         else:
             os.close(project_tree)
-    if not _inside(policy.package_root, ro):  # the sys.path entry holding gradprobe: in the view it holds only that
+    if not _covered(policy.package_root, ro):  # the sys.path entry holding gradprobe: in the view it holds only that
         ro.append(policy.package_root)  # (and the project when it lives there), so Python may list it
     if not scratch.startswith("/tmp/"):
         raise Refused("the scratch dir must live under /tmp")

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gradprobe.sandbox.roots import resolved_inside
 from gradprobe.sandbox.runner import Limits
 
 if TYPE_CHECKING:
@@ -125,8 +126,7 @@ class ServeOptions:
         allowed roots), read_paths only inside the roots; over HTTP, env only with names the operator allowed."""
         roots = self.roots
         for path in target.read_paths:
-            real = os.path.realpath(path)
-            if roots and not any(real == r or real.startswith(r.rstrip("/") + "/") for r in roots):
+            if roots and not resolved_inside(path, roots):
                 return f"read_paths: {path!r} is outside the roots this server may read: {', '.join(roots)}"
         names = sorted(set(target.env) - set(self.allowed_env))
         if self.http is not None and names:

@@ -18,6 +18,7 @@ import anyio
 
 from gradprobe.sandbox.cgroups import clean_stale
 from gradprobe.sandbox.executor import Executor
+from gradprobe.sandbox.roots import resolved_inside
 from gradprobe.errors import ToolInputError
 from gradprobe.sandbox.protocol import PROGRESS_STEPS as PHASES
 from gradprobe.server.options import ServeOptions
@@ -62,10 +63,6 @@ class Runtime:
     def phase_index(self, phase: str) -> float:
         return float(PHASES.index(phase) + 1) if phase in PHASES else self.phase_total
 
-    def _inside(self, path: str) -> bool:
-        real = os.path.realpath(path)
-        return any(real == root or real.startswith(root + os.sep) for root in self.allowed_roots)
-
     def check_target(self, target: Any) -> None:
         """Refuse, before any child starts and before anything about the path is looked at, a project or a model
         file outside every allowed root (symlinks and .. resolved): one answer whether it exists or not. The child
@@ -78,7 +75,7 @@ class Runtime:
         refs = [getattr(target, f) for f in ("model", "inputs", "loss", "optimizer", "train_step")]
         files = [os.path.join(target.project_dir, r.partition(":")[0]) for r in refs if r and r.partition(":")[0].endswith(".py")]
         for path in [target.project_dir, *files]:
-            if not os.path.isabs(target.project_dir) or not self._inside(path):
+            if not os.path.isabs(target.project_dir) or not resolved_inside(path, self.allowed_roots):
                 raise ToolInputError(f"{path!r} is outside the roots this server may read: {', '.join(self.allowed_roots)}")
         # the interpreter (named or found) is checked where it is resolved, once: sandbox/interpreter.py
 

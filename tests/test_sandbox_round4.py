@@ -1,0 +1,207 @@
+"""Issue 39, through the real server (stdio, and HTTP where it applies): a target's env never reaches a process that
+runs before confinement; a planted interpreter in someone else's folder never runs; the server's own work (the model
+file, the step chart) is capped and off its event loop; memory is one budget inside the server's own cgroup; a
+root-owned private file in a root stays private; roots belong to tokens; the isolation account is the server's."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from conftest import ROOT, server_params, wait_healthy
+from test_http import free_port
+from test_sandbox_hostile import project
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (CI runs as root): makes users, cgroups, root files")
+
+
+def _http_server(tmp: Path, *args: str, tokens: str | None = None, cwd: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), *args]
+    if tokens is not None:
+        (tmp / "tokens").write_text(tokens)
+        cmd += ["--token-file", str(tmp / "tokens")]
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "server.err", "wb"), cwd=cwd, env=env)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def _http_call(url: str, token: str | None, tool: str, args: dict):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as http:
+        async with Client(streamable_http_client(url + "/mcp", http_client=http)) as c:
+            return await c.call_tool(tool, args)
+
+
+def _text(result) -> str:
+    return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+# --- 1. the target's env reaches no process that runs before confinement ---------------------------------------------
+
+def planted_locale(proj: Path, marker: Path) -> dict[str, str]:
+    """A project that ships a gconv module (a shared object whose constructor appends its uid and pid namespace to
+    `marker`, a path outside the project) and a locale whose character set loads it: glibc dlopens it while any
+    process started with the returned env sets up its locale (Python does, before any of its own code runs)."""
+    cc, localedef = shutil.which("cc") or shutil.which("gcc"), shutil.which("localedef")
+    charmap = Path("/usr/share/i18n/charmaps/ISO-8859-1.gz")
+    if not cc or not localedef or not charmap.exists():
+        pytest.skip(f"needs a C compiler, localedef and glibc's charmaps (cc={cc}, localedef={localedef}, {charmap})")
+    gconv, loc = proj / "gconv", proj / "loc"
+    gconv.mkdir()
+    loc.mkdir()
+    (gconv / "gconv-modules").write_text("module PWN// INTERNAL pwn 1\nmodule INTERNAL PWN// pwn 1\n")
+    (proj / "pwn.c").write_text(textwrap.dedent(f"""\
+        #include <stdio.h>
+        #include <unistd.h>
+        __attribute__((constructor)) static void planted(void) {{
+            char ns[128] = {{0}};
+            ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+            FILE *f = fopen("{marker}", "a");
+            if (f) {{ fprintf(f, "uid=%d %s\\n", (int)getuid(), n > 0 ? ns : "?"); fclose(f); }}
+        }}
+        int gconv(void) {{ return 0; }}
+        int gconv_init(void *step) {{ return 1; }}
+        """))
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(gconv / "pwn.so"), str(proj / "pwn.c")], check=True)
+    text = gzip.decompress(charmap.read_bytes()).decode("latin-1")
+    (proj / "PWN").write_text("\n".join("<code_set_name> PWN" if ln.startswith("<code_set_name>") else ln
+                                        for ln in text.splitlines()) + "\n", encoding="latin-1")
+    subprocess.run([localedef, "-c", "-i", "C", "-f", str(proj / "PWN"), str(loc / "pwn")], capture_output=True)
+    env = {"GCONV_PATH": str(gconv), "LOCPATH": str(loc), "LC_ALL": "pwn"}
+    probe = subprocess.run([sys.executable, "-I", "-c", "pass"], env={**env, "PATH": os.environ["PATH"]}, capture_output=True)
+    assert marker.exists(), f"the planted module did not load in a plain process ({probe.stderr[-300:]!r})"
+    marker.unlink()
+    return env
+
+
+def _served(proj: Path) -> None:
+    (proj / "case.py").write_text("import torch.nn as nn\ndef build_model():\n    return nn.Linear(3, 1)\n")
+
+
+@pytest.mark.anyio
+async def test_a_planted_gconv_module_never_runs_outside_the_sandbox_over_stdio(tmp_path):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    marker = tmp_path / "ran-outside"
+    env = planted_locale(proj, marker)
+    _served(proj)
+    async with Client(server_params(), read_timeout_seconds=300) as c:
+        # `python` named: the cold launcher (the server's own interpreter) starts the call
+        for extra in ({"python": sys.executable}, {}):
+            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(proj), "model": "case.py",
+                                                                     "env": env, **extra}})
+            assert r.is_error and "GCONV_PATH" in _text(r) and "cannot be given" in _text(r), _text(r)
+    assert not marker.exists(), marker.read_text()
+
+
+def test_a_planted_gconv_module_never_runs_outside_the_sandbox_over_http(tmp_path):
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    os.chmod(tmp_path, 0o755)
+    marker = tmp_path / "ran-outside"
+    env = planted_locale(proj, marker)
+    _served(proj)
+    allow = [a for name in env for a in ("--allow-env", name)]
+    proc, url = _http_server(tmp_path, "--allow-root", str(proj), "--allow-python", sys.executable, *allow)
+    try:
+        try:
+            code = proc.wait(timeout=60)  # an operator cannot allow these names: the server refuses to start
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:  # (the old server started: show what a call then does)
+            wait_healthy(url, proc)
+            target = {"project_dir": str(proj), "model": "case.py", "env": env, "python": sys.executable}
+            anyio.run(_http_call, url, None, "inspect_parameters", {"target": target})
+    finally:
+        _stop(proc)
+    err = (tmp_path / "server.err").read_text()
+    assert not marker.exists(), marker.read_text()
+    assert code == 2 and "--allow-env GCONV_PATH" in err, err
+
+
+def _environ_holders(value: bytes) -> list[tuple[int, str]]:
+    """(pid, pid namespace) of every process whose environment block holds `value`."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            if value in open(f"/proc/{d}/environ", "rb").read():
+                out.append((int(d), os.readlink(f"/proc/{d}/ns/pid")))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["cold", "warm"])
+async def test_the_targets_env_is_set_only_inside_the_sandbox(tmp_path, mode):
+    """A variable the target sets reaches its code, and no process outside the call's pid namespace (the cold
+    launcher, which becomes the call's keeper, ran before confinement) ever holds it."""
+    value = f"round4-{os.getpid()}-{time.monotonic_ns()}"
+    body = ("import os, time\ndef build_model():\n    time.sleep(4)\n"
+            "    raise ValueError('SAW ' + os.environ.get('GP_ROUND4_MARK', 'nothing'))\n")
+    tmp = project(tmp_path, body)
+    host_ns = os.readlink("/proc/self/ns/pid")
+    seen: list[tuple[int, str]] = []
+    done = threading.Event()
+
+    def scan() -> None:
+        while not done.is_set():
+            seen.extend(_environ_holders(value.encode()))
+            time.sleep(0.05)
+
+    args = ("--cold",) if mode == "cold" else ()
+    async with Client(server_params(args=args), read_timeout_seconds=300) as c:
+        thread = threading.Thread(target=scan, daemon=True)
+        thread.start()
+        try:
+            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": tmp, "model": "case.py",
+                                                                     "env": {"GP_ROUND4_MARK": value}}})
+        finally:
+            done.set()
+            thread.join()
+    assert f"SAW {value}" in r.structured_content["findings"][0]["message"], r.structured_content["findings"][0]
+    assert not [p for p in seen if p[1] == host_ns], seen
+
+
+@pytest.mark.anyio
+async def test_refused_names_are_skipped_by_the_child_too(tmp_path):
+    """Below the server's validation (a library caller's Job): the launcher starts with the allow-list only, and the
+    child sets none of the refused names, so the planted module runs nowhere."""
+    from gradprobe.sandbox.protocol import Job
+    from gradprobe.sandbox.runner import Limits, run_child
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    marker = tmp_path / "ran-outside"
+    env = planted_locale(proj, marker)
+    _served(proj)
+    job = Job(tool="inspect_parameters", target={"project_dir": str(proj), "model": "case.py", "env": {**env, "OK_NAME": "1"},
+                                                  "timeout_s": 120})
+    outcome = await run_child(job, python=sys.executable, timeout_s=120, limits=Limits(memory_bytes=4 << 30))
+    assert outcome.report is not None and outcome.report["ok"] is True, (outcome.tool_error, outcome.stderr[-2000:])
+    assert not marker.exists(), marker.read_text()
