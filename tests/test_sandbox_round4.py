@@ -205,3 +205,95 @@ async def test_refused_names_are_skipped_by_the_child_too(tmp_path):
     outcome = await run_child(job, python=sys.executable, timeout_s=120, limits=Limits(memory_bytes=4 << 30))
     assert outcome.report is not None and outcome.report["ok"] is True, (outcome.tool_error, outcome.stderr[-2000:])
     assert not marker.exists(), marker.read_text()
+
+
+# --- 2. an interpreter planted in someone else's folder never runs ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def intruder():
+    """Another user of the machine (made here, removed after): the uid that plants an environment."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to add a user (useradd); CI runs as root")
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    name = f"gpintr{os.getpid() % 100000}"
+    made = subprocess.run([useradd, "-M", "-N", "-r", "-s", "/usr/sbin/nologin", name], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    import pwd
+
+    try:
+        yield pwd.getpwnam(name).pw_uid
+    finally:
+        subprocess.run([shutil.which("userdel") or "/usr/sbin/userdel", name], capture_output=True)
+
+
+PLANTED = """#!/bin/bash
+job=$(cat | tr -d '"\\\\' | head -c 300)
+printf '{"type": "result", "report": {"tool": "inspect_parameters", "ok": true, "findings": [], "summary": "PLANTED %s", "facts": {}}}\\n' "$job" >&"$GRADPROBE_RESULT_FD"
+"""
+
+
+def plant_env(where: Path, uid: int) -> None:
+    """A `.venv` whose bin/python is a shell script that reads the call's job and writes its own report, owned by `uid`."""
+    (where / ".venv" / "bin").mkdir(parents=True)
+    (where / ".venv" / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).parent}\n")
+    script = where / ".venv" / "bin" / "python"
+    script.write_text(PLANTED)
+    script.chmod(0o755)
+    for path in (where / ".venv", where / ".venv" / "bin", where / ".venv" / "pyvenv.cfg", script):
+        os.chown(path, uid, uid)
+
+
+def victim(proj: Path) -> dict:
+    proj.mkdir(parents=True)
+    (proj / "case.py").write_text("import torch.nn as nn\ndef build_model():\n    return nn.Linear(3, 1)\n")
+    return {"project_dir": str(proj), "model": "case.py", "setup": "SECRET = 'victim-secret-1234'"}
+
+
+@pytest.mark.anyio
+async def test_an_environment_planted_in_a_shared_parent_or_by_another_user_never_runs(tmp_path, intruder):
+    shared = tmp_path / "shared"  # like /tmp: sticky, writable by all, and here even a repository's top
+    shared.mkdir()
+    (shared / ".git").mkdir()
+    shared.chmod(0o1777)
+    plant_env(shared, intruder)
+    os.chmod(tmp_path, 0o755)
+    target = victim(shared / "victim")
+    async with Client(server_params(), read_timeout_seconds=300) as c:
+        r = await c.call_tool("inspect_parameters", {"target": target})
+        sc = r.structured_content
+        assert not r.is_error and "PLANTED" not in str(sc) and sc["ok"] is True, _text(r)
+        info = sc["facts"]["interpreter"]
+        assert info["source"] == "server", info
+        skipped = [x for x in info["looked_at"] if str(shared / ".venv") in x]
+        assert skipped and "skipped" in skipped[0] and "sticky folder" in skipped[0], info["looked_at"]
+        # the same environment inside the project itself, owned by the other user: skipped too
+        mine = tmp_path / "mine"
+        target = victim(mine / "proj")
+        plant_env(mine / "proj", intruder)
+        r = await c.call_tool("inspect_parameters", {"target": target})
+        sc = r.structured_content
+        assert not r.is_error and "PLANTED" not in str(sc) and sc["facts"]["interpreter"]["source"] == "server", _text(r)
+        looked = sc["facts"]["interpreter"]["looked_at"]
+        assert any("skipped" in x and f"owned by uid {intruder}" in x for x in looked), looked
+
+
+def test_over_http_the_search_never_goes_above_the_project(tmp_path, intruder):
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / ".git").mkdir()
+    os.chmod(tmp_path, 0o755)
+    plant_env(root, intruder)
+    for path in (root / ".venv", root / ".venv" / "bin", root / ".venv" / "bin" / "python"):
+        os.chown(path, 0, 0)  # even root's own environment above the project is not the project's
+    target = victim(root / "victim")
+    proc, url = _http_server(tmp_path, "--allow-root", str(root), cwd=tmp_path)
+    try:
+        wait_healthy(url, proc)
+        r = anyio.run(_http_call, url, None, "inspect_parameters", {"target": target})
+    finally:
+        _stop(proc)
+    sc = r.structured_content
+    assert not r.is_error and "PLANTED" not in str(sc), _text(r)
+    assert sc["facts"]["interpreter"]["source"] == "server" and not any(
+        str(root / ".venv") in x for x in sc["facts"]["interpreter"]["looked_at"]), sc["facts"]["interpreter"]
