@@ -18,6 +18,7 @@ from gradprobe.envrules import refused as refused_env
 REF_HELP = '"FILE_OR_MODULE:CALLABLE", e.g. "train.py:build_model" or "mypkg.models:Net"'
 _DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|auto|meta)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MAX_PEEK_BYTES = 1 << 20  # the most of a model file the server reads to suggest script mode
 
 Ref = Annotated[str | None, Field(default=None, description=f"{REF_HELP}")]
 
@@ -216,8 +217,12 @@ def _top_level_names(path: str) -> set[str] | None:
     import ast
 
     try:
-        tree = ast.parse(open(path, encoding="utf-8", errors="replace").read())
-    except (OSError, SyntaxError, ValueError):
+        with open(path, "rb") as f:
+            source = f.read(MAX_PEEK_BYTES + 1)  # the server's own look at the file is capped (the child reads it all)
+        if len(source) > MAX_PEEK_BYTES:
+            return None
+        tree = ast.parse(source.decode("utf-8", "replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     names: set[str] = set()
     todo: list[ast.stmt] = list(tree.body)

@@ -297,3 +297,107 @@ def test_over_http_the_search_never_goes_above_the_project(tmp_path, intruder):
     assert not r.is_error and "PLANTED" not in str(sc), _text(r)
     assert sc["facts"]["interpreter"]["source"] == "server" and not any(
         str(root / ".venv") in x for x in sc["facts"]["interpreter"]["looked_at"]), sc["facts"]["interpreter"]
+
+
+# --- 3. the server reads no model file whole, and nothing of a call's on its event loop --------------------------------
+
+def _peak_rss(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_huge_model_file_neither_bloats_nor_stalls_the_server(tmp_path):
+    """A 512 MiB sparse case.py: the server's peak memory does not grow by it, and /health is answered while the call
+    is in progress (the old server read and parsed the whole file on its event loop: +1 GiB, every caller stalled)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    os.chmod(tmp_path, 0o755)
+    big = root / "case.py"
+    with open(big, "wb") as f:
+        f.truncate(512 << 20)
+    proc, url = _http_server(tmp_path, "--allow-root", str(root), cwd=tmp_path)
+    answers: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                if httpx2.get(f"{url}/health", timeout=60).status_code == 200:
+                    answers.append((t0, time.monotonic()))
+            except httpx2.HTTPError:
+                pass
+            time.sleep(0.02)
+
+    try:
+        wait_healthy(url, proc)
+        before = _peak_rss(proc.pid)
+        thread = threading.Thread(target=poll, daemon=True)
+        started = time.monotonic()
+        thread.start()
+        r = anyio.run(_http_call, url, None, "inspect_parameters", {"target": {"project_dir": str(root), "model": "case.py"}})
+        finished = time.monotonic()
+        stop.set()
+        thread.join()
+        grown = _peak_rss(proc.pid) - before
+    finally:
+        _stop(proc)
+    assert not r.is_error or "outside" not in _text(r), _text(r)  # the call itself ends in a report or a tool error
+    assert grown < 256 << 20, f"the server's peak RSS grew by {grown >> 20} MiB"
+    during = [a for a in answers if a[0] >= started and a[1] < finished]
+    assert during, f"no /health answer while the call was in progress ({len(answers)} answers in all)"
+
+
+# --- 4. the step chart is drawn from what was measured, bounded first -------------------------------------------------
+
+@pytest.mark.anyio
+async def test_a_forged_param_groups_cannot_blow_up_the_answer(client, tmp_path):
+    import base64
+    import json as _json
+
+    from test_sandbox_hostile import _forging
+
+    series = [0.1234567] * 4000
+    rows = [{"optimizer": 0, "group": i, "tensors": 3, "lr_as_applied": series, "grad_norm_at_step": series,
+             "update_ratio": series} for i in range(12)]
+    rows.append({"optimizer": "x" * 1000, "group": 1e300, "tensors": -1})
+    report = {"tool": "audit_training", "ok": True, "findings": [], "summary": "s", "facts": {"param_groups": rows}}
+    sent = len(_json.dumps(report))
+    assert sent > 256 << 10
+    (tmp_path / "case.py").write_text(_forging(report))
+    r = await client.call_tool("audit_training", {"target": {"project_dir": str(tmp_path), "model": "case.py",
+                                                              "timeout_s": 60}, "steps": 4})
+    assert not r.is_error, _text(r)
+    groups = r.structured_content["facts"]["param_groups"]
+    assert all(len(g.get(k, [])) <= 4 for g in groups for k in ("lr_as_applied", "grad_norm_at_step", "update_ratio")), groups
+    images = [base64.b64decode(c.data) for c in r.content if getattr(c, "type", "") == "image"]
+    answer = len(_json.dumps(r.structured_content)) + sum(len(i) for i in images) + len(_text(r))
+    assert images and images[0].startswith(b"<svg"), r.content
+    assert answer < 64 << 10, f"{answer} bytes answered for {sent} bytes the child sent"
+
+
+# --- 9. what the answer says about isolation is the server's own measurement ------------------------------------------
+
+@pytest.mark.anyio
+async def test_the_child_cannot_put_isolation_claims_anywhere_in_the_answer(client, tmp_path):
+    from test_sandbox_hostile import _forging
+
+    claim = {"verified_by_server": {"identity": "FORGED all good", "syscalls": "FORGED"}}
+    facts = {"sandbox": {"child": "FORGED", "isolation": claim}, "isolation": claim,
+             "steps": {"sandbox": {"isolation": claim}, "param_groups": []}, "notes": [{"isolation": "FORGED"}]}
+    report = {"tool": "inspect_parameters", "ok": True, "findings": [], "summary": "s", "facts": facts}
+    (tmp_path / "case.py").write_text(_forging(report))
+    r = await client.call_tool("inspect_parameters", {"target": {"project_dir": str(tmp_path), "model": "case.py"}})
+    sc = r.structured_content
+    sandbox = dict(sc["facts"]["sandbox"])
+    tails = sandbox.pop("stdout_tail") + sandbox.pop("stderr_tail")  # what the child printed: its own words, as such
+    assert "FORGED" in tails  # (it did print the claim: the forgery went out on every descriptor it had)
+    rest = {k: v for k, v in sc["facts"].items() if k != "sandbox"}
+    assert "FORGED" not in str(rest) and "FORGED" not in str(sandbox), (rest, sandbox)
+    assert sandbox["isolation"]["verified_by_server"]["identity"].startswith("uid "), sandbox["isolation"]
+    # a report whose facts are not even an object is still answered, with the server's account
+    (tmp_path / "case.py").write_text(_forging({**report, "facts": ["FORGED"]}))
+    r = await client.call_tool("inspect_parameters", {"target": {"project_dir": str(tmp_path), "model": "case.py"}})
+    assert not r.is_error and "verified_by_server" in r.structured_content["facts"]["sandbox"]["isolation"], _text(r)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import anyio
+
 from gradprobe.errors import ToolInputError
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
@@ -32,9 +34,13 @@ async def execute(
     """Run `tool` on `target` in a fresh sandboxed child (a cold local one unless `executor` says otherwise;
     `limits` overrides the executor's; `interpreters` is what the server accepts). Raises ToolInputError for caller
     mistakes."""
-    try:
+    def look() -> Interpreter:  # file-system work (and maybe `conda env list`): off the event loop
         target.check_paths()
-        interp = choose(target.python, target.project_dir, interpreters)
+        return choose(target.python, target.project_dir, interpreters)
+
+    try:
+        with anyio.CancelScope(shield=True):  # the interpreter it returns holds open files: always closed below
+            interp = await anyio.to_thread.run_sync(look)
     except ValueError as exc:
         raise ToolInputError(str(exc)) from exc
     executor = executor or LocalExecutor(limits)
@@ -64,9 +70,7 @@ async def _execute(tool: str, target: Target, options: dict[str, Any] | None, in
             raise ToolInputError(f"python {interp.path} ({interp.reason}): {outcome.tool_error}; {HOW_TO_NAME}")
         raise ToolInputError(outcome.tool_error)
     if outcome.report is not None and not outcome.timed_out:
-        report = outcome.report
-        report.setdefault("facts", {})["sandbox"] = sandbox
-        return annotate(report, interp)
+        return annotate(server_account(outcome.report, sandbox), interp)
     fate = _fate(outcome, target, interp)
     if outcome.oom and fate.cause == "died":  # a resource limit, measured by the cgroup: neither the code's error nor ours
         cap = (limits or executor.limits).memory_bytes
@@ -80,6 +84,29 @@ async def _execute(tool: str, target: Target, options: dict[str, Any] | None, in
                              ["The target could not be checked."])
     report["facts"]["sandbox"] = sandbox
     return annotate(report, interp)
+
+
+CLAIMS = ("sandbox", "isolation", "verified_by_server")  # keys only the server's own account may hold
+
+
+def _drop_claims(value: Any, depth: int = 0) -> Any:
+    if depth > 32:
+        return None
+    if isinstance(value, dict):
+        return {k: _drop_claims(v, depth + 1) for k, v in value.items() if k not in CLAIMS}
+    if isinstance(value, list):
+        return [_drop_claims(v, depth + 1) for v in value]
+    return value
+
+
+def server_account(report: dict[str, Any], sandbox: dict[str, Any]) -> dict[str, Any]:
+    """The child's report with the server's own account of the call in facts.sandbox. The child writes its own
+    result (the user's code runs in that process), so whatever it wrote about the sandbox or isolation, at any depth
+    of its facts, is dropped: what the answer says about isolation is only what the server applied and verified."""
+    facts = report.get("facts")
+    report["facts"] = _drop_claims(facts) if isinstance(facts, dict) else {}
+    report["facts"]["sandbox"] = sandbox
+    return report
 
 
 def _fate(outcome: ChildOutcome, target: Target, interp: Interpreter) -> ChildFate:

@@ -462,10 +462,8 @@ class _ChildCall:
         exited, res = self.exited, self.results
         assert exited is not None
         code = exited.result() if exited.done() and not exited.cancelled() and exited.exception() is None else None
-        report, tool_error = res.report, res.tool_error
-        if report is not None:  # the isolation facts are the server's: whatever the child wrote there is dropped
-            report.setdefault("facts", {}).pop("isolation", None)
-        if self.confined.refused:
+        report, tool_error = res.report, res.tool_error  # its isolation claims are dropped where it is turned into an
+        if self.confined.refused:                         # answer (call.py: the account is the server's own)
             tool_error, report = self.confined.refused, None
         return ChildOutcome(
             report=report, tool_error=tool_error, tool_error_kind=res.tool_error_kind, phase=res.phase,

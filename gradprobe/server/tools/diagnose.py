@@ -36,15 +36,15 @@ the checks run on the step after them (one run of the script).
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}}}"""
 
 
-def _picture(report: dict) -> list:
+def _picture(report: dict, steps: int = 0) -> list:
     facts = report.get("facts") or {}
+    chart = steps_picture({"facts": facts["steps"]}, steps or 1) if isinstance(facts.get("steps"), dict) else []
     graph = facts.get("flow")
     if not graph:
         facts.pop("mermaid", None)
-        return []
+        return chart
     facts["mermaid"] = flow_mermaid(graph)  # made here from the checked graph, never the child's own text
     svg = flow_svg(graph).encode()
-    chart = steps_picture({"facts": facts["steps"]}) if isinstance(facts.get("steps"), dict) else []
     return [ImageContent(type="image", data=base64.b64encode(svg).decode(), mime_type="image/svg+xml"), *chart]
 
 
@@ -57,4 +57,5 @@ def register(server: MCPServer, runtime: Runtime) -> None:
             "0 (default): one observed step. N > 0: also run N real training steps, observed (audit_training's "
             "checks), and merge their findings."))] = 0,
     ) -> Annotated[CallToolResult, Report]:
-        return await call_tool(runtime, "diagnose", target, {"steps": steps} if steps else {}, ctx, post=_picture)
+        return await call_tool(runtime, "diagnose", target, {"steps": steps} if steps else {}, ctx,
+                               post=lambda report: _picture(report, steps))
