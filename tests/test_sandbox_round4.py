@@ -401,3 +401,120 @@ async def test_the_child_cannot_put_isolation_claims_anywhere_in_the_answer(clie
     (tmp_path / "case.py").write_text(_forging({**report, "facts": ["FORGED"]}))
     r = await client.call_tool("inspect_parameters", {"target": {"project_dir": str(tmp_path), "model": "case.py"}})
     assert not r.is_error and "verified_by_server" in r.structured_content["facts"]["sandbox"]["isolation"], _text(r)
+
+
+# --- 7. a root-owned private file in an allowed root stays private -----------------------------------------------------
+
+READER = """import torch.nn as nn
+def build_model():
+    seen = []
+    for path in {paths!r}:
+        try:
+            seen.append(open(path).read().strip())
+        except OSError as exc:
+            seen.append(type(exc).__name__)
+    raise ValueError('READ[' + '|'.join(seen) + ']')
+"""
+
+
+def _private_root(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """An allowed root holding a root-owned 0600 file (the operator's) and a world-readable one, and a caller's project."""
+    root = tmp_path / "root"
+    (root / "proj").mkdir(parents=True)
+    os.chmod(tmp_path, 0o755)
+    secret, public = root / "operator.secret", root / "public.txt"
+    secret.write_text("OPERATOR-SECRET")
+    secret.chmod(0o600)
+    public.write_text("PUBLIC-TEXT")
+    public.chmod(0o644)
+    (root / "proj" / "case.py").write_text(READER.format(paths=[str(secret), str(public)]))
+    return root, secret, public
+
+
+def _read_back(result) -> str:
+    sc = result.structured_content
+    return _text(result) if result.is_error else sc["findings"][0]["message"]
+
+
+@ROOT_ONLY
+@pytest.mark.anyio
+async def test_a_private_file_in_an_allowed_root_stays_private_over_stdio(tmp_path):
+    root, secret, public = _private_root(tmp_path)
+    async with Client(server_params(args=("--allow-root", str(root))), read_timeout_seconds=300) as c:
+        target = {"project_dir": str(root / "proj"), "model": "case.py", "read_paths": [str(root)]}
+        r = await c.call_tool("inspect_parameters", {"target": target})
+        seen = _read_back(r)
+        assert "OPERATOR-SECRET" not in seen and "READ[PermissionError|PUBLIC-TEXT]" in seen, seen
+        r = await c.call_tool("inspect_parameters", {"target": {**target, "read_paths": [str(secret)]}})
+        assert r.is_error and "not readable by the call" in _text(r) and "OPERATOR-SECRET" not in _text(r), _text(r)
+
+
+@ROOT_ONLY
+def test_a_private_file_in_an_allowed_root_stays_private_over_http(tmp_path):
+    root, secret, public = _private_root(tmp_path)
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    proc, url = _http_server(keys, "--allow-root", str(root), tokens="alice:alice-secret-token\n", cwd=tmp_path)
+    try:
+        wait_healthy(url, proc)
+        results = []
+        for target in ({"project_dir": str(root / "proj"), "model": "case.py", "read_paths": [str(root)]},
+                       {"project_dir": str(root), "model": "proj/case.py"},
+                       {"project_dir": str(root / "proj"), "model": "case.py", "read_paths": [str(secret)]}):
+            results.append(anyio.run(_http_call, url, "alice-secret-token", "inspect_parameters", {"target": target}))
+    finally:
+        _stop(proc)
+    seen = [_read_back(r) for r in results]
+    assert not any("OPERATOR-SECRET" in s for s in seen), seen
+    assert "READ[PermissionError|PUBLIC-TEXT]" in seen[0] and "READ[PermissionError|PUBLIC-TEXT]" in seen[1], seen
+    assert results[2].is_error and "not readable by the call" in seen[2], seen
+
+
+# --- 8. roots belong to tokens -----------------------------------------------------------------------------------------
+
+def test_two_users_roots_on_one_server_stay_apart(tmp_path):
+    """alice:TOKEN ROOT in the token file: each user's calls read only their own roots (bob once read alice's data
+    through read_paths on a server whose roots held both)."""
+    os.chmod(tmp_path, 0o755)
+    home = tmp_path / "code"
+    for user in ("alice", "bob"):
+        (home / user / "proj").mkdir(parents=True)
+        (home / user / "data").mkdir()
+        (home / user / "data" / "notes.txt").write_text(f"{user.upper()}-DATA")
+        (home / user / "proj" / "case.py").write_text(READER.format(paths=[str(home / u / "data" / "notes.txt")
+                                                                            for u in ("alice", "bob")]))
+    tokens = f"alice:alice-secret-token {home / 'alice'}\nbob:bob-secret-token {home / 'bob'}\ncarol:carol-secret-token\n"
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    proc, url = _http_server(keys, "--allow-root", str(home), tokens=tokens, cwd=tmp_path)
+
+    def as_user(user: str, **target):
+        return anyio.run(_http_call, url, f"{user}-secret-token", "inspect_parameters", {"target": target})
+
+    try:
+        wait_healthy(url, proc)
+        bob_reads_alice = as_user("bob", project_dir=str(home / "bob" / "proj"), model="case.py",
+                                  read_paths=[str(home / "alice" / "data")])
+        bob_in_alice = as_user("bob", project_dir=str(home / "alice" / "proj"), model="case.py")
+        alice_own = as_user("alice", project_dir=str(home / "alice" / "proj"), model="case.py",
+                            read_paths=[str(home / "alice" / "data")])
+        carol_shared = as_user("carol", project_dir=str(home / "bob" / "proj"), model="case.py",
+                               read_paths=[str(home / "alice" / "data")])
+    finally:
+        _stop(proc)
+    for r in (bob_reads_alice, bob_in_alice):
+        assert r.is_error and "outside the roots" in _text(r) and "ALICE-DATA" not in _text(r), _text(r)
+        assert str(home / "alice") not in _text(r).split("may read:")[-1], _text(r)  # bob is told only his own roots
+    assert "READ[ALICE-DATA|FileNotFoundError]" in _read_back(alice_own), _read_back(alice_own)
+    assert "ALICE-DATA" in _read_back(carol_shared)  # a user without roots of their own has the server's
+
+
+def test_the_token_file_inside_a_root_is_refused(tmp_path):
+    proc, url = _http_server(tmp_path, "--allow-root", str(tmp_path), tokens="alice:alice-secret-token\n", cwd=tmp_path)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        _stop(proc)
+    assert code == 2 and "inside a root" in (tmp_path / "server.err").read_text()

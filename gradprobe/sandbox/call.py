@@ -30,10 +30,11 @@ async def execute(
     limits: Limits | None = None,
     executor: Executor | None = None,
     interpreters: InterpreterPolicy | None = None,
+    roots: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run `tool` on `target` in a fresh sandboxed child (a cold local one unless `executor` says otherwise;
-    `limits` overrides the executor's; `interpreters` is what the server accepts). Raises ToolInputError for caller
-    mistakes."""
+    `limits` overrides the executor's; `interpreters` is what the server accepts; `roots` the caller's roots, when
+    they are not the executor's own). Raises ToolInputError for caller mistakes."""
     def look() -> Interpreter:  # file-system work (and maybe `conda env list`): off the event loop
         target.check_paths()
         return choose(target.python, target.project_dir, interpreters)
@@ -47,23 +48,24 @@ async def execute(
     if target.memory_gb:  # the target's own cap (the server checked it against its ceiling)
         limits = dataclasses.replace(limits or executor.limits, memory_bytes=int(target.memory_gb * GIB))
     try:
-        report = await _execute(tool, target, options, interp, progress, limits, executor)
+        report = await _execute(tool, target, options, interp, progress, limits, executor, roots)
     finally:
         interp.close()
-    roots = interpreters.roots if interpreters else ()
-    return add_lines(report, outside_view(report, target, roots), memory_hint(report, (limits or executor.limits).memory_bytes))
+    shown = tuple(roots) if roots is not None else interpreters.roots if interpreters else ()
+    return add_lines(report, outside_view(report, target, shown), memory_hint(report, (limits or executor.limits).memory_bytes))
 
 
 async def _execute(tool: str, target: Target, options: dict[str, Any] | None, interp: Interpreter,
-                   progress: ProgressFn | None, limits: Limits | None, executor: Executor) -> dict[str, Any]:
+                   progress: ProgressFn | None, limits: Limits | None, executor: Executor,
+                   roots: list[str] | None) -> dict[str, Any]:
     job = Job(tool=tool, target=target.model_dump(), options=options or {})
     # a local child runs exactly the file resolved here; a remote one (Ray) resolves the path again on its machine
     if isinstance(executor, LocalExecutor):
         outcome = await executor.run(job, python=None if interp.is_server else interp, timeout_s=target.timeout_s,
-                                     progress=progress, limits=limits)
+                                     progress=progress, limits=limits, allowed_roots=roots)
     else:
         outcome = await executor.run(job, python=None if interp.is_server else interp.path, timeout_s=target.timeout_s,
-                                     progress=progress, limits=limits)
+                                     progress=progress, limits=limits, allowed_roots=roots)
     sandbox = _sandbox_facts(outcome, target)
     if outcome.tool_error is not None:
         if outcome.tool_error_kind == "interpreter":

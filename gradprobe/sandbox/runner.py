@@ -232,6 +232,7 @@ def make_policy(job: Job, limits: Limits, *, scratch: str, python: Interpreter |
         python=python.real if python else None, python_exec=python.exec_spec() if python else None,
         extra_ro=[],
         read_paths=[str(p) for p in job.target.get("read_paths") or []],  # bound per call, like the project
+        idmap_data=not allowed_roots,  # with roots, what a root-owned private file in them says stays private
         scratch_bytes=limits.scratch_bytes, shm_bytes=limits.shm_bytes,
         devices=_gpu_devices() if device.startswith("cuda") or device == "auto" else [],
         limits=limits.for_child(timeout_s, device),

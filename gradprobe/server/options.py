@@ -95,6 +95,7 @@ class ServeOptions:
     allowed_roots: tuple[str, ...] = ()  # empty: no limit over stdio; the working directory over HTTP
     allowed_pythons: tuple[str, ...] = ()
     allowed_env: tuple[str, ...] = ()  # variable names a target's `env` may set over HTTP
+    user_roots: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (user, that user's own roots) from the token file
     max_memory_bytes: int | None = None  # the ceiling a target's `memory_gb` may ask for (None: the machine's default)
     limits: Limits = field(default_factory=Limits)
     executor: str = "local"  # or "ray"
@@ -117,14 +118,20 @@ class ServeOptions:
             return [os.path.realpath(r) for r in self.allowed_roots]
         return [os.path.realpath(os.getcwd())] if self.http is not None else []
 
+    def roots_for(self, caller: str) -> list[str]:
+        """The roots one caller's calls may read: that user's own from the token file, else the server's."""
+        own = dict(self.user_roots).get(caller)
+        return [os.path.realpath(r) for r in own] if own else self.roots
+
     @property
     def memory_ceiling(self) -> int:
         return max(self.max_memory_bytes or default_memory_bytes(), self.limits.memory_bytes or 0)
 
-    def refuse(self, target: Any) -> str | None:
+    def refuse(self, target: Any, roots: list[str] | None = None) -> str | None:
         """Why this server will not run a target's own settings (read_paths, env, memory_gb), or None. Over HTTP (or with
-        allowed roots), read_paths only inside the roots; over HTTP, env only with names the operator allowed."""
-        roots = self.roots
+        allowed roots), read_paths only inside the roots (the caller's: `roots`); over HTTP, env only with names the
+        operator allowed."""
+        roots = self.roots if roots is None else roots
         for path in target.read_paths:
             if roots and not resolved_inside(path, roots):
                 return f"read_paths: {path!r} is outside the roots this server may read: {', '.join(roots)}"

@@ -9,6 +9,7 @@ are ahead of it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 import os
@@ -18,6 +19,7 @@ import anyio
 
 from gradprobe.sandbox.cgroups import clean_stale
 from gradprobe.sandbox.executor import Executor
+from gradprobe.sandbox.interpreter import InterpreterPolicy
 from gradprobe.sandbox.roots import resolved_inside
 from gradprobe.errors import ToolInputError
 from gradprobe.sandbox.protocol import PROGRESS_STEPS as PHASES
@@ -63,20 +65,32 @@ class Runtime:
     def phase_index(self, phase: str) -> float:
         return float(PHASES.index(phase) + 1) if phase in PHASES else self.phase_total
 
-    def check_target(self, target: Any) -> None:
+    def roots_for(self, caller: str) -> list[str]:
+        """The roots `caller`'s calls may read: their own from the token file, else the server's (ServeOptions)."""
+        return self.options.roots_for(caller)
+
+    def interpreters_for(self, caller: str) -> InterpreterPolicy:
+        """Which interpreters `caller`'s calls accept: the server's policy, over that caller's roots."""
+        roots = tuple(self.roots_for(caller))
+        if roots == self.interpreters.roots:
+            return self.interpreters
+        return dataclasses.replace(self.interpreters, roots=roots, strict=self.interpreters.strict or bool(roots))
+
+    def check_target(self, target: Any, caller: str = "local") -> None:
         """Refuse, before any child starts and before anything about the path is looked at, a project or a model
-        file outside every allowed root (symlinks and .. resolved): one answer whether it exists or not. The child
-        checks the project again on the directory it opens (confine.py)."""
-        refused = self.options.refuse(target)  # the target's read_paths, env and memory_gb
+        file outside every root of this caller (symlinks and .. resolved): one answer whether it exists or not. The
+        child checks the project again on the directory it opens (confine.py)."""
+        roots = self.roots_for(caller)
+        refused = self.options.refuse(target, roots)  # the target's read_paths, env and memory_gb
         if refused:
             raise ToolInputError(refused)
-        if not self.allowed_roots:
+        if not roots:
             return
         refs = [getattr(target, f) for f in ("model", "inputs", "loss", "optimizer", "train_step")]
         files = [os.path.join(target.project_dir, r.partition(":")[0]) for r in refs if r and r.partition(":")[0].endswith(".py")]
         for path in [target.project_dir, *files]:
-            if not os.path.isabs(target.project_dir) or not resolved_inside(path, self.allowed_roots):
-                raise ToolInputError(f"{path!r} is outside the roots this server may read: {', '.join(self.allowed_roots)}")
+            if not os.path.isabs(target.project_dir) or not resolved_inside(path, roots):
+                raise ToolInputError(f"{path!r} is outside the roots this server may read: {', '.join(roots)}")
         # the interpreter (named or found) is checked where it is resolved, once: sandbox/interpreter.py
 
     def _can_run(self, caller: str) -> bool:
