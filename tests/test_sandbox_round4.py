@@ -518,3 +518,145 @@ def test_the_token_file_inside_a_root_is_refused(tmp_path):
     finally:
         _stop(proc)
     assert code == 2 and "inside a root" in (tmp_path / "server.err").read_text()
+
+
+# --- 5. memory is one budget for all checks together ------------------------------------------------------------------
+
+SPAN = """import resource, time
+import torch.nn as nn
+def build_model():
+    t0 = time.time()
+    time.sleep(2.5)
+    raise ValueError(f'SPAN[{t0:.3f} {time.time():.3f} {resource.getrlimit(resource.RLIMIT_AS)[0]}]')
+"""
+
+
+def _span(result) -> tuple[float, float, int]:
+    text = _read_back(result)
+    assert "SPAN[" in text, text
+    a, b, cap = text.split("SPAN[", 1)[1].split("]", 1)[0].split()
+    return float(a), float(b), int(cap)
+
+
+def _mem_total() -> int:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemTotal")
+
+
+@pytest.mark.anyio
+async def test_the_default_caps_of_the_checks_that_may_run_at_once_fit_in_the_machine(client, tmp_path):
+    """Each check's default cap times the checks that run at once (one per core by default) is within the machine's
+    memory (the old default let each take the machine's memory less a quarter: 35 GiB of checks on 23.5 GiB)."""
+    r = await client.call_tool("inspect_parameters", {"target": {"project_dir": project(tmp_path, SPAN.replace(
+        "time.sleep(2.5)", "pass")), "model": "case.py"}})
+    _, _, cap = _span(r)
+    assert cap * (os.cpu_count() or 2) <= _mem_total(), (cap, os.cpu_count(), _mem_total())
+
+
+@pytest.mark.anyio
+async def test_checks_asking_for_more_than_the_budget_together_wait_and_one_beyond_it_is_refused(tmp_path):
+    for name in ("a", "b", "c", "d"):
+        (tmp_path / name).mkdir()
+        project(tmp_path / name, SPAN)
+    args = ("--memory-budget-gb", "3", "--max-concurrent", "2")
+    async with Client(server_params(args=args), read_timeout_seconds=300) as c:
+        async def one(name: str, **extra):
+            target = {"project_dir": str(tmp_path / name), "model": "case.py", **extra}
+            return await c.call_tool("inspect_parameters", {"target": target})
+
+        default = _span(await one("a"))
+        assert default[2] == int(1.5 * (1 << 30)), default  # the budget over the two slots
+        results: dict[str, object] = {}
+
+        async def run(name: str, gb: float) -> None:
+            results[name] = await one(name, memory_gb=gb)
+
+        async with anyio.create_task_group() as tg:  # 2 + 2 GB > 3 GB: one waits for the other
+            tg.start_soon(run, "a", 2)
+            tg.start_soon(run, "b", 2)
+        (a0, a1, _), (b0, b1, _) = _span(results["a"]), _span(results["b"])
+        assert a1 <= b0 or b1 <= a0, ("overlapped", a0, a1, b0, b1)
+        async with anyio.create_task_group() as tg:  # 1 + 1 GB fit: both run at once
+            tg.start_soon(run, "c", 1)
+            tg.start_soon(run, "d", 1)
+        (c0, c1, _), (d0, d1, _) = _span(results["c"]), _span(results["d"])
+        assert c0 < d1 and d0 < c1, ("did not overlap", c0, c1, d0, d1)
+        r = await one("a", memory_gb=4)
+        assert r.is_error and "3.0 GB" in _text(r) and "--memory-budget-gb" in _text(r), _text(r)
+
+
+# --- 6. the calls' cgroups are bounded by the server's own ------------------------------------------------------------
+
+CHARGE = """import resource
+import torch.nn as nn
+def build_model():
+    blob = b'x' * (1 << 30)
+    groups = open('/proc/self/cgroup').read().replace('\\n', ';')
+    raise ValueError(f'CG[{groups}] AS[{resource.getrlimit(resource.RLIMIT_AS)[0]}] {len(blob)}')
+"""
+
+
+def _remove_group_tree(group: Path, top: Path) -> None:
+    deadline = time.monotonic() + 20
+    while group.exists() and time.monotonic() < deadline:
+        for d, _, _ in sorted(os.walk(group), key=lambda x: -len(x[0])):
+            try:
+                for pid in open(os.path.join(d, "cgroup.procs")).read().split():
+                    try:
+                        open(top / "cgroup.procs", "w").write(pid)
+                    except OSError:
+                        pass
+                os.rmdir(d)
+            except OSError:
+                pass
+        time.sleep(0.2)
+
+
+@ROOT_ONLY
+@pytest.mark.anyio
+async def test_a_server_in_a_memory_limited_cgroup_keeps_its_calls_inside_it(tmp_path):
+    """The server started in a group with an 8 GiB limit (as under systemd's MemoryMax=): a call's gigabyte is charged
+    to that group (v1: its subtree is made below the server's own group; pure v2: the limit is copied onto the
+    subtree), and the default cap is sized from it (8 GiB less 2 for the server, over the slots)."""
+    v1 = Path("/sys/fs/cgroup/memory")
+    top = v1 if (v1 / "memory.limit_in_bytes").exists() else Path("/sys/fs/cgroup")
+    limit_file = "memory.limit_in_bytes" if top == v1 else "memory.max"
+    group = top / f"gradprobe-test-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        group.mkdir()
+        (group / limit_file).write_text(str(8 << 30))
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup here: {exc}")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "case.py").write_text(CHARGE)
+    small = tmp_path / "small"
+    small.mkdir()
+    project(small, "def build_model():\n    return nn.Linear(3, 1)\n")
+    params = server_params()
+    params.command, params.args = "/bin/sh", ["-c", f'echo $$ > {group}/cgroup.procs && exec "$0" -m gradprobe serve',
+                                              sys.executable]
+    try:
+        async with Client(params, read_timeout_seconds=300) as c:
+            await c.call_tool("inspect_parameters", {"target": {"project_dir": str(small), "model": "case.py"}})
+            if top == v1:
+                (group / "memory.max_usage_in_bytes").write_text("0")  # the peak from here on
+                before = int((group / "memory.usage_in_bytes").read_text())
+            r = await c.call_tool("inspect_parameters", {"target": {"project_dir": str(proj), "model": "case.py"}})
+            text = _read_back(r)
+            assert "CG[" in text, text
+            if top == v1:
+                peak = int((group / "memory.max_usage_in_bytes").read_text())
+                assert peak - before >= 900 << 20, f"the call's gigabyte was charged elsewhere ({(peak - before) >> 20} MiB)"
+                mine = [p for p in text.split("CG[", 1)[1].split("]", 1)[0].split(";") if ":memory:" in p]
+                assert mine and mine[0].split(":", 2)[2].startswith(f"/{group.name}/"), mine
+            else:
+                subtrees = list((top / "gradprobe").glob("srv-*/memory.max"))
+                assert subtrees and all(int(p.read_text().split()[0]) <= 8 << 30 for p in subtrees
+                                        if p.read_text().strip() != "max"), subtrees
+            cap = int(text.split("AS[", 1)[1].split("]", 1)[0])
+            assert cap == (6 << 30) // (os.cpu_count() or 2), cap
+    finally:
+        _remove_group_tree(group, top)

@@ -75,6 +75,7 @@ class CgroupSpec(WireModel):
     memory_bytes: int | None = None
     pids: int = 512
     server: str
+    parents: dict[str, str] = Field(default_factory=dict)  # where the server's subtree is, per hierarchy (cgroup_tree)
 
 
 @model

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 
 from gradprobe.render import clean
+from gradprobe.sandbox.cgroup_tree import placement
 from gradprobe.sandbox.cgroups import CallCgroup, server_dir_name
 from gradprobe.sandbox.interpreter import Interpreter, InterpreterError, resolve
 from gradprobe.sandbox.isolation import become_subreaper
@@ -223,8 +224,8 @@ def make_policy(job: Job, limits: Limits, *, scratch: str, python: Interpreter |
     device = job.target.get("device") or "cpu"
     return Policy(
         enabled=limits.isolate, require=limits.require_isolation,
-        cgroup_spec=CgroupSpec(memory_bytes=limits.memory_bytes, pids=limits.pids, server=server_dir_name())
-        if limits.isolate else None,
+        cgroup_spec=CgroupSpec(memory_bytes=limits.memory_bytes, pids=limits.pids, server=server_dir_name(),
+                               parents=dict(placement().parents)) if limits.isolate else None,
         project_dir=job.target.get("project_dir"), allowed_roots=[os.path.realpath(r) for r in allowed_roots or []],
         package_root=PACKAGE_ROOT, scratch=scratch,
         # the interpreter, resolved once: the launcher executes exactly that open file, and only the installation

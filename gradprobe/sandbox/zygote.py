@@ -240,7 +240,7 @@ def _cgroup_for(policy: Policy) -> CallCgroup | None:
         return None
     from gradprobe.sandbox.cgroups import CallCgroup
 
-    return CallCgroup(spec.memory_bytes, spec.pids or 512, server=spec.server)
+    return CallCgroup(spec.memory_bytes, spec.pids or 512, server=spec.server, parents=spec.parents or None)
 
 
 def _joined(group: CallCgroup) -> dict[str, Any]:

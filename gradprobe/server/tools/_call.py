@@ -72,7 +72,7 @@ async def call_tool(runtime: Runtime, tool: str, target: Target, options: dict[s
     caller = _caller()
     try:
         await anyio.to_thread.run_sync(runtime.check_target, target, caller)  # realpath and friends: off the loop
-        async with runtime.slot(ctx, caller):
+        async with runtime.slot(ctx, caller, runtime.memory_for(target)):
             report = await execute(tool, target, options, progress=progress, executor=runtime.executor,
                                    interpreters=runtime.interpreters_for(caller), roots=runtime.roots_for(caller))
         outcome = "ok" if report.get("ok") else "findings"
