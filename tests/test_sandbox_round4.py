@@ -117,7 +117,8 @@ async def test_a_planted_gconv_module_never_runs_outside_the_sandbox_over_stdio(
     assert not marker.exists(), marker.read_text()
 
 
-def test_a_planted_gconv_module_never_runs_outside_the_sandbox_over_http(tmp_path):
+@pytest.mark.anyio
+async def test_a_planted_gconv_module_never_runs_outside_the_sandbox_over_http(tmp_path):
     proj = tmp_path / "proj"
     proj.mkdir()
     os.chmod(tmp_path, 0o755)
@@ -134,7 +135,7 @@ def test_a_planted_gconv_module_never_runs_outside_the_sandbox_over_http(tmp_pat
         if code is None:  # (the old server started: show what a call then does)
             wait_healthy(url, proc)
             target = {"project_dir": str(proj), "model": "case.py", "env": env, "python": sys.executable}
-            anyio.run(_http_call, url, None, "inspect_parameters", {"target": target})
+            await _http_call(url, None, "inspect_parameters", {"target": target})
     finally:
         _stop(proc)
     err = (tmp_path / "server.err").read_text()
@@ -278,7 +279,8 @@ async def test_an_environment_planted_in_a_shared_parent_or_by_another_user_neve
         assert any("skipped" in x and f"owned by uid {intruder}" in x for x in looked), looked
 
 
-def test_over_http_the_search_never_goes_above_the_project(tmp_path, intruder):
+@pytest.mark.anyio
+async def test_over_http_the_search_never_goes_above_the_project(tmp_path, intruder):
     root = tmp_path / "root"
     root.mkdir()
     (root / ".git").mkdir()
@@ -290,7 +292,7 @@ def test_over_http_the_search_never_goes_above_the_project(tmp_path, intruder):
     proc, url = _http_server(tmp_path, "--allow-root", str(root), cwd=tmp_path)
     try:
         wait_healthy(url, proc)
-        r = anyio.run(_http_call, url, None, "inspect_parameters", {"target": target})
+        r = await _http_call(url, None, "inspect_parameters", {"target": target})
     finally:
         _stop(proc)
     sc = r.structured_content
@@ -308,7 +310,8 @@ def _peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def test_a_huge_model_file_neither_bloats_nor_stalls_the_server(tmp_path):
+@pytest.mark.anyio
+async def test_a_huge_model_file_neither_bloats_nor_stalls_the_server(tmp_path):
     """A 512 MiB sparse case.py: the server's peak memory does not grow by it, and /health is answered while the call
     is in progress (the old server read and parsed the whole file on its event loop: +1 GiB, every caller stalled)."""
     root = tmp_path / "root"
@@ -337,7 +340,7 @@ def test_a_huge_model_file_neither_bloats_nor_stalls_the_server(tmp_path):
         thread = threading.Thread(target=poll, daemon=True)
         started = time.monotonic()
         thread.start()
-        r = anyio.run(_http_call, url, None, "inspect_parameters", {"target": {"project_dir": str(root), "model": "case.py"}})
+        r = await _http_call(url, None, "inspect_parameters", {"target": {"project_dir": str(root), "model": "case.py"}})
         finished = time.monotonic()
         stop.set()
         thread.join()
@@ -450,7 +453,8 @@ async def test_a_private_file_in_an_allowed_root_stays_private_over_stdio(tmp_pa
 
 
 @ROOT_ONLY
-def test_a_private_file_in_an_allowed_root_stays_private_over_http(tmp_path):
+@pytest.mark.anyio
+async def test_a_private_file_in_an_allowed_root_stays_private_over_http(tmp_path):
     root, secret, public = _private_root(tmp_path)
     keys = tmp_path / "keys"
     keys.mkdir()
@@ -461,7 +465,7 @@ def test_a_private_file_in_an_allowed_root_stays_private_over_http(tmp_path):
         for target in ({"project_dir": str(root / "proj"), "model": "case.py", "read_paths": [str(root)]},
                        {"project_dir": str(root), "model": "proj/case.py"},
                        {"project_dir": str(root / "proj"), "model": "case.py", "read_paths": [str(secret)]}):
-            results.append(anyio.run(_http_call, url, "alice-secret-token", "inspect_parameters", {"target": target}))
+            results.append(await _http_call(url, "alice-secret-token", "inspect_parameters", {"target": target}))
     finally:
         _stop(proc)
     seen = [_read_back(r) for r in results]
@@ -472,7 +476,8 @@ def test_a_private_file_in_an_allowed_root_stays_private_over_http(tmp_path):
 
 # --- 8. roots belong to tokens -----------------------------------------------------------------------------------------
 
-def test_two_users_roots_on_one_server_stay_apart(tmp_path):
+@pytest.mark.anyio
+async def test_two_users_roots_on_one_server_stay_apart(tmp_path):
     """alice:TOKEN ROOT in the token file: each user's calls read only their own roots (bob once read alice's data
     through read_paths on a server whose roots held both)."""
     os.chmod(tmp_path, 0o755)
@@ -488,17 +493,17 @@ def test_two_users_roots_on_one_server_stay_apart(tmp_path):
     keys.mkdir()
     proc, url = _http_server(keys, "--allow-root", str(home), tokens=tokens, cwd=tmp_path)
 
-    def as_user(user: str, **target):
-        return anyio.run(_http_call, url, f"{user}-secret-token", "inspect_parameters", {"target": target})
+    async def as_user(user: str, **target):
+        return await _http_call(url, f"{user}-secret-token", "inspect_parameters", {"target": target})
 
     try:
         wait_healthy(url, proc)
-        bob_reads_alice = as_user("bob", project_dir=str(home / "bob" / "proj"), model="case.py",
+        bob_reads_alice = await as_user("bob", project_dir=str(home / "bob" / "proj"), model="case.py",
                                   read_paths=[str(home / "alice" / "data")])
-        bob_in_alice = as_user("bob", project_dir=str(home / "alice" / "proj"), model="case.py")
-        alice_own = as_user("alice", project_dir=str(home / "alice" / "proj"), model="case.py",
+        bob_in_alice = await as_user("bob", project_dir=str(home / "alice" / "proj"), model="case.py")
+        alice_own = await as_user("alice", project_dir=str(home / "alice" / "proj"), model="case.py",
                             read_paths=[str(home / "alice" / "data")])
-        carol_shared = as_user("carol", project_dir=str(home / "bob" / "proj"), model="case.py",
+        carol_shared = await as_user("carol", project_dir=str(home / "bob" / "proj"), model="case.py",
                                read_paths=[str(home / "alice" / "data")])
     finally:
         _stop(proc)
