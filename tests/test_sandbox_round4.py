@@ -230,7 +230,8 @@ def intruder():
 
 PLANTED = """#!/bin/bash
 job=$(cat | tr -d '"\\\\' | head -c 300)
-printf '{"type": "result", "report": {"tool": "inspect_parameters", "ok": true, "findings": [], "summary": "PLANTED %s", "facts": {}}}\\n' "$job" >&"$GRADPROBE_RESULT_FD"
+head='{"type": "result", "report": {"tool": "inspect_parameters", "ok": true, "findings": [],'
+printf '%s "summary": "PLANTED %s", "facts": {}}}\\n' "$head" "$job" >&"$GRADPROBE_RESULT_FD"
 """
 
 
@@ -665,3 +666,22 @@ async def test_a_server_in_a_memory_limited_cgroup_keeps_its_calls_inside_it(tmp
             assert cap == (6 << 30) // (os.cpu_count() or 2), cap
     finally:
         _remove_group_tree(group, top)
+
+
+# --- one "inside a root" test for the server, the interpreter search and the child ------------------------------------
+
+def test_one_inside_a_root_test_and_slash_is_never_a_root(tmp_path):
+    from gradprobe.sandbox import interpreter, view
+    from gradprobe.sandbox.roots import inside, resolved_inside
+    from gradprobe.server import options, runtime
+
+    assert inside("/srv/code/a", ["/srv/code"]) and inside("/srv/code", ["/srv/code/"])
+    assert not inside("/srv/codex", ["/srv/code"]) and not inside("/etc/shadow", ["/"]) and not inside("/", ["/"])
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert resolved_inside(str(tmp_path / "link" / "x"), [str(tmp_path / "real")])
+    for module in (interpreter, view, runtime, options):  # every site asks the one function
+        assert "inside" in vars(module) or "resolved_inside" in vars(module), module.__name__
+    out = subprocess.run([sys.executable, "-m", "gradprobe", "serve", "--allow-root", "/"], capture_output=True, text=True,
+                         timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and "--allow-root /" in out.stderr, out.stderr
