@@ -61,15 +61,17 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def main(args) -> None:
-    work = Path(tempfile.mkdtemp(prefix="gradprobe-load-"))
+    keys = Path(tempfile.mkdtemp(prefix="gradprobe-load-"))  # the token file, outside every root (the server insists)
+    work = keys / "root"
+    work.mkdir(mode=0o755)  # with roots a call reads its project as others would
     (work / "fast.py").write_text("import torch, torch.nn as nn\ndef build_model():\n    return nn.Linear(4, 2)\n")
     (work / "slow.py").write_text("import time, torch.nn as nn\n"
                                   "def build_model():\n    time.sleep(2.0)\n    return nn.Linear(4, 2)\n")
     users = [f"user{i}" for i in range(args.clients)]
-    (work / "tokens").write_text("".join(f"{u}:{u}-token-{i:04d}\n" for i, u in enumerate(users)))
+    (keys / "tokens").write_text("".join(f"{u}:{u}-token-{i:04d}\n" for i, u in enumerate(users)))
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), "--token-file",
-                               str(work / "tokens"), "--allow-root", str(work)],
+                               str(keys / "tokens"), "--allow-root", str(work)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:

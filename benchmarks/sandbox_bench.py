@@ -8,12 +8,17 @@
     peak RSS; targets <= 5 s and <= 1.5 GiB
 (d) calls per second with N concurrent calls on a small model
 
-    python benchmarks/sandbox_bench.py [--parts abcd] [--calls 6] [--concurrency 1 2 4]
+    python benchmarks/sandbox_bench.py [--parts abcd] [--calls 6] [--concurrency 1 2 4] [--against TREE]
+
+--against TREE (with part a): the same paced warm calls against a server started from another checkout (e.g. the
+tree before a change: `git worktree add /tmp/before HEAD~3`), alternating with this one's over --rounds rounds, so
+both medians come from the same run and the same load; the line gives their ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -45,8 +50,36 @@ COLD_SCRIPT = textwrap.dedent(f"""
 """)
 
 
-def params() -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "gradprobe", "serve"])
+def params(tree: Path = ROOT) -> StdioServerParameters:
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    env["PYTHONPATH"] = str(tree)
+    return StdioServerParameters(command=sys.executable, args=["-m", "gradprobe", "serve"], env=env, cwd=str(tree))
+
+
+async def against(args) -> None:
+    """Paced warm calls to two servers at once, this tree's and another's, alternating call by call: both medians
+    under the same load (the machine is shared: a load that drifts between two separate runs would decide)."""
+    trees = {"this tree": ROOT, args.against: Path(args.against)}
+    times: dict[str, list[float]] = {name: [] for name in trees}
+    loads = []
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {}
+        for name, tree in trees.items():
+            clients[name] = await stack.enter_async_context(Client(params(tree), read_timeout_seconds=600))
+        targets = {name: {"project_dir": str(tree / "examples" / "broken"), "model": "gp101_temperature_tensor.py"}
+                   for name, tree in trees.items()}
+        for name, c in clients.items():
+            for _ in range(3):  # the worker is warm and its spares made
+                await c.call_tool("inspect_parameters", {"target": targets[name]})
+        for i in range(args.calls * args.rounds):
+            loads.append(os.getloadavg()[0])
+            for name in (list(trees) if i % 2 == 0 else list(trees)[::-1]):
+                got, _ = await warm_calls(clients[name], 1, pause_s=0.05, target=targets[name])
+                times[name] += got
+    (mine, theirs) = (statistics.median(v) for v in times.values())
+    print(f"(a') paced warm calls to both servers, alternating, {len(times['this tree'])} each: this tree median "
+          f"{mine * 1000:.0f} ms, {args.against} median {theirs * 1000:.0f} ms: {mine / theirs:.2f}x; "
+          f"load (1 min) {min(loads):.1f}-{max(loads):.1f}")
 
 
 async def start_to_tools_list() -> float:
@@ -101,17 +134,19 @@ async def main(args) -> None:
                     tg.start_soon(one)
             dt = time.perf_counter() - t0
             print(f"(d) {n * 2} calls launched together from one client (server pool: cores): {n * 2 / dt:.1f} calls/s")
+    if args.against and "a" in args.parts:
+        await against(args)
     if os.path.exists("/proc/loadavg"):
         print(f"load average (1, 5, 15 min) at the end: {' '.join(open('/proc/loadavg').read().split()[:3])}")
 
 
-async def warm_calls(c: Client, n: int, pause_s: float):
+async def warm_calls(c: Client, n: int, pause_s: float, target: dict | None = None):
     times, r = [], None
     for _ in range(n):
         if pause_s:
             await anyio.sleep(pause_s)
         t0 = time.perf_counter()
-        r = await c.call_tool("inspect_parameters", {"target": SMALL})
+        r = await c.call_tool("inspect_parameters", {"target": target or SMALL})
         times.append(time.perf_counter() - t0)
         assert r.structured_content["findings"][0]["code"] == "GP101"
     return times, r
@@ -122,4 +157,6 @@ if __name__ == "__main__":
     ap.add_argument("--parts", default="abcd", help="which figures to measure, e.g. --parts a")
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--against", default=None, metavar="TREE", help="another checkout to compare paced warm calls with")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds with --against")
     anyio.run(main, ap.parse_args())

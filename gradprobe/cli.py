@@ -173,11 +173,32 @@ def _print_steps(report: dict) -> None:
         print("\nper parameter group, per optimizer step:\n" + clean(steps_table(groups)))
 
 
+def _refuse_serve_args(args: argparse.Namespace) -> None:
+    """Serving flags that would open a hole are refused before anything starts (exit 2, the reason on stderr)."""
+    import os
+
+    from gradprobe.envrules import refused
+
+    for root in args.allow_root or ():
+        if os.path.realpath(root) == "/":
+            _exit_usage(f"--allow-root {root}: '/' would let callers read the whole machine; name the code's own directory")
+    for name in args.allow_env:
+        why = refused(name)
+        if why:
+            _exit_usage(f"--allow-env {name}: {why.removeprefix('env: ')}, whatever the operator allows")
+
+
+def _exit_usage(message: str) -> NoReturn:
+    print(f"gradprobe: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def serve_options(args: argparse.Namespace) -> ServeOptions:
     """The one place serving flags become typed options (gradprobe.server.options.ServeOptions)."""
     from gradprobe.sandbox.runner import Limits
     from gradprobe.server.options import HttpOptions, ServeOptions
 
+    _refuse_serve_args(args)
     http = None
     if args.http:
         http = HttpOptions(host=args.host, port=args.port, token_file=args.token_file, insecure_no_auth=args.insecure_no_auth,
@@ -185,10 +206,16 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
                            max_body=args.max_body, public_url=args.public_url, issuer_url=args.issuer_url,
                            max_connections=args.max_connections, header_timeout_s=args.header_timeout,
                            body_timeout_s=args.body_timeout)
-    from gradprobe.server.options import default_memory_bytes
+    import os
 
-    memory = int(args.memory_gb * 1024**3) if args.memory_gb else default_memory_bytes()
-    limits = Limits(memory_bytes=memory, isolate=not args.no_isolation, require_isolation=args.require_isolation)
+    from gradprobe.server.options import memory_settings
+
+    memory = memory_settings(args.max_concurrent or os.cpu_count() or 2, args.memory_gb, args.max_memory_gb,
+                             args.memory_budget_gb, local=args.executor == "local")
+    if isinstance(memory, str):
+        _exit_usage(memory)
+    per_call, ceiling, budget = memory
+    limits = Limits(memory_bytes=per_call, isolate=not args.no_isolation, require_isolation=args.require_isolation)
     if args.executor == "ray":
         try:
             import ray  # noqa: F401
@@ -197,7 +224,7 @@ def serve_options(args: argparse.Namespace) -> ServeOptions:
     return ServeOptions(max_concurrent=args.max_concurrent, per_caller=args.per_caller, warm=not args.cold,
                         allowed_roots=tuple(args.allow_root or ()), allowed_pythons=tuple(args.allow_python), limits=limits,
                         allowed_env=tuple(args.allow_env),
-                        max_memory_bytes=int(args.max_memory_gb * 1024**3) if args.max_memory_gb else None,
+                        max_memory_bytes=ceiling, memory_budget_bytes=budget,
                         executor=args.executor, ray_address=args.ray_address, http=http)
 
 
@@ -277,10 +304,14 @@ def _main(argv: list[str] | None = None) -> None:
                             "is missing")
     serve.add_argument("--no-isolation", action="store_true", help="only the process boundary, limits and a scrubbed environment")
     serve.add_argument("--memory-gb", type=float, default=None,
-                       help="memory limit of each check (cgroup; address space on CPU runs); default: the machine's (or this "
-                            "server's cgroup's) memory less a quarter for the server")
+                       help="memory limit of each check (cgroup; address space on CPU runs); default: the memory budget "
+                            "over the checks that may run at once (--max-concurrent)")
     serve.add_argument("--max-memory-gb", type=float, default=None,
-                       help="the most a target may ask for with memory_gb (default: the machine's memory less a quarter)")
+                       help="the most a target may ask for with memory_gb (default: the whole memory budget)")
+    serve.add_argument("--memory-budget-gb", type=float, default=None,
+                       help="the memory all checks together may hold (one cgroup bounds them; a check that asks for more "
+                            "than is free waits); default: the machine's (or this server's cgroup's) memory less a quarter "
+                            "for the server")
     serve.add_argument("--allow-env", action="append", default=[], metavar="NAME",
                        help="an environment variable a target's `env` may set over HTTP (repeatable; over stdio any may)")
     serve.add_argument("--executor", choices=["local", "ray"], default="local", help="where sandboxed jobs run")

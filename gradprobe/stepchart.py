@@ -18,10 +18,39 @@ _W, _PANEL_H, _PANEL_W, _LEFT, _GAP = 760, 90, 220, 150, 20
 MAX_GROUPS = 12
 
 
+ROW_SERIES = ("lr_as_applied", "grad_norm_after_backward", "grad_norm_at_step", "update_norm", "weight_norm",
+              "update_ratio")
+MAX_STEPS, MAX_ROWS = 32, 64  # the most steps a call runs (audit_training/diagnose `steps`), and groups kept in facts
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 31 else 0
+
+
+def clean_groups(groups: Any, steps: int = MAX_STEPS) -> list[dict[str, Any]]:
+    """What the child sent as facts.param_groups, as the server keeps and draws it: at most MAX_ROWS rows, each with
+    its optimizer, group and tensor counts as integers and each series cut to the `steps` the call ran, every value a
+    finite float or None; anything else is dropped. The child writes its own result, so nothing it sends decides how
+    much the server draws or returns."""
+    steps = max(1, min(int(steps), MAX_STEPS))
+    out: list[dict[str, Any]] = []
+    for row in (groups if isinstance(groups, list) else [])[:MAX_ROWS]:
+        if not isinstance(row, dict):
+            continue
+        clean: dict[str, Any] = {k: _int(row.get(k)) for k in ("optimizer", "group", "tensors")}
+        for key in ROW_SERIES:
+            values = row.get(key)
+            if isinstance(values, list):
+                clean[key] = _values({key: values[:steps]}, key)
+        out.append(clean)
+    return out
+
+
 def _values(row: dict[str, Any], key: str) -> list[float | None]:
     out: list[float | None] = []
     for v in row.get(key) or []:
-        out.append(float(v) if isinstance(v, (int, float)) and math.isfinite(float(v)) else None)
+        finite = isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e308 and math.isfinite(float(v))
+        out.append(float(v) if finite else None)
     return out
 
 

@@ -13,10 +13,12 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gradprobe.envrules import refused as refused_env
+
 REF_HELP = '"FILE_OR_MODULE:CALLABLE", e.g. "train.py:build_model" or "mypkg.models:Net"'
 _DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|auto|meta)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-_ENV_FIXED = frozenset({"HOME", "TMPDIR", "TMP", "TEMP", "PATH"})
+MAX_PEEK_BYTES = 1 << 20  # the most of a model file the server reads to suggest script mode
 
 Ref = Annotated[str | None, Field(default=None, description=f"{REF_HELP}")]
 
@@ -146,8 +148,9 @@ class Target(BaseModel):
         for name in v:
             if not _ENV_NAME.match(name):
                 raise ValueError(f"env: {name!r} is not a variable name (letters, digits and _)")
-            if name in _ENV_FIXED or name.startswith(("GRADPROBE_", "LD_", "PYTHON")):
-                raise ValueError(f"env: {name} is set by gradprobe's sandbox and cannot be given")
+            why = refused_env(name)
+            if why:
+                raise ValueError(why)
         return v
 
     @field_validator("device")
@@ -235,8 +238,12 @@ def _top_level_names(path: str) -> set[str] | None:
     import ast
 
     try:
-        tree = ast.parse(open(path, encoding="utf-8", errors="replace").read())
-    except (OSError, SyntaxError, ValueError):
+        with open(path, "rb") as f:
+            source = f.read(MAX_PEEK_BYTES + 1)  # the server's own look at the file is capped (the child reads it all)
+        if len(source) > MAX_PEEK_BYTES:
+            return None
+        tree = ast.parse(source.decode("utf-8", "replace"))
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     names: set[str] = set()
     todo: list[ast.stmt] = list(tree.body)

@@ -26,10 +26,12 @@ INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("limits")
-    (tmp / "tokens").write_text(TOKENS)
+    tmp.chmod(0o755)  # with roots, a call reads its project as others would: the root is readable to them
+    keys = tmp_path_factory.mktemp("limits-tokens")  # the token file lives outside every root (the server insists)
+    (keys / "tokens").write_text(TOKENS)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), "--token-file", str(tmp / "tokens"),
+        [sys.executable, "-m", "gradprobe", "serve", "--http", "--port", str(port), "--token-file", str(keys / "tokens"),
          "--allow-root", str(tmp), "--header-timeout", "60"],  # idle connections are not dropped by the timeout here
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )

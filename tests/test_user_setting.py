@@ -100,6 +100,12 @@ def test_the_default_memory_cap_comes_from_the_machine_leaving_room_for_the_serv
     have = machine_memory_bytes()
     assert have and default_memory_bytes() == max(GIB, have - max(2 * GIB, have // 4)) and default_memory_bytes() > 8 * GIB
     assert ServeOptions().refuse(Target(project_dir="/tmp", model="m.py", memory_gb=have / GIB * 4))
+    assert ServeOptions().memory_ceiling <= default_memory_bytes()  # one check never asks for more than all together
+
+
+def _per_call_default() -> int:
+    """A server's default cap per check: the budget for all checks over the checks that may run at once."""
+    return default_memory_bytes() // (os.cpu_count() or 2)
 
 
 @pytest.mark.anyio
@@ -109,7 +115,7 @@ async def test_the_default_cap_reaches_the_child_and_a_target_may_set_its_own(cl
              "    raise RuntimeError(f'RLIMIT_AS={resource.getrlimit(resource.RLIMIT_AS)[0]}')\n")
     (tmp_path / "m.py").write_text(probe)
     r = await client.call_tool("inspect_parameters", {"target": {"model": str(tmp_path / "m.py")}})
-    assert f"RLIMIT_AS={default_memory_bytes()}" in json.dumps(r.structured_content), r.content[0].text
+    assert f"RLIMIT_AS={_per_call_default()}" in json.dumps(r.structured_content), r.content[0].text
     r = await client.call_tool("inspect_parameters", {"target": {"model": str(tmp_path / "m.py"), "memory_gb": 5}})
     assert f"RLIMIT_AS={5 * GIB}" in json.dumps(r.structured_content), r.content[0].text
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import anyio
+
 from gradprobe.errors import ToolInputError
 from gradprobe.outcomes import resource_limit_finding
 from gradprobe.report import make_report
@@ -30,46 +32,50 @@ async def execute(
     limits: Limits | None = None,
     executor: Executor | None = None,
     interpreters: InterpreterPolicy | None = None,
+    roots: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run `tool` on `target` in a fresh sandboxed child (a cold local one unless `executor` says otherwise;
-    `limits` overrides the executor's; `interpreters` is what the server accepts). Raises ToolInputError for caller
-    mistakes."""
-    try:
+    `limits` overrides the executor's; `interpreters` is what the server accepts; `roots` the caller's roots, when
+    they are not the executor's own). Raises ToolInputError for caller mistakes."""
+    def look() -> Interpreter:  # file-system work (and maybe `conda env list`): off the event loop
         target.check_paths()
-        interp = choose(target.python, target.project_dir, interpreters)
+        return choose(target.python, target.project_dir, interpreters)
+
+    try:
+        with anyio.CancelScope(shield=True):  # the interpreter it returns holds open files: always closed below
+            interp = await anyio.to_thread.run_sync(look)
     except ValueError as exc:
         raise ToolInputError(str(exc)) from exc
     executor = executor or LocalExecutor(limits)
     if target.memory_gb:  # the target's own cap (the server checked it against its ceiling)
         limits = dataclasses.replace(limits or executor.limits, memory_bytes=int(target.memory_gb * GIB))
     try:
-        report = await _execute(tool, target, options, interp, progress, limits, executor)
+        report = await _execute(tool, target, options, interp, progress, limits, executor, roots)
     finally:
         interp.close()
-    roots = interpreters.roots if interpreters else ()
-    report = add_lines(report, outside_view(report, target, roots), memory_hint(report, (limits or executor.limits).memory_bytes))
+    shown = tuple(roots) if roots is not None else interpreters.roots if interpreters else ()
+    report = add_lines(report, outside_view(report, target, shown), memory_hint(report, (limits or executor.limits).memory_bytes))
     return settle(report)  # the verdict again, from the findings and facts as they reached the parent
 
 
 async def _execute(tool: str, target: Target, options: dict[str, Any] | None, interp: Interpreter,
-                   progress: ProgressFn | None, limits: Limits | None, executor: Executor) -> dict[str, Any]:
+                   progress: ProgressFn | None, limits: Limits | None, executor: Executor,
+                   roots: list[str] | None) -> dict[str, Any]:
     job = Job(tool=tool, target=target.model_dump(), options=options or {})
     # a local child runs exactly the file resolved here; a remote one (Ray) resolves the path again on its machine
     if isinstance(executor, LocalExecutor):
         outcome = await executor.run(job, python=None if interp.is_server else interp, timeout_s=target.timeout_s,
-                                     progress=progress, limits=limits)
+                                     progress=progress, limits=limits, allowed_roots=roots)
     else:
         outcome = await executor.run(job, python=None if interp.is_server else interp.path, timeout_s=target.timeout_s,
-                                     progress=progress, limits=limits)
+                                     progress=progress, limits=limits, allowed_roots=roots)
     sandbox = _sandbox_facts(outcome, target)
     if outcome.tool_error is not None:
         if outcome.tool_error_kind == "interpreter":
             raise ToolInputError(f"python {interp.path} ({interp.reason}): {outcome.tool_error}; {HOW_TO_NAME}")
         raise ToolInputError(outcome.tool_error)
     if outcome.report is not None and not outcome.timed_out:
-        report = outcome.report
-        report.setdefault("facts", {})["sandbox"] = sandbox
-        return annotate(project_modules(report, target), interp)
+        return annotate(project_modules(server_account(outcome.report, sandbox), target), interp)
     fate = _fate(outcome, target, interp)
     if outcome.oom and fate.cause == "died":  # a resource limit, measured by the cgroup: neither the code's error nor ours
         cap = (limits or executor.limits).memory_bytes
@@ -83,6 +89,29 @@ async def _execute(tool: str, target: Target, options: dict[str, Any] | None, in
                              ["The target could not be checked."])
     report["facts"]["sandbox"] = sandbox
     return annotate(report, interp)
+
+
+CLAIMS = ("sandbox", "isolation", "verified_by_server")  # keys only the server's own account may hold
+
+
+def _drop_claims(value: Any, depth: int = 0) -> Any:
+    if depth > 32:
+        return None
+    if isinstance(value, dict):
+        return {k: _drop_claims(v, depth + 1) for k, v in value.items() if k not in CLAIMS}
+    if isinstance(value, list):
+        return [_drop_claims(v, depth + 1) for v in value]
+    return value
+
+
+def server_account(report: dict[str, Any], sandbox: dict[str, Any]) -> dict[str, Any]:
+    """The child's report with the server's own account of the call in facts.sandbox. The child writes its own
+    result (the user's code runs in that process), so whatever it wrote about the sandbox or isolation, at any depth
+    of its facts, is dropped: what the answer says about isolation is only what the server applied and verified."""
+    facts = report.get("facts")
+    report["facts"] = _drop_claims(facts) if isinstance(facts, dict) else {}
+    report["facts"]["sandbox"] = sandbox
+    return report
 
 
 def _fate(outcome: ChildOutcome, target: Target, interp: Interpreter) -> ChildFate:

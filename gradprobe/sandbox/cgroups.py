@@ -19,6 +19,7 @@ import signal
 import time
 import uuid
 
+from gradprobe.sandbox.cgroup_tree import enable, placement
 from gradprobe.sandbox.protocol import Layer
 
 BASE = "/sys/fs/cgroup"
@@ -47,7 +48,8 @@ class CallCgroup:
     """`server`: the subtree to make it in (default: this process's own; the warm worker makes its spares' groups in
     the server's subtree, and hands each over with its call: `state()` there, `adopt()` here)."""
 
-    def __init__(self, memory_bytes: int | None, pids_max: int = 512, server: str | None = None):
+    def __init__(self, memory_bytes: int | None, pids_max: int = 512, server: str | None = None,
+                 parents: dict[str, str] | None = None):
         self.name = f"gradprobe-{uuid.uuid4().hex[:12]}"
         self.server = server or server_dir_name()
         self.dirs: list[str] = []
@@ -56,7 +58,7 @@ class CallCgroup:
         self.pids_limited = False
         self.error: str | None = None
         try:
-            self._make(memory_bytes, pids_max)
+            self._make(memory_bytes, pids_max, parents if parents is not None else dict(placement().parents))
         except OSError as exc:
             self.error = f"{exc.strerror or exc}"
             self.remove()
@@ -82,26 +84,29 @@ class CallCgroup:
         self.dirs.append(path)
         return path
 
-    def _make(self, memory_bytes: int | None, pids_max: int) -> None:
-        if os.path.exists(os.path.join(BASE, "cgroup.controllers")):  # pure v2
-            d = self._mk(BASE)
-            if memory_bytes:
-                _write(os.path.join(d, "memory.max"), str(memory_bytes))
-            _write(os.path.join(d, "pids.max"), str(pids_max))
-            self.kill_file, self.memory_dir, self.pids_limited = os.path.join(d, "cgroup.kill"), d, True
-            return
-        if os.path.isdir(os.path.join(BASE, "unified")):
-            d = self._mk(os.path.join(BASE, "unified"))
-            if os.path.exists(os.path.join(d, "cgroup.kill")):
-                self.kill_file = os.path.join(d, "cgroup.kill")
-        if os.path.isdir(os.path.join(BASE, "memory")) and memory_bytes:
-            d = self._mk(os.path.join(BASE, "memory"))
-            _write(os.path.join(d, "memory.limit_in_bytes"), str(memory_bytes))
-            self.memory_dir = d
-        if os.path.isdir(os.path.join(BASE, "pids")):
-            d = self._mk(os.path.join(BASE, "pids"))
-            _write(os.path.join(d, "pids.max"), str(pids_max))
-            self.pids_limited = True
+    def _make(self, memory_bytes: int | None, pids_max: int, parents: dict[str, str]) -> None:
+        """The call's group in the server's subtree of each hierarchy (`parents`: cgroup_tree.placement)."""
+        for kind, parent in parents.items():
+            if kind == "memory" and not memory_bytes:
+                continue
+            d = self._mk(parent)
+            if kind == "v2":
+                if not os.path.exists(os.path.join(d, "pids.max")):  # controllers not yet on for the subtree
+                    for group in (parent, os.path.dirname(os.path.dirname(d)), os.path.dirname(d)):
+                        enable(group)
+                if memory_bytes:
+                    _write(os.path.join(d, "memory.max"), str(memory_bytes))
+                _write(os.path.join(d, "pids.max"), str(pids_max))
+                self.kill_file, self.memory_dir, self.pids_limited = os.path.join(d, "cgroup.kill"), d, True
+            elif kind == "unified":
+                if os.path.exists(os.path.join(d, "cgroup.kill")):
+                    self.kill_file = os.path.join(d, "cgroup.kill")
+            elif kind == "memory":
+                _write(os.path.join(d, "memory.limit_in_bytes"), str(memory_bytes))
+                self.memory_dir = d
+            elif kind == "pids":
+                _write(os.path.join(d, "pids.max"), str(pids_max))
+                self.pids_limited = True
         if not self.dirs:
             raise OSError("no writable cgroup hierarchy")
 
@@ -202,8 +207,9 @@ def _server_alive(name: str) -> bool:
 
 
 def clean_stale() -> None:
-    """Remove the subtrees of gradprobe servers that are gone (killing what their calls left behind)."""
-    for parent in PARENTS:
+    """Remove the subtrees of gradprobe servers that are gone (killing what their calls left behind), at the top of
+    each hierarchy and below this server's own group (where a server that shared it nested its calls)."""
+    for parent in dict.fromkeys([*PARENTS, *(p for _, p in placement().parents)]):
         root = os.path.join(parent, "gradprobe")
         if not os.path.isdir(root):
             continue

@@ -53,9 +53,24 @@ class Channel:
         os._exit(0)
 
 
+def apply_target_env(env: Any) -> None:
+    """The target's own `env`, set here, inside every layer (never on a process that runs before confinement: the
+    launcher and the named interpreter start with the server's allow-list only); names the server refuses are
+    skipped here too."""
+    from gradprobe.envrules import refused
+
+    if not isinstance(env, dict):
+        return
+    for name, value in env.items():
+        if isinstance(name, str) and isinstance(value, str) and name.isidentifier() and "\0" not in value \
+                and refused(name) is None:
+            os.environ[name] = value
+
+
 def run(job: Job, fd: int) -> None:
     """Run one job and exit; shared by the cold child and the warm worker's forked children."""
     os.environ.pop("GRADPROBE_RESULT_FD", None)
+    apply_target_env(job.target.get("env"))
     chan = Channel(fd)
     import faulthandler
 

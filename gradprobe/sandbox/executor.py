@@ -18,7 +18,7 @@ class Executor(Protocol):
     limits: Limits
 
     async def run(self, job: Job, *, python: str | None, timeout_s: float, progress: ProgressFn | None = None,
-                  limits: Limits | None = None) -> ChildOutcome: ...
+                  limits: Limits | None = None, allowed_roots: list[str] | None = None) -> ChildOutcome: ...
 
     async def start(self) -> None: ...
 
@@ -37,11 +37,12 @@ class LocalExecutor:
         self.warm = WarmWorker(child_env("/tmp")) if warm else None
 
     async def run(self, job: Job, *, python: str | Interpreter | None, timeout_s: float, progress: ProgressFn | None = None,
-                  limits: Limits | None = None) -> ChildOutcome:
+                  limits: Limits | None = None, allowed_roots: list[str] | None = None) -> ChildOutcome:
         """`python`: an interpreter already resolved and held open (executed as that very file), a path (resolved
-        here), or None for the server's own."""
+        here), or None for the server's own. `allowed_roots`: the caller's own roots (default: the server's)."""
+        roots = self.allowed_roots if allowed_roots is None else allowed_roots
         return await run_child(job, python=python, timeout_s=timeout_s, limits=limits or self.limits, progress=progress,
-                               warm=self.warm, allowed_roots=self.allowed_roots)
+                               warm=self.warm, allowed_roots=roots)
 
     async def start(self) -> None:
         if self.warm is not None:

@@ -14,6 +14,7 @@ from typing import Any
 from gradprobe.outcomes import GP100, GP113
 from gradprobe.sandbox.failures import GP112
 from gradprobe.sandbox.interpreter import Interpreter, describe, missing_module_hint
+from gradprobe.sandbox.roots import resolved_inside
 from gradprobe.target import Target
 
 GIB = 1024**3
@@ -51,8 +52,7 @@ def outside_view(report: dict[str, Any], target: Target, roots: tuple[str, ...])
 
 
 def _under(path: str, dirs: list[str]) -> bool:
-    real = os.path.realpath(path)
-    return any(d and (real == os.path.realpath(d) or real.startswith(os.path.realpath(d).rstrip("/") + "/")) for d in dirs)
+    return resolved_inside(path, [d for d in dirs if d])
 
 
 def memory_hint(report: dict[str, Any], cap: int | None) -> str | None:

@@ -1,9 +1,11 @@
 """Which interpreter runs a target, resolved once (parent side, standard library only, torch-free).
 
-The order: the target's `python`; else the project's own environment, found from `project_dir` and its
-parents (up to the allowed root that holds it): `.venv/` (uv, Poetry and Pipenv in-project environments
-too), `venv/`, `env/`, `.pixi/envs/default`, or the conda environment named in `environment.yml` whose
-prefix `conda` reports; else the server's own interpreter. `"python": "server"` forces the latter.
+The order: the target's `python`; else the project's own environment, found in `project_dir` and its
+parents up to the project's VCS root (with roots, over HTTP or --allow-root: the project only), and only one
+its owner or root owns where nobody else could have put it (trust.py): `.venv/` (uv, Poetry and Pipenv
+in-project environments too), `venv/`, `env/`, `.pixi/envs/default`, or the conda environment named in
+`environment.yml` whose prefix `conda` reports; else the server's own interpreter. `"python": "server"`
+forces the latter.
 
 The interpreter is resolved ONCE: the file is opened (O_PATH) and that open file is what the child
 executes (`/proc/self/fd/N`); the directories bound into the sandbox's view are the installation prefixes
@@ -22,6 +24,9 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from gradprobe.sandbox.roots import inside
+from gradprobe.sandbox.trust import search_dirs, untrusted
 
 if TYPE_CHECKING:
     from gradprobe.sandbox.protocol import PythonExec
@@ -218,27 +223,31 @@ def _conda_env(directory: str, looked: list[str]) -> str | None:
     return None
 
 
-def find_project_env(project_dir: str, stop: str | None) -> tuple[str | None, list[str]]:
-    """The first environment in `project_dir` or a parent (not above `stop`): its bin/python and what was looked at."""
+def find_project_env(project_dir: str, strict: bool = False) -> tuple[str | None, list[str]]:
+    """The first environment in the project or a parent up to the project's VCS root (`strict`: the project only) that
+    the project's owner or root owns and nobody else could have put there (trust.py): its bin/python, and what was
+    looked at (a candidate skipped says why)."""
     looked: list[str] = []
-    d = os.path.realpath(project_dir)
-    while True:
+    for d in search_dirs(project_dir, strict):
         for name in ENV_DIRS:
             cand = os.path.join(d, name, "bin", "python")
-            looked.append(os.path.join(d, name))
-            if os.path.lexists(cand):
+            if not os.path.lexists(cand):
+                looked.append(os.path.join(d, name))
+                continue
+            why = untrusted(d, f"{name}/bin/python", project_dir)
+            if why is None:
+                looked.append(os.path.join(d, name))
                 return cand, looked
+            looked.append(f"{os.path.join(d, name)} (skipped: {why})")
+        if os.path.lexists(os.path.join(d, "environment.yml")):
+            why = untrusted(d, "environment.yml", project_dir)
+            if why is not None:
+                looked.append(f"{os.path.join(d, 'environment.yml')} (skipped: {why})")
+                continue
         conda = _conda_env(d, looked)
         if conda:
             return conda, looked
-        parent = os.path.dirname(d)
-        if d == stop or parent == d or parent == "/":
-            return None, looked
-        d = parent
-
-
-def _inside(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+    return None, looked
 
 
 @dataclass(frozen=True)
@@ -271,12 +280,7 @@ class InterpreterPolicy:
         """A found environment counts over HTTP when it lives in an allowed root and the file it runs does too (or is
         the server's own or a listed interpreter's)."""
         reals = {server_interpreter("").real} | {real for _, real in self.allowed}
-        return _inside(interp.env, self.roots) and (_inside(interp.real, self.roots) or interp.real in reals)
-
-    def stop_for(self, project_dir: str) -> str | None:
-        real = os.path.realpath(project_dir)
-        held = [r for r in self.roots if _inside(real, (r,))]
-        return max(held, key=len) if held else None
+        return inside(interp.env, self.roots) and (inside(interp.real, self.roots) or interp.real in reals)
 
 
 def choose(python: str | None, project_dir: str, policy: InterpreterPolicy | None = None) -> Interpreter:
@@ -290,7 +294,7 @@ def choose(python: str | None, project_dir: str, policy: InterpreterPolicy | Non
             interp.close()
             raise InterpreterError(f"python {python!r} is not an interpreter this server allows (--allow-python)")
         return interp
-    found, looked = find_project_env(project_dir, policy.stop_for(project_dir))
+    found, looked = find_project_env(project_dir, strict=policy.strict)
     if found is None:
         return server_interpreter("no environment of the project's own was found", tuple(looked))
     env_dir = os.path.dirname(os.path.dirname(found))

@@ -75,6 +75,7 @@ class CgroupSpec(WireModel):
     memory_bytes: int | None = None
     pids: int = 512
     server: str
+    parents: dict[str, str] = Field(default_factory=dict)  # where the server's subtree is, per hierarchy (cgroup_tree)
 
 
 @model
@@ -113,6 +114,7 @@ class Policy(WireModel):
     python_exec: PythonExec | None = None  # that interpreter as opened by the server (None: the server's own)
     extra_ro: list[str] = Field(default_factory=list)
     read_paths: list[str] = Field(default_factory=list)  # the target's read_paths, opened and checked like the project
+    idmap_data: bool = False  # the project and read_paths read as the server's user (a server without roots) or not
     scratch_bytes: int = 1024**3
     shm_bytes: int = 512 * 1024**2
     devices: list[str] = Field(default_factory=list)

@@ -134,13 +134,14 @@ class RayExecutor:
         return {"address": "local", "_temp_dir": self.temp_dir, "_node_ip_address": "127.0.0.1", "num_cpus": num_cpus}
 
     async def run(self, job: Job, *, python: str | None, timeout_s: float, progress: ProgressFn | None = None,
-                  limits: Limits | None = None) -> ChildOutcome:
+                  limits: Limits | None = None, allowed_roots: list[str] | None = None) -> ChildOutcome:
         limits = limits or self.limits
+        roots = self.allowed_roots if allowed_roots is None else allowed_roots
         device = job.target.get("device") or "cpu"
         gpus = 1 if device.startswith("cuda") else 0
         if progress is not None:
             await progress(Phase.STARTING, None)
-        ref = self.task.options(num_gpus=gpus).remote(job, python, timeout_s, dataclasses.asdict(limits), self.allowed_roots)
+        ref = self.task.options(num_gpus=gpus).remote(job, python, timeout_s, dataclasses.asdict(limits), roots)
         try:
             data = await ref
         except asyncio.CancelledError:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 
 from gradprobe.render import clean
+from gradprobe.sandbox.cgroup_tree import placement
 from gradprobe.sandbox.cgroups import CallCgroup, cgroup_layer, server_dir_name
 from gradprobe.sandbox.interpreter import Interpreter, InterpreterError, resolve
 from gradprobe.sandbox.isolation import become_subreaper
@@ -223,8 +224,8 @@ def make_policy(job: Job, limits: Limits, *, scratch: str, python: Interpreter |
     device = job.target.get("device") or "cpu"
     return Policy(
         enabled=limits.isolate, require=limits.require_isolation,
-        cgroup_spec=CgroupSpec(memory_bytes=limits.memory_bytes, pids=limits.pids, server=server_dir_name())
-        if limits.isolate else None,
+        cgroup_spec=CgroupSpec(memory_bytes=limits.memory_bytes, pids=limits.pids, server=server_dir_name(),
+                               parents=dict(placement().parents)) if limits.isolate else None,
         project_dir=job.target.get("project_dir"), allowed_roots=[os.path.realpath(r) for r in allowed_roots or []],
         package_root=PACKAGE_ROOT, scratch=scratch,
         # the interpreter, resolved once: the launcher executes exactly that open file, and only the installation
@@ -232,6 +233,7 @@ def make_policy(job: Job, limits: Limits, *, scratch: str, python: Interpreter |
         python=python.real if python else None, python_exec=python.exec_spec() if python else None,
         extra_ro=[],
         read_paths=[str(p) for p in job.target.get("read_paths") or []],  # bound per call, like the project
+        idmap_data=not allowed_roots,  # with roots, what a root-owned private file in them says stays private
         scratch_bytes=limits.scratch_bytes, shm_bytes=limits.shm_bytes,
         devices=_gpu_devices() if device.startswith("cuda") or device == "auto" else [],
         limits=limits.for_child(timeout_s, device),
@@ -272,8 +274,7 @@ class _ChildCall:
                  warm: WarmWorker | None, allowed_roots: list[str] | None):
         self.python, self.timeout_s, self.limits, self.progress, self.warm = python, timeout_s, limits, progress, warm
         self.scratch = tempfile.mkdtemp(prefix="gradprobe-call-", dir="/tmp")
-        self.env = child_env(self.scratch)
-        self.env.update({str(k): str(v) for k, v in (job.target.get("env") or {}).items()})  # the target's own (checked)
+        self.env = child_env(self.scratch)  # the target's own `env` is applied by the child, inside every layer (child.py)
         self.policy = make_policy(job, limits, scratch=self.scratch, python=python, timeout_s=timeout_s,
                                   allowed_roots=allowed_roots)
         if self.policy.project_dir:  # the child mounts the directory it opens at this path (and refuses one outside the roots)
@@ -463,10 +464,8 @@ class _ChildCall:
         exited, res = self.exited, self.results
         assert exited is not None
         code = exited.result() if exited.done() and not exited.cancelled() and exited.exception() is None else None
-        report, tool_error = res.report, res.tool_error
-        if report is not None:  # the isolation facts are the server's: whatever the child wrote there is dropped
-            report.setdefault("facts", {}).pop("isolation", None)
-        if self.confined.refused:
+        report, tool_error = res.report, res.tool_error  # its isolation claims are dropped where it is turned into an
+        if self.confined.refused:                         # answer (call.py: the account is the server's own)
             tool_error, report = self.confined.refused, None
         return ChildOutcome(
             report=report, tool_error=tool_error, tool_error_kind=res.tool_error_kind, phase=res.phase,

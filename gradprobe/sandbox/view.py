@@ -17,6 +17,7 @@ import struct
 import sys
 
 from gradprobe.sandbox.protocol import Layer, Policy
+from gradprobe.sandbox.roots import inside
 
 _libc = ctypes.CDLL(None, use_errno=True)
 NOBODY = 65534
@@ -152,8 +153,10 @@ def clone_python_trees(policy: Policy) -> dict[str, int]:
     return {tree.path: _clone_tree(tree.fd) for tree in trees}
 
 
-def _inside(path: str, roots: list[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+def _covered(path: str, dirs: list[str]) -> bool:
+    """`path` is already in the view: one of the bound `dirs` or below one (`/` covers everything). Not the roots test
+    (that is roots.inside, where `/` holds nothing)."""
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
 
 
 def privileged() -> bool:
@@ -168,6 +171,20 @@ def privileged() -> bool:
     return os.geteuid() == 0
 
 
+def _readable_as_nobody(policy: Policy, fd: int, what: str) -> None:
+    """On a root server with roots the call reads the project and read_paths as uid 65534, unmapped (finish_view):
+    refuse, saying so, one that user could not read at all (a directory it cannot list, a file it cannot read)."""
+    if policy.idmap_data or not policy.enabled or os.geteuid() != 0:
+        return
+    st = os.stat(f"/proc/self/fd/{fd}")
+    need = 0o5 if os.path.isdir(f"/proc/self/fd/{fd}") else 0o4
+    bits = st.st_mode >> 6 & 7 if st.st_uid == NOBODY else st.st_mode >> 3 & 7 if st.st_gid == NOBODY else st.st_mode & 7
+    if bits & need != need:
+        raise Refused(f"{what} is not readable by the call: with roots, a call on this server reads them as an "
+                      f"unprivileged user (uid {NOBODY}), as any other user would (it is mode {st.st_mode & 0o7777:04o}, "
+                      f"owner uid {st.st_uid}); make it readable to others (chmod o+rX) if the call is to read it")
+
+
 def open_project(policy: Policy, clone: bool = True) -> tuple[int | None, str]:
     """Open the project directory and check *that* directory against the allowed roots; with `clone`, a detached
     copy of its mount tree (what gets bound into the view)."""
@@ -179,8 +196,9 @@ def open_project(policy: Policy, clone: bool = True) -> tuple[int | None, str]:
     try:
         real = os.readlink(f"/proc/self/fd/{fd}")
         roots = policy.allowed_roots
-        if roots and not _inside(real, roots):
+        if roots and not inside(real, roots):
             raise Refused(f"project_dir {want!r} is outside the roots this server may read")
+        _readable_as_nobody(policy, fd, f"project_dir {want!r}")
         return (_clone_tree(fd) if clone else None), real
     finally:
         os.close(fd)
@@ -199,8 +217,9 @@ def open_read_paths(policy: Policy, clone: bool = True) -> list[tuple[str, int]]
             try:
                 real = os.readlink(f"/proc/self/fd/{fd}")
                 roots = policy.allowed_roots
-                if (roots and not _inside(real, roots)) or real == "/":
+                if (roots and not inside(real, roots)) or real == "/":
                     raise Refused(f"read_paths: {want!r} is outside the roots this server may read")
+                _readable_as_nobody(policy, fd, f"read_paths: {want!r}")
                 out.append((real, _clone_tree(fd) if clone else -1))
             finally:
                 os.close(fd)
@@ -227,6 +246,9 @@ def prepare_view(policy: Policy, newroot: str, opened: dict[str, int] | None = N
     # gradprobe's own package directory only (never the folder holding it: a checkout's other files, a working dir)
     own = os.path.join(policy.package_root, "gradprobe")
     trees = list(SYSTEM_DIRS) + python_trees(policy) + [own] + list(policy.extra_ro)
+    # id-mapped (root's files read as the call's own) only what needs it: the interpreter's installation prefixes
+    # and gradprobe's own directory, which may sit in a private home; never the system directories or /etc
+    needs_map = {os.path.abspath(p) for p in python_trees(policy) + [own] if p}
     seen: list[str] = []
     for path in sorted({os.path.abspath(p) for p in trees if p}, key=len):
         tree = opened.pop(path, None)
@@ -236,13 +258,13 @@ def prepare_view(policy: Policy, newroot: str, opened: dict[str, int] | None = N
             _place(newroot, path, True)  # /bin -> usr/bin on merged-/usr systems
             continue
         real = path if tree is not None else os.path.realpath(path)
-        if _inside(real, seen) or _inside("/tmp", [real]):  # /tmp itself (or /) is the call's own tmpfs
+        if _covered(real, seen) or _covered("/tmp", [real]):  # /tmp itself (or /) is the call's own tmpfs
             if tree is not None:
                 os.close(tree)
             continue
         seen.append(real)
         _place(newroot, real, os.path.isdir(f"/proc/self/fd/{tree}") if tree is not None else os.path.isdir(real))
-        mapped.append(_bind(tree if tree is not None else real, newroot + real, IDMAP_FD))
+        mapped.append(_bind(tree if tree is not None else real, newroot + real, IDMAP_FD if path in needs_map else None))
         ro.append(real)
     for tree in opened.values():
         os.close(tree)
@@ -250,7 +272,7 @@ def prepare_view(policy: Policy, newroot: str, opened: dict[str, int] | None = N
     for name in ETC_FILES:
         src = os.path.join("/etc", name)
         if os.path.exists(src):
-            _bind(src, _place(newroot, src, os.path.isdir(src)), IDMAP_FD)
+            _bind(src, _place(newroot, src, os.path.isdir(src)), None)
     ro.append("/etc")
     _place(newroot, "/dev", True)
     _mount("tmpfs", newroot + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
@@ -274,25 +296,28 @@ def prepare_view(policy: Policy, newroot: str, opened: dict[str, int] | None = N
 def finish_view(policy: Policy, newroot: str, project_tree: int | None, ro: list[str], mapped: list[bool],
                 report: dict[str, Layer], reads: list[tuple[str, int]] | None = None) -> None:
     """The call's own part: the project and the read_paths (the trees opened and checked), the scratch dir, then
-    pivot_root."""
+    pivot_root. They are id-mapped only on a server without roots (the caller is the server's own user, over stdio):
+    with roots (HTTP, or --allow-root) a call reads them as the unprivileged user it runs as, so a file private to
+    the server's user (root) in a root stays private."""
     scratch = policy.scratch
+    idmap = IDMAP_FD if policy.idmap_data else None
     for real, tree in reads or []:
-        if _inside(real, ro) or not real.startswith("/") or (tree < 0 and not os.path.exists(real)):
+        if _covered(real, ro) or not real.startswith("/") or (tree < 0 and not os.path.exists(real)):
             if tree >= 0:
                 os.close(tree)
             continue
         # a detached tree (root), else the path checked when it was opened (an unprivileged user namespace)
         is_dir = os.path.isdir(f"/proc/self/fd/{tree}") if tree >= 0 else os.path.isdir(real)
-        mapped.append(_bind(tree if tree >= 0 else real, _place(newroot, real, is_dir), IDMAP_FD))  # closes a tree
+        mapped.append(_bind(tree if tree >= 0 else real, _place(newroot, real, is_dir), idmap))  # closes a tree
         ro.append(real)
     if project_tree is not None:
         proj = policy.project_dir_real or ""
-        if not _inside(proj, ro):
-            mapped.append(_bind(project_tree, _place(newroot, proj, True), IDMAP_FD))  # closes project_tree
+        if not _covered(proj, ro):
+            mapped.append(_bind(project_tree, _place(newroot, proj, True), idmap))  # closes project_tree
             ro.append(proj)
         else:
             os.close(project_tree)
-    if not _inside(policy.package_root, ro):  # the sys.path entry holding gradprobe: in the view it holds only that
+    if not _covered(policy.package_root, ro):  # the sys.path entry holding gradprobe: in the view it holds only that
         ro.append(policy.package_root)  # (and the project when it lives there), so Python may list it
     if not scratch.startswith("/tmp/"):
         raise Refused("the scratch dir must live under /tmp")

@@ -8,6 +8,7 @@ it cannot start, calls fall back to a cold child and the report says so.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import os
@@ -24,6 +25,9 @@ from gradprobe.sandbox.zygote import base_policy, split_frames
 
 ZYGOTE = os.path.join(os.path.dirname(os.path.realpath(__file__)), "zygote.py")  # the real path: the view binds it
 START_TIMEOUT_S = 120.0
+# spares kept ahead: a spare takes two forks of the worker, new namespaces and the shared view (tens of ms, more on a
+# busy machine); with two in the pipeline the next call's was started a whole call earlier and is ready when it comes
+SPARES = 2
 
 
 @dataclass
@@ -51,10 +55,11 @@ class WarmWorker:
         self._exits: dict[int, asyncio.Future] = {}
         self._early_exits: dict[int, int] = {}
         self._spare_groups: dict[str, dict] = {}  # cgroups the worker made for spares not yet handed a call
-        self._held: _Held | None = None  # the spare the worker passed ahead of time, for the next call
+        self._held: collections.deque[_Held] = collections.deque()  # spares the worker passed ahead, oldest first
         self._unused: dict[int, dict] = {}  # pid -> cgroup of a spare let go without a job: removed once it exits
         self._base: str | None = None  # the base settings of the last call: what the next spare is made for
-        self._coming: asyncio.Future[None] | None = None  # the next spare, asked for and not here yet
+        self._asked = 0  # spares asked for and not here yet
+        self._coming: asyncio.Future[None] | None = None  # set when the next spare arrives (a call waits on it)
         self._spares = True  # False once the worker said it cannot make spares (a plain child cannot wait confined)
         self._ready: asyncio.Future | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -87,7 +92,7 @@ class WarmWorker:
         self._loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._ready = self._loop.create_future()
-        self._spares, self._base = True, None
+        self._spares, self._base, self._asked = True, None, 0
         self.proc = subprocess.Popen(
             [sys.executable, "-I", ZYGOTE, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -130,9 +135,11 @@ class WarmWorker:
             self._spare_groups[str(msg["spare_cgroup"].get("name"))] = msg["spare_cgroup"]
         elif "spare" in msg or "no_spare" in msg:
             self._spares = "spare" in msg
+            self._asked = max(0, self._asked - 1)
             if "spare" in msg:
-                self._let_go(self._held)
-                self._held = _Held(str(msg["spare"]), msg["pid"], msg.get("cgroup"), msg.get("job_fd"))
+                self._held.append(_Held(str(msg["spare"]), msg["pid"], msg.get("cgroup"), msg.get("job_fd")))
+                while len(self._held) > SPARES:
+                    self._let_go(self._held.popleft())
             if self._coming is not None and not self._coming.done():
                 self._coming.set_result(None)
         elif "forked" in msg:
@@ -144,9 +151,9 @@ class WarmWorker:
                 os.close(msg["job_fd"])  # its call gave up waiting: the child reads EOF and exits
         elif "exit" in msg:
             pid = msg["exit"]
-            if self._held is not None and self._held.pid == pid:  # the held spare died before any job
-                self._let_go(self._held)
-                self._held = None
+            for held in [h for h in self._held if h.pid == pid]:  # a held spare died before any job
+                self._held.remove(held)
+                self._let_go(held)
             if pid in self._unused:
                 self._remove_group(self._unused.pop(pid))
                 return
@@ -180,10 +187,10 @@ class WarmWorker:
                 fut.exception()  # retrieved: a call that stopped waiting for it must not log a warning
         self._forked.clear()
         self._exits.clear()
-        self._let_go(self._held)
-        self._held = None
+        self._let_go_all()
         self._spare_groups.update({str(g.get("name")): g for g in self._unused.values()})
         self._unused.clear()
+        self._asked = 0
         if self._coming is not None and not self._coming.done():
             self._coming.set_result(None)
         if self._ready is not None and not self._ready.done():
@@ -223,9 +230,13 @@ class WarmWorker:
         loop = self._loop
         assert loop is not None and self.sock is not None, "fork() on a worker that was never started"
         base = self._base = base_policy(policy).model_dump_json()
-        if self._held is None and self._coming is not None and not self._coming.done():
-            await asyncio.wait_for(asyncio.shield(self._coming), 30)  # being made: sooner than another one
-        held, self._held = self._held, None
+        for other in [h for h in self._held if h.base != base]:  # made for other settings: no call of ours takes them
+            self._held.remove(other)
+            self._let_go(other)
+        if not self._held and self._asked:  # being made: sooner than another one
+            self._coming = loop.create_future()
+            await asyncio.wait_for(asyncio.shield(self._coming), 30)
+        held = self._held.popleft() if self._held else None
         if held is not None and held.base == base and held.job_fd is not None:  # the job goes to this spare now
             pid, cgroup, job_fd = held.pid, held.cgroup, held.job_fd
             self._spare_groups.pop(str((cgroup or {}).get("name")), None)  # the call's now: its caller's
@@ -260,14 +271,13 @@ class WarmWorker:
     def _ask_next(self) -> None:
         """Ask the worker for the next call's spare (made while this call runs: asked for only once this call's
         job is sent, so it never delays it), unless one is held or coming."""
-        if (self._base is None or self._held is not None or (self._coming is not None and not self._coming.done())
-                or self._loop is None or not self.alive or not self._spares):
-            return
-        self._coming = self._loop.create_future()
-        try:
-            self._send({"id": next(self._ids), "base": self._base, "next": True})
-        except OSError:  # the worker is gone: the next call starts it again
-            self._coming.set_result(None)
+        while (self._base is not None and len(self._held) + self._asked < SPARES and self._loop is not None
+               and self.alive and self._spares):
+            try:
+                self._send({"id": next(self._ids), "base": self._base, "next": True})
+            except OSError:  # the worker is gone: the next call starts it again
+                return
+            self._asked += 1
 
     def _send(self, obj: dict[str, Any]) -> None:
         data = json.dumps(obj).encode()
@@ -275,9 +285,12 @@ class WarmWorker:
         with self._lock:
             self.sock.sendall(struct.pack("!I", len(data)) + data)
 
+    def _let_go_all(self) -> None:
+        while self._held:
+            self._let_go(self._held.popleft())
+
     def stop(self) -> None:
-        self._let_go(self._held)
-        self._held = None
+        self._let_go_all()
         self._spare_groups.update({str(g.get("name")): g for g in self._unused.values()})
         self._unused.clear()
         if self.sock is not None:

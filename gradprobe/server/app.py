@@ -63,7 +63,7 @@ def build_server(runtime: Runtime | None = None, token_verifier: TokenVerifier |
             yield {"runtime": runtime}
         finally:
             task.cancel()
-            runtime.executor.stop()
+            runtime.close()
 
     server = GradprobeServer(
         "gradprobe",

@@ -1,7 +1,9 @@
 """Bearer tokens for a team's shared server, through the SDK's TokenVerifier.
 
 Tokens come from `--token-file FILE` (one `user:token` per line, `#` comments) or the
-environment variable GRADPROBE_TOKENS (`user:token,user2:token2`). Every check
+environment variable GRADPROBE_TOKENS (`user:token,user2:token2`). An entry may name that user's own
+roots after the token (`alice:TOKEN /srv/code/alice /data/shared`): that user's calls may then read only
+there (instead of the server's --allow-root), so two users' roots on one server stay apart. Every check
 compares against every token with hmac.compare_digest, so timing says nothing
 about which token nearly matched. Tokens are never logged.
 
@@ -19,26 +21,55 @@ import os
 from mcp.server.auth.provider import AccessToken, TokenVerifier
 
 
-def parse_tokens(text: str, sep: str = "\n") -> dict[str, str]:
-    """`user:token` entries -> {token: user}; raises ValueError on a malformed entry."""
-    tokens: dict[str, str] = {}
+def parse_entries(text: str, sep: str = "\n") -> list[tuple[str, str, tuple[str, ...]]]:
+    """`user:token [ROOT ...]` entries -> (user, token, that user's roots); raises ValueError on a malformed entry.
+    Roots are absolute directories (symlinks resolved), never `/`."""
+    out = []
     for n, raw in enumerate(text.split(sep), 1):
         entry = raw.strip()
         if not entry or entry.startswith("#"):
             continue
-        user, colon, token = entry.partition(":")
+        user, colon, rest = entry.partition(":")
+        token, *roots = rest.split() or [""]
         if not colon or not user.strip() or len(token.strip()) < 8:
             raise ValueError(f"token entry {n} must be 'user:token' with a token of at least 8 characters")
-        tokens[token.strip()] = user.strip()
-    return tokens
+        for root in roots:
+            if not os.path.isabs(root) or os.path.realpath(root) == "/":
+                raise ValueError(f"token entry {n}: a root must be an absolute directory other than '/', got {root!r}")
+        out.append((user.strip(), token.strip(), tuple(os.path.realpath(r) for r in roots)))
+    return out
+
+
+def parse_tokens(text: str, sep: str = "\n") -> dict[str, str]:
+    """`user:token` entries -> {token: user}; raises ValueError on a malformed entry."""
+    return {token: user for user, token, _ in parse_entries(text, sep)}
+
+
+def parse_user_roots(text: str, sep: str = "\n") -> dict[str, tuple[str, ...]]:
+    """{user: the roots their entries name} for users whose entries name any (the others get the server's roots)."""
+    roots: dict[str, tuple[str, ...]] = {}
+    for user, _, given in parse_entries(text, sep):
+        if given:
+            roots[user] = tuple(dict.fromkeys(roots.get(user, ()) + given))
+    return roots
+
+
+def _token_text(token_file: str | None) -> tuple[str, str]:
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            return f.read(), "\n"
+    return os.environ.get("GRADPROBE_TOKENS", ""), ","
 
 
 def load_tokens(token_file: str | None) -> dict[str, str]:
-    if token_file:
-        with open(token_file, encoding="utf-8") as f:
-            return parse_tokens(f.read())
-    env = os.environ.get("GRADPROBE_TOKENS", "")
-    return parse_tokens(env, sep=",") if env else {}
+    text, sep = _token_text(token_file)
+    return parse_tokens(text, sep) if text else {}
+
+
+def load_user_roots(token_file: str | None) -> dict[str, tuple[str, ...]]:
+    """Each user's own roots from the token file (`alice:TOKEN /srv/code/alice /data/shared`)."""
+    text, sep = _token_text(token_file)
+    return parse_user_roots(text, sep) if text else {}
 
 
 class StaticTokenVerifier(TokenVerifier):

@@ -7,6 +7,7 @@ explicitly, since the SDK switches it off for non-localhost binds when left unse
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import re
@@ -17,7 +18,8 @@ from typing import Any
 from pydantic import AnyHttpUrl
 
 from gradprobe.server.app import build_server, make_nondumpable
-from gradprobe.server.auth import StaticTokenVerifier, load_tokens
+from gradprobe.sandbox.roots import resolved_inside
+from gradprobe.server.auth import StaticTokenVerifier, load_tokens, load_user_roots
 from gradprobe.server.events import RETRY_MS, BoundedEventStore
 from gradprobe.server.options import HttpOptions, ServeOptions
 from gradprobe.server.runtime import Runtime
@@ -49,8 +51,14 @@ def serve_http(options: ServeOptions) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     try:
         tokens = load_tokens(http.token_file)
+        user_roots = load_user_roots(http.token_file)
     except (OSError, ValueError) as exc:
         print(f"gradprobe: cannot read tokens: {exc}", file=sys.stderr)
+        return 2
+    options = dataclasses.replace(options, user_roots=tuple(sorted(user_roots.items())))
+    exposed = _token_file_exposed(http.token_file, options)
+    if exposed:
+        print(f"gradprobe: {exposed}", file=sys.stderr)
         return 2
     if not tokens and not is_loopback(http.host) and not http.insecure_no_auth:
         print(f"gradprobe: refusing to serve {http.host} without authentication: give --token-file or GRADPROBE_TOKENS "
@@ -93,6 +101,18 @@ def serve_http(options: ServeOptions) -> int:
             handler.addFilter(limit)
     uvicorn.Server(config).run()
     return 0
+
+
+def _token_file_exposed(token_file: str | None, options: ServeOptions) -> str | None:
+    """Why the token file must not be served from where it is: inside a root a caller may name (a caller's read_paths
+    or project could then show it to the call), or None."""
+    if not token_file:
+        return None
+    every = set(options.roots) | {r for _, roots in options.user_roots for r in roots}
+    if resolved_inside(token_file, every):
+        return (f"the token file {token_file} is inside a root callers may read ({', '.join(sorted(every))}; over HTTP "
+                "the working directory is the default root): keep it outside every root")
+    return None
 
 
 def connection_caps(max_connections: int) -> tuple[int, int]:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -70,12 +71,10 @@ async def call_tool(runtime: Runtime, tool: str, target: Target, options: dict[s
     outcome = "error"
     caller = _caller()
     try:
-        runtime.check_target(target)
-        async with runtime.slot(ctx, caller):
+        await anyio.to_thread.run_sync(runtime.check_target, target, caller)  # realpath and friends: off the loop
+        async with runtime.slot(ctx, caller, runtime.memory_for(target)):
             report = await execute(tool, target, options, progress=progress, executor=runtime.executor,
-                                   interpreters=runtime.interpreters)
-        if post is not None:
-            extra_content = post(report)
+                                   interpreters=runtime.interpreters_for(caller), roots=runtime.roots_for(caller))
         outcome = str((report.get("verdict") or {}).get("status") or "findings")
     except ToolInputError as exc:
         outcome = "tool-error"
@@ -84,10 +83,20 @@ async def call_tool(runtime: Runtime, tool: str, target: Target, options: dict[s
         # one JSON record per line: a newline or quote in a caller's field cannot forge another record
         log.info("call %s", json.dumps({"caller": caller, "tool": tool, "project": target.project_dir, "model": target.model,
                                         "outcome": outcome, "seconds": round(time.monotonic() - t0, 2)}))
+    # checking, drawing and rendering what the child sent is the server's own work: bounded first, then off the loop
+    data, content = await anyio.to_thread.run_sync(shape, report, extra_content, post)
+    return CallToolResult(content=content, structured_content=data, is_error=False)
+
+
+def shape(report: dict[str, Any], extra: list[Any] | None,
+          post: Callable[[dict[str, Any]], list[Any]] | None) -> tuple[dict[str, Any], list[Any]]:
+    """The answer: the pictures `post` draws (it bounds what it draws first: stepchart.clean_groups), the
+    schema-checked report and its text."""
     facts: dict[str, Any] = report["facts"] if isinstance(report.get("facts"), dict) else {}
+    if post is not None:
+        extra = post(report)
     if "mermaid" in facts:  # the child's text is untrusted: rebuilt here from the type-checked graph
         facts["mermaid"] = flow_mermaid(facts["flow"]) if facts.get("flow") else ""
     validated = Report.model_validate(report)  # the child's JSON is untrusted: schema-check it
     data = validated.model_dump(mode="json")
-    content = [TextContent(type="text", text=render_text(data))] + list(extra_content or [])
-    return CallToolResult(content=content, structured_content=data, is_error=False)
+    return data, [TextContent(type="text", text=render_text(data))] + list(extra or [])

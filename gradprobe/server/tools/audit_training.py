@@ -12,7 +12,7 @@ from pydantic import Field
 
 from gradprobe.server.models import Report
 from gradprobe.server.tools._call import READ_ONLY, TARGET_HELP, call_tool
-from gradprobe.stepchart import steps_svg
+from gradprobe.stepchart import MAX_STEPS, clean_groups, steps_svg
 from gradprobe.target import Target
 
 DESCRIPTION = f"""Run the user's own training step `steps` times (default 4) on the target's batch and watch it:
@@ -48,10 +48,14 @@ Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}, "
 Script mode: {{"target": {{"project_dir": "/home/ana/proj", "script": "train.py", "args": ["--epochs=1"]}}}}"""
 
 
-def steps_picture(report: dict) -> list:
-    """The per-group chart of the steps (lr, grad norm, update ratio), when the steps measured a group."""
+def steps_picture(report: dict, steps: int = MAX_STEPS) -> list:
+    """The per-group chart of the steps (lr, grad norm, update ratio), when the steps measured a group. The child's
+    rows are first cut to what the call ran (`steps`, finite numbers, capped counts: stepchart.clean_groups), in
+    the report too: the answer stays the size of what was measured."""
     facts = report.get("facts") or {}
-    groups = facts.get("param_groups") if isinstance(facts.get("param_groups"), list) else None
+    if "param_groups" not in facts:
+        return []
+    groups = facts["param_groups"] = clean_groups(facts["param_groups"], steps)
     if not groups:
         return []
     svg = steps_svg(groups).encode()
@@ -73,4 +77,4 @@ def register(server: Any, runtime: Any) -> None:
             raise ToolError("overfit_steps needs the build_model()/train_step form (a script's own loop decides its "
                             "batches): give `model` and `train_step`, or leave overfit_steps at 0.")
         return await call_tool(runtime, "audit_training", target, {"steps": steps, "overfit_steps": overfit_steps}, ctx,
-                               post=steps_picture)
+                               post=lambda report: steps_picture(report, steps))

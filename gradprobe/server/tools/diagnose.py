@@ -41,15 +41,15 @@ and packed vs padded are among its own checks either way.
 Example: {{"target": {{"project_dir": "/home/ana/proj", "model": "train.py"}}}}"""
 
 
-def _picture(report: dict) -> list:
+def _picture(report: dict, steps: int = 0) -> list:
     facts = report.get("facts") or {}
+    chart = steps_picture({"facts": facts["steps"]}, steps or 1) if isinstance(facts.get("steps"), dict) else []
     graph = facts.get("flow")
     if not graph:
         facts.pop("mermaid", None)
-        return []
+        return chart
     facts["mermaid"] = flow_mermaid(graph)  # made here from the checked graph, never the child's own text
     svg = flow_svg(graph).encode()
-    chart = steps_picture({"facts": facts["steps"]}) if isinstance(facts.get("steps"), dict) else []
     return [ImageContent(type="image", data=base64.b64encode(svg).decode(), mime_type="image/svg+xml"), *chart]
 
 
@@ -68,4 +68,4 @@ def register(server: MCPServer, runtime: Runtime) -> None:
     ) -> Annotated[CallToolResult, Report]:
         options: dict[str, object] = {"steps": steps} if steps else {}
         options["compare"] = compare
-        return await call_tool(runtime, "diagnose", target, options, ctx, post=_picture)
+        return await call_tool(runtime, "diagnose", target, options, ctx, post=lambda report: _picture(report, steps))
