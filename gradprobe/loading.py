@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from gradprobe.errors import TargetError, TargetRefError
 from gradprobe.phases import Phase
-from gradprobe.checks.core.torchcompat import data_descriptor, requires_grad_descriptor
+from gradprobe.checks.core.torchcompat import data_descriptor, requires_grad_descriptor, settle_device_constructors
 from gradprobe.initwrites import InitWrites, WriteLog
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 from gradprobe.wrappers import unwrap_library
@@ -69,6 +69,8 @@ class BuildRecorder:
     def __init__(self, user: UserCode, record: BuildRecord, writes: bool = True) -> None:
         self.user, self.record = user, record
         self._active = False
+        if writes:
+            settle_device_constructors()  # before the factories are patched (torchcompat says why)
         self._writes = InitWrites(user, record.writes) if writes else None  # initialiser fills and loads
 
     def __enter__(self) -> BuildRecorder:

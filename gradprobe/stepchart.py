@@ -20,6 +20,7 @@ MAX_GROUPS = 12
 
 ROW_SERIES = ("lr_as_applied", "grad_norm_after_backward", "grad_norm_at_step", "update_norm", "weight_norm",
               "update_ratio")
+ROW_COUNTS = ("with_gradient_at_step",)  # per step, a count of the group's tensors (kept, not drawn)
 MAX_STEPS, MAX_ROWS = 32, 64  # the most steps a call runs (audit_training/diagnose `steps`), and groups kept in facts
 
 
@@ -42,6 +43,10 @@ def clean_groups(groups: Any, steps: int = MAX_STEPS) -> list[dict[str, Any]]:
             values = row.get(key)
             if isinstance(values, list):
                 clean[key] = _values({key: values[:steps]}, key)
+        for key in ROW_COUNTS:
+            values = row.get(key)
+            if isinstance(values, list):
+                clean[key] = [_int(v) for v in values[:steps]]
         out.append(clean)
     return out
 

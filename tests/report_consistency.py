@@ -1,6 +1,7 @@
 """A report never contradicts itself: assertions over one report (any tool, the JSON the server returns).
 
-- `ok` is true exactly when no finding is an error, and the summary's first line says the same;
+- `ok` is true exactly when the verdict is "verified" (never beside an error), and the summary's first line says the
+  same (gradprobe/verdict.py's own consistency rules are checked by the examples' assertions in conftest.py);
 - an error that says tensors do not train (not in the optimizer, stale, never stepped, never moved) names no tensor
   that the steps' own table (per_parameter) says was in the optimizer, had a gradient at the step and moved;
 - a GP202 (the optimizer holds tensors that are not the model's) never stands beside steps in which every tensor
@@ -31,10 +32,11 @@ def contradictions(report: dict[str, Any]) -> list[str]:
     out: list[str] = []
     findings = report.get("findings") or []
     errors = [f for f in findings if f["severity"] == "error"]
-    if bool(report.get("ok")) == bool(errors):
-        out.append(f"ok={report.get('ok')} beside {len(errors)} error(s)")
+    status = (report.get("verdict") or {}).get("status")
+    if bool(report.get("ok")) != (status == "verified") or (report.get("ok") and errors):
+        out.append(f"ok={report.get('ok')} beside {len(errors)} error(s) and the verdict {status!r}")
     first = (report.get("summary") or "").splitlines()[:1]
-    if first and first[0].startswith("No error found") and errors:
+    if first and first[0].startswith(("No error found", "verified")) and errors:
         out.append(f"the summary says {first[0]!r} beside errors {[f['code'] for f in errors]}")
     steps = _steps(report)
     rows = {r["name"]: r for r in steps.get("per_parameter") or []}

@@ -118,7 +118,9 @@ async def test_a_plain_loop_without_a_reference_is_refused_not_passed(client):
     report = await _call(client, path.parent, path.name, ["--steps=4"], compare=["accumulation"])
     entry = next(e for e in report["facts"]["not_run"] if "accumulation" in e["check"])
     assert entry["cause"] == "refused" and "reference" in entry["why"], entry
-    assert not report["facts"]["verified"] and not report["findings"], report
+    assert not report["facts"]["verified"] and report["verdict"]["status"] != "verified", report
+    # the only finding says the check did not run (GP121), never a verdict about the code
+    assert [(f["code"], f["evidence"]["cause"]) for f in report["findings"]] == [("GP121", "refused")], report["findings"]
 
 
 @pytest.mark.anyio

@@ -338,7 +338,7 @@ def _dependencies(loaded: Any, facts: dict[str, Any]) -> list[Finding]:
     facts["dependencies"] = dfacts
     if dfacts["ran"]:
         facts["checks"].append("dependencies")
-    lift(facts, dfacts)  # what it verified (the dependencies measured, positions sampled) and what it could not run
+    lift(facts, dict(dfacts))  # what it verified (the dependencies measured, positions sampled) and what did not run
     return dfindings
 
 

@@ -43,6 +43,16 @@ def tensor_hooks(t: torch.Tensor) -> dict[Any, Any]:
     return getattr(t, "_backward_hooks", None) or {}
 
 
+def settle_device_constructors() -> None:
+    """Fill `with torch.device(...)`'s cache of the factories it redirects (torch.utils._device, an lru_cache filled
+    on first use) while torch's own factories are in place: filled while gradprobe's factory watch (initwrites.py)
+    is patched in, it would hold the watch's wrappers for good, and every later `with torch.device("meta")` would
+    build its tensors on the CPU."""
+    from torch.utils import _device
+
+    _device._device_constructors()
+
+
 def requires_grad_descriptor() -> Any:
     """The `requires_grad` attribute descriptor of tensors (on the C base class), to wrap on nn.Parameter."""
     return torch._C.TensorBase.requires_grad

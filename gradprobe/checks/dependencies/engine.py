@@ -269,9 +269,11 @@ def _batchnorm(loaded: Any, run: Run, facts: DepFacts, checks: tuple[str, ...], 
 
 
 def measure(loaded: Any, checks: tuple[str, ...] = CHECKS, positions: int | None = None,
-            seed: int = 0) -> Outcome:
+            seed: int = 0, uncaptured: tuple[str, str] = ("gradprobe", "")) -> Outcome:
     """Every dependency claim of the target's model on its batch, measured (see the module's docstring). `positions`:
-    that many sampled outputs, however many backward passes they take (None: 5, in at most 3 passes)."""
+    that many sampled outputs, however many backward passes they take (None: 5, in at most 3 passes). `uncaptured`:
+    the cause and the rest of the reason when a train_step's model call cannot be captured (check_dependencies was
+    asked for this check: gradprobe's limitation; diagnose reads no claim there: not applicable)."""
     out = Outcome()
     n = None if positions is None else max(1, min(int(positions), MAX_POSITIONS))
     if loaded.batch is None:
@@ -282,10 +284,10 @@ def measure(loaded: Any, checks: tuple[str, ...] = CHECKS, positions: int | None
     script = bool((loaded.info or {}).get("script_step"))
     if loaded.train_step is not None:  # the train_step decides how the model is called: its own call is probed
         call = captured_call(loaded)
-        if call is None:
+        if call is None:  # no claim can be read: diagnose (which runs the check where a claim is) passes `uncaptured`
             for check in checks:
-                out.skip(check, "the target's train_step made no model call that could be captured before its backward",
-                         "gradprobe")
+                out.skip(check, "the target's train_step made no model call that could be captured before its backward"
+                         + uncaptured[1], uncaptured[0])
             return out
         loaded = dataclasses.replace(loaded, batch=call, loss_fn=_loss_in_output, train_step=None)
     try:
@@ -346,7 +348,8 @@ def dependency_findings(loaded: Any) -> tuple[list[Finding], dict[str, Any]]:
     """For diagnose: every dependency claim the target's model makes, measured; facts say whether a claim was found (the
     check then ran), what was verified or not run, and what it cost."""
     t0 = time.perf_counter()
-    out = measure(loaded)
+    out = measure(loaded, uncaptured=("not_applicable", ": no claim to read (check_dependencies says what it can measure "
+                                                         "of this target)"))
     facts: dict[str, Any] = {"ran": bool(out.verified or out.findings), "seconds": round(time.perf_counter() - t0, 4),
                              "verified": out.verified, "not_run": out.not_run}
     facts.update({k: out.facts[k] for k in ("sampled", "next_element_claim", "packed", "batch_size", "backward_passes",

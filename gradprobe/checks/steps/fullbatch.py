@@ -162,7 +162,16 @@ def measure(loaded: Any, observed: list[OptStep], step: OptStep, moving: list[to
         for p, c in zip(moving, copies, strict=True):
             p.data = c
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
-            out = call_model(model, loaded.batch)
+            try:
+                out = call_model(model, loaded.batch)
+            except Exception as exc:
+                if loaded.loss_fn is not None:
+                    raise  # a batch the target's loss takes: the call is gradprobe's to make work
+                # the train_step unpacks the batch itself: what one batch's loss is, only the target can say
+                return None, (f"the batch is not the model's input (calling the model on it raised {type(exc).__name__}: "
+                              f"{str(exc)[:120]}) and the target gives no loss_fn: the full-batch gradient needs the "
+                              "step's loss on the whole batch (give `loss`, loss_fn(output, batch), and a batch the "
+                              "model takes)")
             loss, source = _loss(loaded, out)
             if loss is None:
                 return None, ("no loss_fn: the full-batch gradient needs the step's loss on the whole batch (give "
