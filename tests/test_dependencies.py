@@ -322,6 +322,30 @@ def test_cross_attention_to_an_encoder_and_a_pooled_classifier_stay_clean():
     assert [v.split(":")[0] for v in report["facts"]["verified"]] == ["example independence"]
 
 
+def test_a_prompt_looked_up_from_the_models_own_ids_is_no_input_of_any_example():
+    """P-tuning: prompt vectors looked up at a registered buffer of ids (as many prompts as the batch has examples),
+    encoded and expanded over the batch. That lookup is the model's, the same for every example: no example sees
+    another's input through it (the mutation bench's unmutated P-tuning source was a false GP902 when an embedding
+    looked up at the model's own ids counted as an input)."""
+    from gradprobe.checks.dependencies import check_dependencies
+
+    class Prompted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.words, self.prompts = nn.Embedding(16, 8), nn.Embedding(4, 8)
+            self.encode, self.head = nn.Linear(8, 8), nn.Linear(8, 5)
+            self.register_buffer("prompt_ids", torch.arange(4), persistent=False)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            prompt = self.encode(self.prompts(self.prompt_ids)).unsqueeze(0).expand(ids.size(0), -1, -1)
+            return self.head(torch.cat([prompt, self.words(ids)], dim=1).mean(1))
+
+    torch.manual_seed(0)
+    report = check_dependencies(Prompted(), torch.randint(0, 16, (4, 6)))
+    assert not [f for f in report["findings"] if f["code"] == "GP902"], report["findings"]
+    assert any(v.startswith("example independence") for v in report["facts"]["verified"]), report["facts"]
+
+
 def _llama(**kw):
     from transformers import LlamaConfig, LlamaForCausalLM
 

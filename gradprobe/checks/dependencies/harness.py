@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks.core.step import call_model, compute_loss, floating_outputs
+from gradprobe.checks.core.step import call_model, compute_loss, floating_outputs, tensors_in
 from gradprobe.userframes import UserCode, is_gradprobe_file
 
 _DROPOUTS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
@@ -107,9 +107,15 @@ def _frame_line(user: UserCode) -> tuple[dict | None, str | None]:
 class ProbeMode(TorchFunctionMode):
     """See the module's docstring."""
 
-    def __init__(self, user: UserCode, record: bool = False, modules: list[str] | None = None, leaves: bool = True) -> None:
+    def __init__(self, user: UserCode, record: bool = False, modules: list[str] | None = None, leaves: bool = True,
+                 constants: tuple[torch.Tensor, ...] = ()) -> None:
         super().__init__()
         self.user, self.record, self.make_leaves = user, record, leaves
+        # integer tensors that hold no input: the model's buffers and what the forward computes from them or from
+        # nothing (arange, a registered table of prompt ids); an embedding looked up at such ids is part of the model,
+        # the same for every example, never an input (a P-tuning prompt expanded over the batch)
+        self.constant = {id(t) for t in constants}
+        self._constant_refs: list[torch.Tensor] = list(constants)  # held: ids stay unique while the probe runs
         self.leaves: list[Leaf] = []
         self.ops: list[Op] = []
         self.keep: list[Any] = []
@@ -122,10 +128,11 @@ class ProbeMode(TorchFunctionMode):
         if func is _SDPA and kwargs.get("dropout_p"):
             kwargs["dropout_p"] = 0.0
         out = func(*args, **kwargs)
+        self._note_constant(args, kwargs, out)
+        ids = (args[0] if args else kwargs.get("input")) if func is F.embedding else None
         if (self.make_leaves and func is F.embedding and isinstance(out, torch.Tensor) and out.is_floating_point()
-                and out.dim() >= 2):
+                and out.dim() >= 2 and not (isinstance(ids, torch.Tensor) and id(ids) in self.constant)):
             leaf = out.detach().requires_grad_(True)
-            ids = args[0] if args else kwargs.get("input")
             where, _ = _frame_line(self.user)
             self.leaves.append(Leaf(leaf, "an embedding lookup" + (f" at line {where['line']}" if where else ""),
                                     ids if isinstance(ids, torch.Tensor) else None))
@@ -133,6 +140,14 @@ class ProbeMode(TorchFunctionMode):
         if self.record and len(self.ops) < _MAX_OPS:
             self._note(func, args, kwargs, out)
         return out
+
+    def _note_constant(self, args: tuple, kwargs: dict, out: Any) -> None:
+        """An integer result computed only from constants (or from no tensor at all) is a constant too."""
+        if not isinstance(out, torch.Tensor) or out.is_floating_point() or out.is_complex():
+            return
+        if all(id(t) in self.constant for t in tensors_in(args, kwargs)):
+            self.constant.add(id(out))
+            self._constant_refs.append(out)
 
     def _note(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> None:
         tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -228,7 +243,7 @@ def probed(model: nn.Module, batch: Any, loss_fn: Any, user: UserCode, record: b
     stack: list[str] = []
     outputs: dict[str, torch.Tensor] = {}
     calls: list[Call] = []
-    mode = ProbeMode(user, record=record, modules=stack)
+    mode = ProbeMode(user, record=record, modules=stack, constants=tuple(model.buffers()))
     with torch.enable_grad(), contextlib.ExitStack() as es:
         leafed = _leaf_batch(batch, leaves)
         if record or blocks:
