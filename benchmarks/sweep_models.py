@@ -438,6 +438,7 @@ def plain_step(spec: dict, build_timeout_s: float = 15.0) -> dict:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     built_s = time.perf_counter() - t0
+    seen_before = _plain_dependencies(model, batch, spec)  # what the outputs see, as built and after the step
     opt = make_opt(model)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     before = {n: p.detach().clone() for n, p in named}
@@ -459,7 +460,18 @@ def plain_step(spec: dict, build_timeout_s: float = 15.0) -> dict:
                              else f"{len(stuck)} parameter(s) with a gradient did not move")
     return {"trains": trains, "why": why, "loss": float(loss.detach()) if finite else None, "build_s": built_s,
             "step_s": step_s, "trainable": len(named), "grad_none": none, "grad_zero": zero, "moved": len(moved),
-            "params": sum(p.numel() for _, p in named)}
+            "params": sum(p.numel() for _, p in named),
+            "sees": {"built": seen_before, "after_step": _plain_dependencies(model, batch, spec)}}
+
+
+def _plain_dependencies(model, batch, spec: dict) -> dict:
+    """sweep_leaks.plain_dependencies, its own failure said (never the model's verdict)."""
+    from sweep_leaks import plain_dependencies
+
+    try:
+        return plain_dependencies(model, batch, spec)
+    except Exception as exc:
+        return {"future": None, "examples": None, "why": f"{type(exc).__name__}: {str(exc)[:200]}"}
 
 
 def import_family(family: str) -> str | None:

@@ -1,0 +1,127 @@
+"""The sweep's plain-PyTorch ground truth of what a model's outputs see (benchmarks/sweep.py, --tools
+check_dependencies, and diagnose, which runs the same check after its step), measured without gradprobe by changing
+inputs and comparing outputs, as one would by hand:
+
+  * future: for a model whose loss predicts the next token (a causal LM: labels are its input ids; a seq2seq model: the
+    decoder's inputs are its labels shifted right), the tokens of the second half of every row are changed and the
+    outputs of the first half compared;
+  * examples: every input entry of row 1 is changed (other token ids, noise on floating inputs) and row 0's outputs
+    compared.
+
+Both with the model in eval mode (dropout off, BatchNorm on its running statistics: BatchNorm's batch statistics
+couple the examples by design, which gradprobe says as GP904, an info) and without gradient. A change above 1e-6 of
+the output's largest magnitude is a dependency (unchanged rows compute bit for bit alike here: same shapes, same
+kernels). The sweep measures it on the weights each tool measures: as built (check_dependencies) and after the plain
+training step (diagnose's check runs after its observed step). On such a model a GP901/GP902 error is a true finding,
+not a false one; a tool that ran its dependency check and said nothing missed it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+REL = 1e-6  # of the output's largest magnitude
+TOKEN_KEYS = ("input_ids", "decoder_input_ids", "labels")  # the integer entries changed for another example
+
+
+def _main_output(out: Any) -> torch.Tensor | None:
+    """The per-position or per-example output: an HF output's logits, else its first floating tensor."""
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, torch.Tensor):
+        return out
+    values = list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, (tuple, list)) else []
+    return next((v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 2), None)
+
+
+def _changed_ids(ids: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """Other token ids in [low, high): each one moved by 7 within that range."""
+    span = max(high - low, 2)
+    return low + (ids - low + 7) % span
+
+
+def _future_key(spec: dict, batch: dict) -> str | None:
+    """The entry whose later positions are the future of the outputs: input_ids for a causal LM (labels = the ids),
+    labels for an encoder-decoder (the decoder's inputs are the labels shifted right)."""
+    labels = batch.get("labels")
+    ids = batch.get("input_ids")
+    if not isinstance(labels, torch.Tensor) or labels.dim() != 2 or labels.is_floating_point():
+        return None
+    if isinstance(ids, torch.Tensor) and labels.shape == ids.shape and torch.equal(labels, ids) and \
+            spec.get("task", "causal_lm") == "causal_lm":
+        return "input_ids"
+    if spec.get("task") in ("seq2seq", "speech_seq2seq") or (spec.get("family") == "peft" and spec.get("base") in ("t5", "bart")):
+        return "labels"
+    return None
+
+
+def _leak(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float]:
+    diff = float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
+    scale = max(float(a.float().abs().max()) if a.numel() else 0.0, 1e-12)
+    return diff > REL * scale, diff / scale
+
+
+def plain_dependencies(model: torch.nn.Module, batch: Any, spec: dict) -> dict:
+    """{"future": bool | None, "examples": bool | None, and the relative differences}: None where not measured."""
+    if not isinstance(batch, dict):
+        return {"future": None, "examples": None, "why": "the batch is not a dict of the model's keyword arguments"}
+    was = model.training
+    model.eval()
+    res: dict = {"future": None, "examples": None}
+    try:
+        with torch.no_grad():
+            base = _main_output(model(**batch))
+            if base is None:
+                return {**res, "why": "no floating output"}
+            key = _future_key(spec, batch)
+            if key is not None and base.dim() >= 3:
+                res.update(_future(model, batch, key, base))
+            if base.shape[0] >= 2 and all(v.shape[:1] == base.shape[:1] for v in batch.values()
+                                          if isinstance(v, torch.Tensor) and v.dim() >= 1):
+                res.update(_examples(model, batch, base))
+    finally:
+        model.train(was)
+    return res
+
+
+def _future(model: torch.nn.Module, batch: dict, key: str, base: torch.Tensor) -> dict:
+    t = batch[key].shape[1]
+    half = t // 2
+    changed = batch[key].clone()
+    low = int(batch[key].min())
+    changed[:, half:] = _changed_ids(changed[:, half:], low, int(batch[key].max()) + 1)
+    other = _main_output(model(**{**batch, key: changed}))
+    if other is None or other.shape != base.shape:
+        return {}
+    # a causal LM's output t reads inputs <= t; a decoder's output t reads its inputs <= t, the labels < t
+    upto = half if key == "input_ids" else half + 1
+    leak, rel = _leak(base[:, :upto], other[:, :upto])
+    return {"future": leak, "future_rel": rel}
+
+
+def _examples(model: torch.nn.Module, batch: dict, base: torch.Tensor) -> dict:
+    changed: dict = {k: batch[k] for k in batch}
+    g = torch.Generator().manual_seed(3)
+    for k, v in batch.items():
+        if not isinstance(v, torch.Tensor) or v.dim() == 0:
+            changed[k] = v
+        elif v.is_floating_point():
+            w = v.clone()
+            w[1] = w[1] + torch.randn(w[1].shape, generator=g, dtype=w.dtype)
+            changed[k] = w
+        elif k in TOKEN_KEYS and v.dim() >= 2:
+            w = v.clone()
+            valid = v[1] >= 0  # labels' ignored positions stay ignored
+            w[1][valid] = _changed_ids(v[1][valid], max(int(v[v >= 0].min()), 0) if bool((v >= 0).any()) else 0,
+                                       int(v.max()) + 1)
+            changed[k] = w
+        else:
+            changed[k] = v
+    other = _main_output(model(**changed))
+    if other is None or other.shape != base.shape:
+        return {}
+    leak, rel = _leak(base[0], other[0])
+    return {"examples": leak, "examples_rel": rel}
