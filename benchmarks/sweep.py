@@ -220,7 +220,8 @@ WRAP: list[str] = []
 
 
 TOOLS = ("diagnose", "check_equivalence", "check_dependencies")  # what --tools may name
-SEES = {"check_dependencies": "built", "diagnose": "after_step"}  # the weights each tool's dependency check measures
+# the weights each tool's dependency measurements run on: as built, or after diagnose's observed step
+SEES = {"check_dependencies": "built", "check_equivalence": "built", "diagnose": "after_step"}
 PROBLEMS = ("crashes", "errors", "resource_limits", "new_code_warnings", "gaps", "found", "missed")
 
 
@@ -244,9 +245,8 @@ async def run_tool(tool: str, spec: dict, truth: dict, executor, steps: int) -> 
     res["ratio_build_step"] = res["seconds"] / max(truth["step_s"] + truth["build_s"], 1e-6)
     res.update(classify(report))
     facts = report.get("facts") or {}
-    if tool in SEES:  # GP901/GP902 judged against plain PyTorch on the weights the tool measured (sweep_leaks.py)
-        ran = tool == "check_dependencies" or bool((facts.get("dependencies") or {}).get("ran"))
-        judge_leaks(res, (truth.get("sees") or {}).get(SEES[tool]), ran)
+    if tool in SEES:  # GP901-GP903, GP803 judged against plain PyTorch on the weights the tool measured (sweep_leaks.py)
+        judge_leaks(res, (truth.get("sees") or {}).get(SEES[tool]), measured_kinds(tool, facts))
     for key in PROBLEMS:
         for entry in res.get(key, []):
             entry["tool"] = tool
@@ -263,6 +263,16 @@ async def run_tool(tool: str, spec: dict, truth: dict, executor, steps: int) -> 
         res["applied"] = sorted(n for n, c in (facts.get("comparisons") or {}).items() if c.get("applies"))
     res["verified"] = [str(v)[:240] for v in (facts.get("verified") or [])[:8]]  # what the tool says it measured
     return res
+
+
+def measured_kinds(tool: str, facts: dict) -> tuple[str, ...]:
+    """What a tool's report measured of what the outputs see: check_dependencies all of it, diagnose where its dependency
+    check ran, check_equivalence packed rows where its packing comparison applied."""
+    if tool == "check_equivalence":
+        return ("packed",) if ((facts.get("comparisons") or {}).get("packing") or {}).get("applies") else ()
+    if tool == "diagnose" and not (facts.get("dependencies") or {}).get("ran"):
+        return ()
+    return ("future", "examples", "packed")
 
 
 async def run_one(spec: dict, gt: GroundTruth, executor, steps: int = 0, tools: tuple[str, ...] = ("diagnose",)) -> dict:
@@ -326,6 +336,38 @@ async def sweep(specs: list[dict], jobs: int, log, steps: int = 0, tools: tuple[
     return results
 
 
+def select_specs(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """(the models to run, the skipped entries) for the command line's --sample / --only / --packed / --match /
+    --stride / --limit."""
+    specs: list[dict] = []
+    skipped: list[dict] = []
+    if args.sample:
+        for fam in FAMILIES:
+            if fam in ("timm", "torchvision"):
+                skipped += enumerate_specs(fam)[1]
+        per_family: Counter = Counter()
+        for s in SAMPLE:  # --limit (per family) and --match narrow the sample too
+            per_family[s["family"]] += 1
+            if (not args.limit or per_family[s["family"]] <= args.limit) and (not args.match or args.match in spec_name(s)):
+                specs.append({**s, "name": spec_name(s)})
+        return specs, skipped
+    for fam in args.only or FAMILIES:
+        if (args.wrap or args.packed) and fam == "examples":
+            continue  # an example file is its own target: nothing to wrap or pack
+        if args.packed and fam not in ("transformers", "midtrain"):
+            continue
+        got, skip = enumerate_specs(fam)
+        if args.packed:  # the causal LMs, their batch as one packed row
+            got = [{**s, "packed": True, "name": s["name"] + "+packed"} for s in got if s.get("task") == "causal_lm"]
+            skip = [s for s in skip if s.get("task") == "causal_lm"]
+        if args.match:
+            got = [s for s in got if args.match in s["name"]]
+        got = got[args.stride - 1::args.stride] if args.stride > 1 else got
+        specs += got[: args.limit] if args.limit else got
+        skipped += skip
+    return specs, skipped
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=FAMILIES, help="run only this family (repeatable)")
@@ -341,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
                          "ddp (gradprobe wraps it in DistributedDataParallel), fsdp2 (the setup applies fully_shard to "
                          "the repeated blocks and the root); the ground truth stays the single-process fp32 step; "
                          "not the examples family")
+    ap.add_argument("--packed", action="store_true",
+                    help="only the causal LMs (transformers, midtrain), each fed its batch as one packed row (position_ids "
+                         "restarting, no attention_mask, as DataCollatorWithFlattening makes it); GP903/GP803 judged against "
+                         "plain PyTorch: each packed example run alone")
     ap.add_argument("--tools", default="diagnose",
                     help="the tools run on each model, comma-separated, in order (default diagnose): " + ", ".join(TOOLS))
     ap.add_argument("--sample", action="store_true", help="the fixed fast sample (the test in tests/test_sweep_sample.py)")
@@ -356,27 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.wrap:
         WRAP.append(args.wrap)
     t0 = time.perf_counter()
-    specs: list[dict] = []
-    skipped: list[dict] = []
-    if args.sample:
-        for fam in FAMILIES:
-            if fam in ("timm", "torchvision"):
-                skipped += enumerate_specs(fam)[1]
-        per_family: Counter = Counter()
-        for s in SAMPLE:  # --limit (per family) and --match narrow the sample too
-            per_family[s["family"]] += 1
-            if (not args.limit or per_family[s["family"]] <= args.limit) and (not args.match or args.match in spec_name(s)):
-                specs.append({**s, "name": spec_name(s)})
-    else:
-        for fam in args.only or FAMILIES:
-            if args.wrap and fam == "examples":
-                continue  # an example file is its own target: nothing to wrap
-            got, skip = enumerate_specs(fam)
-            if args.match:
-                got = [s for s in got if args.match in s["name"]]
-            got = got[args.stride - 1::args.stride] if args.stride > 1 else got
-            specs += got[: args.limit] if args.limit else got
-            skipped += skip
+    specs, skipped = select_specs(args)
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

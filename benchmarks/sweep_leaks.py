@@ -6,7 +6,11 @@ inputs and comparing outputs, as one would by hand:
     decoder's inputs are its labels shifted right), the tokens of the second half of every row are changed and the
     outputs of the first half compared;
   * examples: every input entry of row 1 is changed (other token ids, noise on floating inputs) and row 0's outputs
-    compared.
+    compared;
+  * packed: for a packed row (`position_ids` restarting, sweep.py --packed), each packed example is run alone (its
+    tokens, its positions) and its outputs compared with those of its span of the packed row (here the shapes differ,
+    so rounding does too: a change above 1e-4 of the largest magnitude; a model that keeps the examples apart differs
+    by about 1e-7, one that does not by 1e-2 and more).
 
 Both with the model in eval mode (dropout off, BatchNorm on its running statistics: BatchNorm's batch statistics
 couple the examples by design, which gradprobe says as GP904, an info) and without gradient. A change above 1e-6 of
@@ -50,8 +54,9 @@ def _future_key(spec: dict, batch: dict) -> str | None:
     ids = batch.get("input_ids")
     if not isinstance(labels, torch.Tensor) or labels.dim() != 2 or labels.is_floating_point():
         return None
-    if isinstance(ids, torch.Tensor) and labels.shape == ids.shape and torch.equal(labels, ids) and \
-            spec.get("task", "causal_lm") == "causal_lm":
+    same = isinstance(ids, torch.Tensor) and labels.shape == ids.shape and \
+        bool(((labels == ids) | (labels == -100)).all()) and bool((labels != -100).any())
+    if same and spec.get("task", "causal_lm") == "causal_lm":
         return "input_ids"
     if spec.get("task") in ("seq2seq", "speech_seq2seq") or (spec.get("family") == "peft" and spec.get("base") in ("t5", "bart")):
         return "labels"
@@ -82,6 +87,8 @@ def plain_dependencies(model: torch.nn.Module, batch: Any, spec: dict) -> dict:
             if base.shape[0] >= 2 and all(v.shape[:1] == base.shape[:1] for v in batch.values()
                                           if isinstance(v, torch.Tensor) and v.dim() >= 1):
                 res.update(_examples(model, batch, base))
+            if isinstance(batch.get("position_ids"), torch.Tensor) and base.dim() >= 3:
+                res.update(_packed(model, batch, base))
     finally:
         model.train(was)
     return res
@@ -125,3 +132,22 @@ def _examples(model: torch.nn.Module, batch: dict, base: torch.Tensor) -> dict:
         return {}
     leak, rel = _leak(base[0], other[0])
     return {"examples": leak, "examples_rel": rel}
+
+
+PACKED_REL = 1e-4
+
+
+def _packed(model: torch.nn.Module, batch: dict, base: torch.Tensor) -> dict:
+    """Each packed example alone (its ids, its positions from 0) against its span of the packed row."""
+    pos = batch["position_ids"]
+    if pos.shape[0] != 1 or not bool((pos[0, 1:] == 0).any()):
+        return {}
+    starts = [0] + [int(i) + 1 for i in (pos[0, 1:] == 0).nonzero().flatten()] + [pos.shape[1]]
+    worst = 0.0
+    for a, b in zip(starts[:-1], starts[1:], strict=True):
+        alone = _main_output(model(input_ids=batch["input_ids"][:, a:b], position_ids=torch.arange(b - a)[None]))
+        if alone is None or alone.shape[1] != b - a:
+            return {}
+        scale = max(float(alone.float().abs().max()), 1e-12)
+        worst = max(worst, float((base[:, a:b].float() - alone.float()).abs().max()) / scale)
+    return {"packed": worst > PACKED_REL, "packed_rel": worst}

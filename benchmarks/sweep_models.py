@@ -411,6 +411,8 @@ def build(spec: dict):
         model, batch, loss_fn, make_opt = build_diffusers(spec)
     else:
         raise ValueError(family)
+    if spec.get("packed"):
+        batch = pack_batch(batch)
     if spec.get("warm"):
         opt = make_opt(model)
         loss = loss_fn(model(**batch), batch)
@@ -418,6 +420,21 @@ def build(spec: dict):
         opt.step()
         opt.zero_grad()
     return model, batch, loss_fn, make_opt
+
+
+def pack_batch(batch: dict) -> dict:
+    """The batch's rows as one packed row, as transformers' DataCollatorWithFlattening returns them: the tokens of all
+    rows in one row cut into three examples of different lengths, `position_ids` restarting at 0 for each, labels -100
+    at each example's first token, no attention_mask (the packed-sequence mask comes from the position ids)."""
+    ids = batch["input_ids"].reshape(-1)
+    n = ids.numel()
+    lengths = [n * 13 // 32, n * 11 // 32]
+    lengths.append(n - sum(lengths))
+    labels = ids.clone()
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    labels[starts] = -100
+    positions = torch.cat([torch.arange(k) for k in lengths])
+    return {"input_ids": ids[None], "position_ids": positions[None], "labels": labels[None]}
 
 
 # ---- ground truth (plain PyTorch, no gradprobe) -----------------------------------------------------

@@ -117,22 +117,24 @@ def classify(report: dict) -> dict:
 
 STATUS_ORDER = ("crash", "false_error", "missed", "resource_limit", "gap", "found", "clean")
 # the dependency codes a plain-PyTorch measurement can confirm (sweep_leaks.py): code -> what the outputs see
-LEAK_CODES = {"GP901": "future", "GP902": "examples"}
+LEAK_CODES = {"GP901": "future", "GP902": "examples", "GP903": "packed", "GP803": "packed"}
 
 
-def judge_leaks(res: dict, sees: dict | None, ran: bool) -> None:
-    """A GP901/GP902 error on a model whose outputs, measured in plain PyTorch on the same weights, do see the future
-    (other examples) is a true finding (`found`), not a false error; a leak measured so that a tool whose dependency
-    check ran did not report is `missed`."""
+def judge_leaks(res: dict, sees: dict | None, measures: tuple[str, ...]) -> None:
+    """A GP901/GP902/GP903/GP803 error on a model whose outputs, measured in plain PyTorch on the same weights, do see
+    the future (other examples, other packed examples) is a true finding (`found`), not a false error; a leak measured
+    so, of a kind the tool measured (`measures`), that it did not report is `missed`."""
     if not sees:
         return
     true = [e for e in res["errors"] if sees.get(LEAK_CODES.get(e["code"], "")) is True]
     res["found"] = true
     res["errors"] = [e for e in res["errors"] if e not in true]
     reported = {LEAK_CODES[e["code"]] for e in true}
-    res["missed"] = [{"code": code, "message": f"plain PyTorch measures that the outputs see {what} (relative change "
-                      f"{sees.get(what + '_rel', 0):.2g}); not reported"}
-                     for code, what in LEAK_CODES.items() if ran and sees.get(what) is True and what not in reported]
+    res["missed"] = [{"code": "/".join(c for c, w in LEAK_CODES.items() if w == what),
+                      "message": f"plain PyTorch measures that the outputs see {what} (relative change "
+                                 f"{sees.get(what + '_rel', 0):.2g}); not reported"}
+                     for what in dict.fromkeys(LEAK_CODES.values())
+                     if what in measures and sees.get(what) is True and what not in reported]
 
 
 def status_of(res: dict) -> str:
