@@ -430,3 +430,24 @@ def test_a_part_of_the_model_that_mixes_examples_is_found_at_the_train_steps_cal
     assert [f["code"] for f in _errors(report)] == ["GP902"], report["findings"]
     assert report["facts"]["probed_module"] == "student"
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.anyio
+async def test_a_leak_computed_outside_the_attention_names_the_module_and_line_not_the_attention(client):
+    """Sequence-level routing (Shwai-He/MEO#2): the router's scores averaged over the positions. The attention is
+    causal; the routed MLP's input has no leak and its output does: it is named, at the mean's line, and the fix is not
+    the attention's (before: the block's attention call was blamed, with the attention's fix)."""
+    report = await _call(client, "gp901_router_mean_over_sequence.py")
+    f = one_finding(report["findings"], "GP901")
+    path = EXAMPLES / "gp901_router_mean_over_sequence.py"
+    assert f["location"]["line"] == line_of(path, "softmax(-1).mean(dim=1, keepdim=True)")
+    assert f["evidence"]["first_module"] == "blocks.0" and f["evidence"]["computed_by"] == "blocks.0.moe"
+    assert f["evidence"]["attention"] is None and "attention is not the cause" in f["message"]
+    assert "blocks.0.moe" in f["fix"] and "is_causal" not in f["fix"]
+    twin = await _call(client, "healthy_deps_router_per_token.py")
+    assert twin["ok"] and not twin["findings"], twin["findings"]
+    assert any(v.startswith("causality") for v in twin["facts"]["verified"])
+    # a mask leak is still the attention's: the sliding-window example names its attention call
+    window = await _call(client, "gp901_sliding_window_off_by_one.py")
+    g = one_finding(window["findings"], "GP901")
+    assert g["evidence"]["attention"].startswith("scaled_dot_product_attention") and "not the cause" not in g["message"]
