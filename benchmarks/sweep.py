@@ -213,6 +213,7 @@ _FSDP2 = ("from torch.distributed.fsdp import fully_shard\n"
           "    if all(len(_where[id(_p)]) == 1 for _p in _block.parameters()):\n"
           "        fully_shard(_block)\n"
           "fully_shard(model)\n")
+WRAPS["accum2"] = "from sweep_models import accumulation_step\ntrain_step = accumulation_step(loss_fn, 2)\n"
 WRAPS["ddp"] = ""
 WRAPS["fsdp2"] = _FSDP2
 WORLD = {"ddp": 2, "fsdp2": 2}  # the wraps that run the target at several ranks (the ground truth stays one process)
@@ -379,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="models checked at once (default 1)")
     ap.add_argument("--steps", type=int, default=0, help="diagnose with this many observed training steps (default 0)")
     ap.add_argument("--wrap", choices=sorted(WRAPS), default=None,
-                    help="check each model compiled (aot_eager), with its step under autocast, or at two ranks: "
+                    help="check each model compiled (aot_eager), with its step under autocast, accumulating 2 micro-batches "
+                         "(accum2: a train_step dividing each loss by 2), or at two ranks: "
                          "ddp (gradprobe wraps it in DistributedDataParallel), fsdp2 (the setup applies fully_shard to "
                          "the repeated blocks and the root); the ground truth stays the single-process fp32 step; "
                          "not the examples family")

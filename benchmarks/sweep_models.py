@@ -422,6 +422,36 @@ def build(spec: dict):
     return model, batch, loss_fn, make_opt
 
 
+def micro_batch(batch, i: int, k: int):
+    """The i-th of k micro-batches of a batch: every tensor that leads with the batch's size cut along dim 0 (a
+    diffusion batch keeps its target alongside)."""
+    sizes = [v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() >= 1]
+    n = max(sizes) if sizes else 1
+
+    def cut(v):
+        return v[i * n // k:(i + 1) * n // k] if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == n else v
+
+    part = {key: cut(v) for key, v in batch.items()}
+    return DiffusersBatch(part, cut(batch.target)) if isinstance(batch, DiffusersBatch) else part
+
+
+def accumulation_step(loss_fn, k: int = 2):
+    """A train_step that accumulates k micro-batches, each loss divided by k, one optimizer step: healthy by design
+    (the mean of k equal parts' means is the whole batch's mean), what check_equivalence's accumulation comparison
+    measures against one batch (sweep.py --wrap accum2)."""
+
+    def train_step(model, batch, optimizer):
+        optimizer.zero_grad()
+        for i in range(k):
+            micro = micro_batch(batch, i, k)
+            loss = loss_fn(model(**micro), micro) / k
+            loss.backward()
+        optimizer.step()
+        return loss
+
+    return train_step
+
+
 def pack_batch(batch: dict) -> dict:
     """The batch's rows as one packed row, as transformers' DataCollatorWithFlattening returns them: the tokens of all
     rows in one row cut into three examples of different lengths, `position_ids` restarting at 0 for each, labels -100

@@ -169,7 +169,7 @@ def summarize(results: list[dict], skipped: list[dict], tool: str | None = None)
     for r in results + [{"family": s["family"], "name": s["name"], "status": "skipped", "skip": s["skip"]} for s in skipped]:
         f = fams.setdefault(r["family"], {**{k: 0 for k in COLUMNS}, "new_code_warning": 0, "steps_not_audited": 0,
                                            "warnings": Counter(), "infos": Counter(), "seconds": [], "ratios": [],
-                                           "dependency_s": [], "skip_reasons": Counter()})
+                                           "dependency_s": [], "dependency_share": [], "skip_reasons": Counter()})
         v = _view(r, tool)
         if v["status"] == "skipped":
             f["skipped"] += 1
@@ -187,6 +187,7 @@ def summarize(results: list[dict], skipped: list[dict], tool: str | None = None)
         f["ratios"].append(v["ratio"])
         if "dependency_s" in v:
             f["dependency_s"].append(v["dependency_s"])
+            f["dependency_share"].append(v["dependency_s"] / max(v["seconds"], 1e-9))
     out = {}
     for name, f in fams.items():
         out[name] = {k: f[k] for k in COLUMNS + ("new_code_warning", "steps_not_audited")}
@@ -196,6 +197,7 @@ def summarize(results: list[dict], skipped: list[dict], tool: str | None = None)
         out[name]["median_ratio_to_plain_step"] = round(statistics.median(f["ratios"]), 1) if f["ratios"] else None
         out[name]["seconds"] = [round(x, 3) for x in f["seconds"]]
         out[name]["dependency_s"] = [round(x, 3) for x in f["dependency_s"]]
+        out[name]["dependency_share"] = [round(x, 4) for x in f["dependency_share"]]
         out[name]["skip_reasons"] = dict(f["skip_reasons"].most_common(12))
     return out
 
@@ -294,8 +296,9 @@ def print_table(summary: dict, results: list[dict], wall_s: float, by_tool: dict
     for tool in tools:
         print(tool_line(tool, by_tool[tool]))  # type: ignore[index]
     deps = [x for s in (by_tool or {}).get("diagnose", {}).values() for x in s["dependency_s"]]
+    share = [x for s in (by_tool or {}).get("diagnose", {}).values() for x in s.get("dependency_share", [])]
     if deps:
         print(f"diagnose's dependency check (after its step, where a claim is measured): ran on {len(deps)} models, "
-              f"median {_median(deps)} s")
+              f"median {_median(deps)} s, median share of diagnose's time {_median([100 * x for x in share])} %")
     if any(r.get("steps_audited") is not None for r in results):
         print(f"steps: the several-steps audit did not run on {tot['steps_not_audited']} of the {tot['built']} built models")
