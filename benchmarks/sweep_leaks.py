@@ -63,6 +63,21 @@ def _future_key(spec: dict, batch: dict) -> str | None:
     return None
 
 
+def _shifted_loss(out: Any, logits: torch.Tensor, labels: torch.Tensor) -> bool:
+    """Whether the model's own loss is the next-token cross-entropy of its logits (output t against label t+1), as a
+    causal LM's is; a model whose loss reads label t at output t (XLNet's, XLM's LM heads) claims no causality. The
+    labels sit at the last positions (a soft prompt's positions come first, labelled -100, as PEFT pads them)."""
+    loss = getattr(out, "loss", None)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or logits.dim() != 3 or logits.shape[1] < labels.shape[1]:
+        return False
+    import torch.nn.functional as F
+
+    full = torch.cat([labels.new_full((labels.shape[0], logits.shape[1] - labels.shape[1]), -100), labels], dim=1)
+    shifted = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), full[:, 1:].reshape(-1),
+                              ignore_index=-100)
+    return abs(float(shifted) - float(loss)) <= 1e-3 * max(abs(float(loss)), 1e-6)
+
+
 def _leak(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float]:
     diff = float((a.float() - b.float()).abs().max()) if a.numel() else 0.0
     scale = max(float(a.float().abs().max()) if a.numel() else 0.0, 1e-12)
@@ -78,10 +93,13 @@ def plain_dependencies(model: torch.nn.Module, batch: Any, spec: dict) -> dict:
     res: dict = {"future": None, "examples": None}
     try:
         with torch.no_grad():
-            base = _main_output(model(**batch))
+            out = model(**batch)
+            base = _main_output(out)
             if base is None:
                 return {**res, "why": "no floating output"}
             key = _future_key(spec, batch)
+            if key == "input_ids" and not _shifted_loss(out, base, batch["labels"]):
+                key, res["why_no_future"] = None, "the model's loss is not the next-token cross-entropy (labels unshifted)"
             if key is not None and base.dim() >= 3:
                 res.update(_future(model, batch, key, base))
             if base.shape[0] >= 2 and all(v.shape[:1] == base.shape[:1] for v in batch.values()
