@@ -68,6 +68,9 @@ def test_sweep_sample_runs_the_equivalence_and_dependency_checks_clean():
         assert "causality:" in deps and "example independence:" in deps, (r["name"], deps)
         assert r["tools"]["check_equivalence"]["verified"], r["name"]
         assert "storage" in r["tools"]["check_equivalence"]["applied"], r["tools"]["check_equivalence"]
+        # the plain-PyTorch ground truth of what the outputs see (sweep_leaks.py) measured both, as built and after a step
+        for state in ("built", "after_step"):
+            assert r["truth"]["sees"][state]["future"] is False and r["truth"]["sees"][state]["examples"] is False, r["truth"]
     for tool in ("check_equivalence", "check_dependencies"):
         totals = [s for s in payload["by_tool"][tool].values() if s["built"]]
         assert sum(s["clean"] for s in totals) == 2, payload["by_tool"][tool]
