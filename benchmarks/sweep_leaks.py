@@ -2,9 +2,9 @@
 check_dependencies, and diagnose, which runs the same check after its step), measured without gradprobe by changing
 inputs and comparing outputs, as one would by hand:
 
-  * future: for a model whose loss predicts the next token (a causal LM: labels are its input ids; a seq2seq model: the
-    decoder's inputs are its labels shifted right), the tokens of the second half of every row are changed and the
-    outputs of the first half compared;
+  * future: for a model whose loss predicts the next token (a causal LM whose own loss is the next-token cross-entropy
+    of its input ids; an encoder-decoder: its decoder's inputs, made from the labels as the model makes them), the
+    tokens of the second half of every row are changed and the outputs of the first half compared;
   * examples: every input entry of row 1 is changed (other token ids, noise on floating inputs) and row 0's outputs
     compared;
   * packed: for a packed row (`position_ids` restarting, sweep.py --packed), each packed example is run alone (its
@@ -113,18 +113,46 @@ def plain_dependencies(model: torch.nn.Module, batch: Any, spec: dict) -> dict:
 
 
 def _future(model: torch.nn.Module, batch: dict, key: str, base: torch.Tensor) -> dict:
+    if key == "labels":  # an encoder-decoder: its decoder's inputs, made from the labels as the model makes them
+        return _decoder_future(model, batch)
     t = batch[key].shape[1]
     half = t // 2
     changed = batch[key].clone()
-    low = int(batch[key].min())
-    changed[:, half:] = _changed_ids(changed[:, half:], low, int(batch[key].max()) + 1)
+    changed[:, half:] = _changed_ids(changed[:, half:], int(batch[key].min()), int(batch[key].max()) + 1)
     other = _main_output(model(**{**batch, key: changed}))
     if other is None or other.shape != base.shape:
         return {}
-    # a causal LM's output t reads inputs <= t; a decoder's output t reads its inputs <= t, the labels < t
-    upto = half if key == "input_ids" else half + 1
-    leak, rel = _leak(base[:, :upto], other[:, :upto])
+    leak, rel = _leak(base[:, :half], other[:, :half])  # output t reads inputs <= t
     return {"future": leak, "future_rel": rel}
+
+
+def _decoder_future(model: torch.nn.Module, batch: dict) -> dict:
+    """The decoder's output t against its inputs after t: the decoder inputs the model makes from the labels
+    (`prepare_decoder_input_ids_from_labels`: shifted right; mBART's wraps the last token to the front, by design;
+    without it, shifted right after the config's decoder start token as transformers' seq2seq forwards do), passed
+    explicitly, their second half changed."""
+    prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    dec = prepare(labels=batch["labels"]) if prepare is not None else _shift_right(model, batch["labels"])
+    if not isinstance(dec, torch.Tensor) or dec.dim() != 2:
+        return {}
+    base = _main_output(model(**{**batch, "decoder_input_ids": dec}))
+    half = dec.shape[1] // 2
+    changed = dec.clone()
+    changed[:, half:] = _changed_ids(changed[:, half:], int(batch["labels"].min()), int(batch["labels"].max()) + 1)
+    other = _main_output(model(**{**batch, "decoder_input_ids": changed}))
+    if base is None or other is None or other.shape != base.shape or base.dim() < 3:
+        return {}
+    leak, rel = _leak(base[:, :half], other[:, :half])
+    return {"future": leak, "future_rel": rel}
+
+
+def _shift_right(model: torch.nn.Module, labels: torch.Tensor) -> torch.Tensor:
+    config = getattr(model, "config", None)
+    start = getattr(config, "decoder_start_token_id", None)
+    pad = getattr(config, "pad_token_id", None) or 0
+    start = pad if start is None else start
+    dec = torch.cat([labels.new_full((labels.shape[0], 1), int(start)), labels[:, :-1]], dim=1)
+    return dec.masked_fill(dec == -100, int(pad))
 
 
 def _examples(model: torch.nn.Module, batch: dict, base: torch.Tensor) -> dict:
