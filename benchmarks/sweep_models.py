@@ -411,6 +411,8 @@ def build(spec: dict):
         model, batch, loss_fn, make_opt = build_diffusers(spec)
     else:
         raise ValueError(family)
+    if spec.get("packed"):
+        batch = pack_batch(batch)
     if spec.get("warm"):
         opt = make_opt(model)
         loss = loss_fn(model(**batch), batch)
@@ -418,6 +420,51 @@ def build(spec: dict):
         opt.step()
         opt.zero_grad()
     return model, batch, loss_fn, make_opt
+
+
+def micro_batch(batch, i: int, k: int):
+    """The i-th of k micro-batches of a batch: every tensor that leads with the batch's size cut along dim 0 (a
+    diffusion batch keeps its target alongside)."""
+    sizes = [v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() >= 1]
+    n = max(sizes) if sizes else 1
+
+    def cut(v):
+        return v[i * n // k:(i + 1) * n // k] if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == n else v
+
+    part = {key: cut(v) for key, v in batch.items()}
+    return DiffusersBatch(part, cut(batch.target)) if isinstance(batch, DiffusersBatch) else part
+
+
+def accumulation_step(loss_fn, k: int = 2):
+    """A train_step that accumulates k micro-batches, each loss divided by k, one optimizer step: healthy by design
+    (the mean of k equal parts' means is the whole batch's mean), what check_equivalence's accumulation comparison
+    measures against one batch (sweep.py --wrap accum2)."""
+
+    def train_step(model, batch, optimizer):
+        optimizer.zero_grad()
+        for i in range(k):
+            micro = micro_batch(batch, i, k)
+            loss = loss_fn(model(**micro), micro) / k
+            loss.backward()
+        optimizer.step()
+        return loss
+
+    return train_step
+
+
+def pack_batch(batch: dict) -> dict:
+    """The batch's rows as one packed row, as transformers' DataCollatorWithFlattening returns them: the tokens of all
+    rows in one row cut into three examples of different lengths, `position_ids` restarting at 0 for each, labels -100
+    at each example's first token, no attention_mask (the packed-sequence mask comes from the position ids)."""
+    ids = batch["input_ids"].reshape(-1)
+    n = ids.numel()
+    lengths = [n * 13 // 32, n * 11 // 32]
+    lengths.append(n - sum(lengths))
+    labels = ids.clone()
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    labels[starts] = -100
+    positions = torch.cat([torch.arange(k) for k in lengths])
+    return {"input_ids": ids[None], "position_ids": positions[None], "labels": labels[None]}
 
 
 # ---- ground truth (plain PyTorch, no gradprobe) -----------------------------------------------------
@@ -438,6 +485,7 @@ def plain_step(spec: dict, build_timeout_s: float = 15.0) -> dict:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     built_s = time.perf_counter() - t0
+    seen_before = _plain_dependencies(model, batch, spec)  # what the outputs see, as built and after the step
     opt = make_opt(model)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     before = {n: p.detach().clone() for n, p in named}
@@ -459,7 +507,18 @@ def plain_step(spec: dict, build_timeout_s: float = 15.0) -> dict:
                              else f"{len(stuck)} parameter(s) with a gradient did not move")
     return {"trains": trains, "why": why, "loss": float(loss.detach()) if finite else None, "build_s": built_s,
             "step_s": step_s, "trainable": len(named), "grad_none": none, "grad_zero": zero, "moved": len(moved),
-            "params": sum(p.numel() for _, p in named)}
+            "params": sum(p.numel() for _, p in named),
+            "sees": {"built": seen_before, "after_step": _plain_dependencies(model, batch, spec)}}
+
+
+def _plain_dependencies(model, batch, spec: dict) -> dict:
+    """sweep_leaks.plain_dependencies, its own failure said (never the model's verdict)."""
+    from sweep_leaks import plain_dependencies
+
+    try:
+        return plain_dependencies(model, batch, spec)
+    except Exception as exc:
+        return {"future": None, "examples": None, "why": f"{type(exc).__name__}: {str(exc)[:200]}"}
 
 
 def import_family(family: str) -> str | None:

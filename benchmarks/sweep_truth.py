@@ -122,17 +122,20 @@ def _gt_example(spec: dict) -> dict:
     t0 = time.perf_counter()
     model = mod.build_model()
     batch = mod.make_inputs() if hasattr(mod, "make_inputs") else None
+    # build_model() may return several modules (a dict or a list of them, one optimizer over them)
+    parts = model.items() if isinstance(model, dict) else enumerate(model) if isinstance(model, (list, tuple)) else \
+        [("", model)]
+    named = [(f"{k}.{n}" if k != "" else n, p) for k, m in parts for n, p in m.named_parameters() if p.requires_grad]
     opt = mod.make_optimizer(model) if hasattr(mod, "make_optimizer") else \
-        torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        torch.optim.AdamW([p for _, p in named], lr=1e-3)
     build_s = time.perf_counter() - t0
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     before = {n: p.detach().clone() for n, p in named}
     t1 = time.perf_counter()
     if hasattr(mod, "train_step"):
         mod.train_step(model, batch, opt)
         loss_val = None
     else:
-        out = model(**batch) if isinstance(batch, dict) else model(*batch) if isinstance(batch, tuple) else model(batch)
+        out = _call(model, batch)
         loss = mod.loss_fn(out, batch) if hasattr(mod, "loss_fn") else _default_loss(out)
         loss.backward()
         opt.step()
@@ -144,6 +147,21 @@ def _gt_example(spec: dict) -> dict:
     trains = bool(moved) and (loss_val is None or loss_val == loss_val)
     return {"trains": trains, "why": "" if trains else "no parameter moved", "loss": loss_val, "build_s": build_s,
             "step_s": step_s, "trainable": len(named), "grad_none": none, "grad_zero": zero, "moved": len(moved)}
+
+
+def _call(model, batch):
+    """The documented call of a build_model() target: a dict's keys that the forward takes (all of them when it takes
+    **kwargs), a tuple as arguments, anything else as the one argument (docs/targets.md)."""
+    import inspect
+
+    if isinstance(batch, dict):
+        inner = getattr(model, "_orig_mod", model)  # a compiled module's forward takes anything: the module's own
+        params = inspect.signature(inner.forward).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            names = {p.name for p in params}
+            batch = {k: v for k, v in batch.items() if k in names}
+        return model(**batch)
+    return model(*batch) if isinstance(batch, tuple) else model(batch)
 
 
 def _default_loss(out):

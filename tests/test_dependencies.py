@@ -423,3 +423,75 @@ def test_a_train_step_target_is_probed_on_its_own_model_call_without_stepping():
     report = dependencies_report(live_target(model, (torch.randint(0, 64, (2, 9)),), None, optimizer, train_step))
     assert report["ok"] and any(v.startswith("causality") for v in report["facts"]["verified"]), report["facts"]
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.anyio
+async def test_a_train_step_that_calls_a_part_of_the_model_is_probed_at_that_call(client):
+    """The DPO-style example's train_step calls `model.policy(x)` (and a frozen `model.ema_model` under no_grad), never
+    `model(...)`: the probe takes the first grad-enabled call of a module holding trainable parameters, so example
+    independence is measured there (before: every check was not_run with cause gradprobe)."""
+    report = await _call(client, "healthy_steps_frozen_reference_named_ema.py")
+    assert report["ok"] and not report["findings"], report["findings"]
+    assert not [n for n in report["facts"]["not_run"] if n["cause"] == "gradprobe"], report["facts"]["not_run"]
+    assert report["facts"]["probed_module"] == "policy"
+    assert any(v.startswith("example independence") and "`policy`" in v for v in report["facts"]["verified"])
+
+
+def test_a_part_of_the_model_that_mixes_examples_is_found_at_the_train_steps_call():
+    from gradprobe.checks.dependencies.engine import dependencies_report
+    from gradprobe.loading import live_target
+
+    class Mixer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return h + h.flip(0)  # row i reads row B-1-i
+
+    class Distill(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.teacher = nn.Linear(4, 4).requires_grad_(False)
+            self.student = Mixer()
+
+    torch.manual_seed(0)
+    model = Distill()
+    optimizer = torch.optim.SGD(model.student.parameters(), lr=0.1)
+
+    def train_step(m, batch, opt):
+        opt.zero_grad()
+        with torch.no_grad():
+            target = m.teacher(batch)
+        loss = F.mse_loss(m.student(batch), target)
+        loss.backward()
+        opt.step()
+        return loss
+
+    before = [p.detach().clone() for p in model.parameters()]
+    report = dependencies_report(live_target(model, torch.randn(4, 4), None, optimizer, train_step))
+    assert [f["code"] for f in _errors(report)] == ["GP902"], report["findings"]
+    assert report["facts"]["probed_module"] == "student"
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.anyio
+async def test_a_leak_computed_outside_the_attention_names_the_module_and_line_not_the_attention(client):
+    """Sequence-level routing (Shwai-He/MEO#2): the router's scores averaged over the positions. The attention is
+    causal; the routed MLP's input has no leak and its output does: it is named, at the mean's line, and the fix is not
+    the attention's (before: the block's attention call was blamed, with the attention's fix)."""
+    report = await _call(client, "gp901_router_mean_over_sequence.py")
+    f = one_finding(report["findings"], "GP901")
+    path = EXAMPLES / "gp901_router_mean_over_sequence.py"
+    assert f["location"]["line"] == line_of(path, "softmax(-1).mean(dim=1, keepdim=True)")
+    assert f["evidence"]["first_module"] == "blocks.0" and f["evidence"]["computed_by"] == "blocks.0.moe"
+    assert f["evidence"]["attention"] is None and "attention is not the cause" in f["message"]
+    assert "blocks.0.moe" in f["fix"] and "is_causal" not in f["fix"]
+    twin = await _call(client, "healthy_deps_router_per_token.py")
+    assert twin["ok"] and not twin["findings"], twin["findings"]
+    assert any(v.startswith("causality") for v in twin["facts"]["verified"])
+    # a mask leak is still the attention's: the sliding-window example names its attention call
+    window = await _call(client, "gp901_sliding_window_off_by_one.py")
+    g = one_finding(window["findings"], "GP901")
+    assert g["evidence"]["attention"].startswith("scaled_dot_product_attention") and "not the cause" not in g["message"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,20 +74,24 @@ def _loss_in_output(out: Any, batch: Any) -> torch.Tensor | None:
     return found[0] if found else default_loss(out)
 
 
-def captured_call(loaded: Any) -> Any:
-    """The model's own call inside the user's train_step, as (args, kwargs): the train_step runs up to the model's first
-    forward and is stopped there, or at its first backward (then no backward ran, no optimizer step); None when it
-    made no such call."""
+def captured_call(loaded: Any) -> tuple[str, nn.Module, Any] | None:
+    """The model's own call inside the user's train_step, as (module name, module, (args, kwargs)): the train_step runs
+    up to its first grad-enabled call of the model, or of a module inside it that holds trainable parameters (a step
+    that calls `model.policy(x)`: the outermost module called, "" for the model itself), and is stopped there, or at
+    its first backward (then no backward ran, no optimizer step); None when it made no such call."""
     got: list[Any] = []
 
-    def hook(m: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        got.append((tuple(args), dict(kwargs)))
-        raise _Captured()
+    def hook_for(name: str) -> Callable[..., None]:
+        def hook(m: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+            if torch.is_grad_enabled() and (m is loaded.model or any(p.requires_grad for p in m.parameters())):
+                got.append((name, m, (tuple(args), dict(kwargs))))
+                raise _Captured()
+        return hook
 
     def no_backward(*args: Any, **kwargs: Any) -> None:
         raise _Captured()
 
-    handle = loaded.model.register_forward_pre_hook(hook, with_kwargs=True)
+    handles = [m.register_forward_pre_hook(hook_for(name), with_kwargs=True) for name, m in loaded.model.named_modules()]
     params = list(loaded.model.parameters())
     versions = [p._version for p in params]
     small = sum(p.numel() for p in params) <= SNAPSHOT_LIMIT
@@ -101,7 +105,8 @@ def captured_call(loaded: Any) -> Any:
     except Exception:
         return None
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
         with torch.no_grad():  # what the train_step wrote into the weights before its model call, put back
             for i, p in enumerate(params):
                 if p._version != versions[i] and saved:
@@ -283,13 +288,19 @@ def measure(loaded: Any, checks: tuple[str, ...] = CHECKS, positions: int | None
     t0 = time.perf_counter()
     script = bool((loaded.info or {}).get("script_step"))
     if loaded.train_step is not None:  # the train_step decides how the model is called: its own call is probed
-        call = captured_call(loaded)
-        if call is None:  # no claim can be read: diagnose (which runs the check where a claim is) passes `uncaptured`
+        captured = captured_call(loaded)
+        if captured is None:  # no claim can be read: diagnose (which runs the check where a claim is) passes `uncaptured`
             for check in checks:
                 out.skip(check, "the target's train_step made no model call that could be captured before its backward"
                          + uncaptured[1], uncaptured[0])
             return out
-        loaded = dataclasses.replace(loaded, batch=call, loss_fn=_loss_in_output, train_step=None)
+        name, module, call = captured
+        loaded = dataclasses.replace(loaded, model=module, batch=call, loss_fn=_loss_in_output, train_step=None)
+        if name:  # the step calls a part of the model: that part is what is measured, and the lines say so
+            measured = measure(loaded, checks, positions, seed)
+            measured.verified = [f"{line} (at the train_step's call of `{name}`)" for line in measured.verified]
+            measured.facts["probed_module"] = name
+            return measured
     try:
         run = _measure(loaded, checks, n, seed)
     except Exception as exc:

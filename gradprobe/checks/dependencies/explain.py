@@ -396,7 +396,9 @@ def explain(ctx: Context, leak: Leak, sample: Sample, call_line: dict | None) ->
             e.layer = _first_block(probe, leak, ctx.tokens)
         calls = probe.calls
         op = _attention_in(probe.ops, e.layer)
-        if op is not None:
+        if e.layer is not None:
+            _origin(ctx, leak, e, op)
+        if op is not None and not e.origin_alone:
             e.attention = _describe(op)
             e.attention_line = op.location
             e.mask_line, e.mask_how = mask_origin(probe.ops, op.mask, ctx.model, ctx.record)
@@ -415,6 +417,21 @@ def explain(ctx: Context, leak: Leak, sample: Sample, call_line: dict | None) ->
     if flag is not None:
         e.config_key, e.config_value, e.config_fix, e.config_site = flag
     return e
+
+
+def _origin(ctx: Context, leak: Leak, e: Explained, op: Op | None) -> None:
+    """Inside the first block: the module that computes the leak (origin.py); when it makes no attention call, the
+    attention is not blamed and the module is named instead."""
+    from gradprobe.checks.dependencies.origin import leak_origin
+
+    found = leak_origin(ctx.model, ctx.batch, ctx.loss_fn, ctx.user, str(e.layer), leak,
+                        lambda lay: _claim_leaf(lay, ctx.tokens))
+    if found is None:
+        return
+    e.origin, line = found
+    e.origin_alone = op is None or not (op.module == e.origin or op.module.startswith(e.origin + "."))
+    if e.origin_alone:  # the line in its forward that computes it, else where the module was built
+        e.origin_site = line or _module_site(ctx, ctx.model.get_submodule(e.origin))
 
 
 def outside_training(ctx: Context, samples: list[Sample]) -> Leak | None:

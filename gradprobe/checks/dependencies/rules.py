@@ -32,8 +32,13 @@ class Explained:
     batch_fix: str | None = None
     change_line: dict | None = None  # the user's line of the call whose change removes it
     call_line: dict | None = None  # the user's line that called the model (script mode)
+    origin: str | None = None  # inside `layer`, the module that computes the leak (its output has it, its inputs not)
+    origin_alone: bool = False  # ... and makes no attention call: the attention is not the cause
+    origin_site: dict | None = None  # where that module was built, when the user's code built it
 
     def location(self) -> dict | None:
+        if self.origin_alone:
+            return self.mask_line or self.origin_site or self.config_site or self.call_line
         return self.mask_line or self.change_line or self.attention_line or self.config_site or self.call_line
 
 
@@ -74,7 +79,10 @@ def _where(e: Explained) -> str:
     parts = []
     if e.layer:
         parts.append(f"; the first module whose output has it is `{e.layer}`")
-    if e.attention:
+    if e.origin_alone:
+        parts.append(f"; inside it, `{e.origin}` computes it (its inputs do not have it, its output does, and it makes no "
+                     "attention call: the attention is not the cause)")
+    elif e.attention:
         parts.append(f", whose attention call is {e.attention}")
     if e.mask_line and e.mask_how and (e.mask_how.startswith("view") or e.mask_how.startswith("reshape")):
         parts.append(f"; the batch axis is reinterpreted at {at(e.mask_line)} ({e.mask_how}: a transpose/permute keeps "
@@ -93,7 +101,8 @@ def _evidence(leak: LeakFact, extra: dict[str, Any]) -> dict[str, Any]:
     return {"row": leak.b, "position": leak.t, "depends_on": [list(p) for p in leak.seen[:32]],
             "largest_leak_over_largest_allowed": (round(leak.ratio, 6) if leak.ratio != float("inf") else "inf"),
             "first_module": e.layer, "attention": e.attention, "mask_built_at": e.mask_line, "config_key": e.config_key,
-            "config_value": e.config_value, "config_fix": e.config_fix, "call_change": e.batch_fix, **extra}
+            "config_value": e.config_value, "config_fix": e.config_fix, "call_change": e.batch_fix,
+            "computed_by": e.origin, **extra}
 
 
 GP901: Rule[DepFacts] = Rule(
@@ -111,6 +120,12 @@ GP901: Rule[DepFacts] = Rule(
     fix="Make the attention causal on this path: position t may see positions <= t only (torch.tril(ones(T, T)) as the "
         "kept part, or triu(..., diagonal=1) as the masked part; is_causal=True for scaled_dot_product_attention).",
     situations={
+        "computed_by_module": Situation(
+            when="a module that makes no attention call computes the leak (a statistic over the positions)", message=None,
+            fix="`{origin}` mixes the positions itself (measured: its inputs do not depend on later positions, its output "
+                "does): a statistic over the sequence (a mean, a softmax, a norm over the position axis) read back at "
+                "every position. Compute it per position, or from positions <= t only, in a model trained to predict "
+                "the next element."),
         "config_flag": Situation(when="a flag of the model's configuration switches the mask", message=None,
                                  fix="Set `{key}` to {good} for training a next-element predictor (measured: with it, "
                                      "output t depends on no later input); the value {value} is only for a model not "
@@ -126,10 +141,11 @@ def detect_future(facts: DepFacts) -> Iterator[Finding]:
         return
     first = min(leaks, key=lambda lf: (lf.t, lf.b))
     e = first.explained
-    yield GP901.finding("config_flag" if e.config_key and not e.mask_line else None, location=e.location(),
+    situation = "computed_by_module" if e.origin_alone else "config_flag" if e.config_key and not e.mask_line else None
+    yield GP901.finding(situation, location=e.location(),
                         evidence=_evidence(first, {"leaking_samples": len(leaks), "claim": facts.claim}),
                         t=first.t, b=first.b, seen=_positions(first.seen), claim=facts.claim, where=_where(e),
-                        key=e.config_key or "", good=e.config_fix or "", value=e.config_value or "")
+                        key=e.config_key or "", good=e.config_fix or "", value=e.config_value or "", origin=e.origin or "")
 
 
 GP902: Rule[DepFacts] = Rule(
@@ -143,6 +159,13 @@ GP902: Rule[DepFacts] = Rule(
     message="The output of example {b}{position} depends on the input of example(s) {others} in the same batch{where}.",
     fix="Keep every operation on its own example: check the reshapes/transposes between the batch axis and the others "
         "and the axis each attention, pooling or normalisation runs over.",
+    situations={
+        "computed_by_module": Situation(
+            when="a module that makes no attention call computes the leak (a statistic over the batch)", message=None,
+            fix="`{origin}` mixes the examples itself (measured: its inputs do not depend on the other examples, its "
+                "output does): a statistic over the batch (a mean, a softmax, a norm over the batch axis, or over "
+                "batch and positions flattened together) read back by every example. Compute it per example."),
+    },
 )
 
 
@@ -153,10 +176,11 @@ def detect_examples(facts: DepFacts) -> Iterator[Finding]:
         return
     first = leaks[0]
     others = sorted({b for b, _ in first.seen})
-    yield GP902.finding(location=first.explained.location(),
+    yield GP902.finding("computed_by_module" if first.explained.origin_alone else None, location=first.explained.location(),
                         evidence=_evidence(first, {"leaking_samples": len(leaks), "batch_size": facts.batch_size}),
                         b=first.b, position=f" (position {first.t})" if first.t else "",
-                        others=", ".join(map(str, others[:8])), where=_where(first.explained))
+                        others=", ".join(map(str, others[:8])), where=_where(first.explained),
+                        origin=first.explained.origin or "")
 
 
 GP903: Rule[DepFacts] = Rule(
