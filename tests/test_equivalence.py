@@ -29,7 +29,7 @@ LAUNCH = [p for d in ("equiv_launch", "equiv_launch_broken") for p in sorted((SC
 # existing script projects of other codes, compared here with expectations of this tool: (project, args, expect)
 OTHERS = [
     ("lightning_accum_broken", ["--max_steps=8"],
-     {"codes": ["GP802"], "culprits": ["body.0.weight"], "line": 53, "ratio_is": "1/k"}),
+     {"codes": ["GP802"], "culprits": ["body.0.weight"], "line": 38, "ratio_is": "1/k"}),  # the division, traced
     ("lightning_accum", ["--max_steps=8"], {"codes": [], "healthy": True, "absent": ["GP802"]}),
     ("hf_trainer_accum_broken", ["--max_steps=8"],
      {"codes": ["GP802"], "culprits": ["head.weight"], "line": 51, "ratio_is": "1/k", "severity": "warning"}),
