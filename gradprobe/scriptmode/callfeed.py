@@ -19,7 +19,10 @@ are computed by the step itself and left alone. The reference replaces those arg
 What is not fed must not reach the loss: at each backward() in A, the loss's graph outside the recorded calls (from
 the loss to the calls' outputs, and from the calls' computed inputs to what made them) is walked; an operation there
 that takes a tensor without gradient that is not a scalar (`out - y` with y drawn by the script, an index built from
-its data) is an input gradprobe cannot feed: the comparison is refused with its line (`unfed`).
+its data) is an input gradprobe cannot feed: the comparison is refused with its line (`unfed`). A scalar there (a
+Python number, or a count the script computed from its own batch: the graph does not tell them apart) is recorded per
+backward() (`loss_scalars`); one whose value varies between ranks, micro-batches or steps comes from the data, and a
+difference measured while it is in the loss is not attributed to the code (checks/equivalence/measured.py).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ LOSSES = ("cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", 
           "multi_margin_loss", "triplet_margin_loss", "ctc_loss")
 MAX_WALK = 20000  # graph nodes outside the recorded calls
 MAX_RECORDED_BYTES = 1 << 30  # as pairwatch.py's, for the calls' inputs
+MAX_SCALARS = 32
 _LEAF = "torch::autograd::AccumulateGrad"
 
 
@@ -67,6 +71,7 @@ class CallWatch:
         self.outputs: dict[int, list[Any]] = {}  # id(grad_fn of a call's output) -> its computed inputs' grad_fns
         self._alive: list[Any] = []  # the nodes above, kept alive for the step (their ids are the keys)
         self.unfed: dict[str, Any] | None = None
+        self.scalars: dict[int, list[list[float]]] = {}  # step -> per backward(): the scalar operands outside the calls
         self.random_in_call: dict[str, Any] | None = None
         self.bytes = 0
         # B
@@ -171,8 +176,9 @@ class CallWatch:
                 return
             self.steps.setdefault(self.w.step, []).append(self.open)
             self.open = []
-            if self.unfed is None and isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
-                self.unfed = self._unfed(loss)
+            if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
+                unfed = self._unfed(loss)
+                self.unfed = self.unfed or unfed
         self.group += 1
         self.call = 0
 
@@ -208,6 +214,8 @@ class CallWatch:
         from gradprobe.checks.steps.accumulation import _traced_line
 
         stack, seen = [loss.grad_fn], set()
+        numbers: list[float] = []
+        self.scalars.setdefault(self.w.step, []).append(numbers)
         while stack:
             node = stack.pop()
             if node is None or id(node) in seen:
@@ -221,6 +229,7 @@ class CallWatch:
                 continue
             if node.name() == _LEAF:
                 continue
+            numbers += _scalars(node)[:MAX_SCALARS - len(numbers)]
             what = _takes_data(node)
             if what:
                 line = _traced_line(node, self.w.user)[0] if self.w.trace else None
@@ -234,8 +243,24 @@ class CallWatch:
             return {"feed_mode": "calls" if self.feed is not None else "loader", "fed_calls": self.fed,
                     "feed_error": self.feed_error, "calibration": self.calibration, "fed_per_micro_batch": self.u}
         return {"feed_mode": "calls" if self.recording else "loader", "unfed": self.unfed,
+                "loss_scalars": {str(k): v for k, v in self.scalars.items()},
                 "call_groups": {str(s): [len(g) for g in groups] for s, groups in self.steps.items()},
                 "random_in_call": self.random_in_call}
+
+
+def _scalars(node: Any) -> list[float]:
+    """The scalar tensors without gradient `node` saved (a Python number, or a count the script computed: the graph
+    does not tell them apart), rounded."""
+    out = []
+    for attr in dir(node):
+        if attr.startswith("_saved_"):
+            try:
+                t = getattr(node, attr)
+            except RuntimeError:
+                continue
+            if isinstance(t, torch.Tensor) and t.numel() == 1 and not t.requires_grad:
+                out.append(float(f"{float(t):.6g}"))
+    return out
 
 
 def _takes_data(node: Any) -> str | None:

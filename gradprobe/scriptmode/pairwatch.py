@@ -38,6 +38,7 @@ from gradprobe.checks.equivalence.determinism import SameComputation
 from gradprobe.checks.equivalence.graph import read_loss
 from gradprobe.scriptmode.callfeed import CallWatch
 from gradprobe.scriptmode.ddpsync import SyncWatch
+from gradprobe.scriptmode.dtensors import is_dtensor, load_into, whole
 from gradprobe.scriptmode.observe import undo
 from gradprobe.scriptmode.rankwatch import write_json
 from gradprobe.userframes import UserCode
@@ -126,7 +127,7 @@ class PairWatch:
         self.framework: str | None = None
         self.knobs: dict[str, Any] = {}
         self.same = SameComputation()
-        self.sharded = False  # a gradient the optimizer sees is a shard (FSDP2, DTensor): not comparable whole
+        self.sharded = False  # the gradients the optimizer sees are DTensor shards (FSDP2), gathered whole to compare
         self.spawned: dict[str, Any] | None = None  # the script started its own workers (launchers.py)
         self.extra: dict[str, Any] = {}  # what launchers.py adds to the record (the launcher's command)
         self.clips: list[dict[str, Any]] = []  # clip_grad_norm_ calls: max_norm, the norm before, the line
@@ -254,8 +255,12 @@ class PairWatch:
         if key in self.handled:
             return
         self.handled.add(key)
-        if self.role == "A" and self.index == 0:
-            self.weights[key] = {k: t.detach().to("cpu", copy=True) for k, t in named_state(module).items()}
+        if self.role == "A":
+            state = named_state(module)
+            if self.index == 0 or any(is_dtensor(t) for t in state.values()):  # every rank gathers FSDP2's shards
+                copies = {k: whole(t.detach()).to("cpu", copy=True) for k, t in state.items()}
+                if self.index == 0:
+                    self.weights[key] = copies
         elif self.role == "B" and self.feed is not None and key in self.feed.weights:
             self.loaded[f"{key[0]}:{key[1]}"] = _load(module, self.feed.weights[key])
 
@@ -332,10 +337,8 @@ class PairWatch:
                 name = names.get(id(p), f"group{gi}.param{pi}")
                 g = p.grad
                 if g is not None:
-                    to_local = getattr(g, "to_local", None)
-                    if callable(to_local) and any(type(pl).__name__ == "Shard" for pl in getattr(g, "placements", ())):
-                        self.sharded = True
-                    local: torch.Tensor = to_local() if callable(to_local) else g
+                    self.sharded = self.sharded or is_dtensor(g)
+                    local = whole(g)  # FSDP2's shards gathered on every rank (dtensors.py)
                     self.grad_dtypes.add(str(local.dtype).replace("torch.", ""))
                     out[name] = local.detach().to("cpu", torch.float64 if local.dtype == torch.float64 else torch.float32,
                                                   copy=True)
@@ -526,7 +529,7 @@ def _load(module: nn.Module, state: dict[str, torch.Tensor]) -> int:
         for name, t in named_state(module).items():
             src = state.get(name)
             if src is not None and tuple(src.shape) == tuple(t.shape):
-                t.copy_(src.to(t.device, t.dtype))
+                load_into(t, src)
                 n += 1
     return n
 

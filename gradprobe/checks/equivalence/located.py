@@ -198,8 +198,8 @@ def reduction_cause(a_infos: list[dict[str, Any] | None], step: int, named: str 
     if kind == "ranks" and s.get("reduction") == "sum" and named == "1/N":
         return Cause(
             text=(f" Each rank's loss is a sum over its local batch ({s.get('stopped_at')} at {at(line)}) and "
-                  "DistributedDataParallel averages the ranks' gradients: each example weighs 1/N of what it weighs "
-                  "in one process."),
+                  "data parallelism (DistributedDataParallel, FSDP) averages the ranks' gradients: each example weighs "
+                  "1/N of what it weighs in one process."),
             remedy=(f"Average the loss over the local batch at {at(line)} (reduction=\"mean\"), or multiply the summed "
                     "loss by the world size: DDP divides the sum of the ranks' gradients by N."),
             location=line, evidence={"reduction": s})

@@ -95,10 +95,6 @@ def load(kind: str, paired: dict[str, Any]) -> Pair | dict[str, Any]:
                 k=int(entry.get("k") or 1), a_seconds=paired["a"].get("seconds"), started=_started(paired))
     pair.a_targets = [_load(os.path.join(a_dir, f"rank{i}.pt")).get("targets") or {} for i in range(len(a_infos))] \
         if kind == "ranks" else [pair.a.get("targets") or {}]
-    if any((i or {}).get("sharded") for i in a_infos):
-        return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "refused",
-                                      "why": "the optimizer sees sharded gradients (FSDP2 / DTensor shards): each rank "
-                                             "holds a slice, not comparable whole with one process's gradient yet"}])
     b0 = b_infos[0] if b_infos else None
     b_ks = [int(s.get("backward_calls") or 0) for s in (b0 or {}).get("per_step") or []]
     want = 1 if kind == "accumulation" else int(entry.get("rate") or 1)
@@ -184,6 +180,16 @@ def evaluate(pair: Pair, steps: int) -> dict[str, Any]:
                     f"setups run off), so the two setups cannot draw the same ones: step {bad.step} differs (largest "
                     f"relative difference {w.rel if w else 0:.2g} on {w.name if w else '-'}) and that difference is not "
                     "attributed to the code")}])
+    varying = _data_scalars(pair) if bad is not None and pair.entry.get("feed_mode") == "calls" else None
+    if varying is not None:  # a number computed from the script's own, unfed, batch scales the loss: not attributable
+        w = bad.worst if bad is not None else None
+        return result(True, facts=facts, not_run=[{
+            "check": f"the {kind} comparison", "cause": "refused",
+            "why": (f"the script's batches come from no DataLoader and its loss is scaled, outside the model's calls, by "
+                    f"numbers that vary with its data ({varying}): a count the reference computes from its own batch, "
+                    f"which gradprobe does not feed. Step {bad.step if bad else '?'} differs (largest relative difference "
+                    f"{w.rel if w else 0:.2g} on {w.name if w else '-'}) and that difference is not attributed to the "
+                    "code: compute such counts inside the model's forward or the loss function, or use a DataLoader")}])
     if bad is None and pair.kind == "accumulation":
         twice = located.divided_twice_graph(pair.a_infos, 1)
         if twice is not None:
@@ -193,6 +199,16 @@ def evaluate(pair: Pair, steps: int) -> dict[str, Any]:
     finding = _finding(pair, bad)
     verified = [_verified_line(pair, finding)] if finding["severity"] == "info" else []
     return result(True, findings=[finding], verified=verified, facts=facts)
+
+
+def _data_scalars(pair: Pair) -> str | None:
+    """The scalars of the setup under test's losses outside the model's calls (scriptmode/callfeed.py) when they vary
+    between its ranks, micro-batches or steps (a count of the data, not a constant): a few of them, as text."""
+    seen = [tuple(b) for info in pair.a_infos for per in ((info or {}).get("loss_scalars") or {}).values() for b in per]
+    if len(set(seen)) < 2:
+        return None
+    values = sorted({v for b in seen for v in b})
+    return ", ".join(f"{v:g}" for v in values[:6]) + (" ..." if len(values) > 6 else "")
 
 
 def _examples(pair: Pair) -> str:
@@ -239,6 +255,8 @@ def _by_design(pair: Pair) -> str:
     parts = []
     if a0.get("dropout_calls"):
         parts.append("dropout off in both")
+    if a0.get("sharded"):
+        parts.append("FSDP2's gradient and weight shards gathered whole on every rank")
     if a0.get("batchnorm_eval"):
         parts.append(f"{a0['batchnorm_eval']} BatchNorm layer(s) on their running statistics in both (per-part batch "
                      "statistics differ by design)")
@@ -369,6 +387,7 @@ def _facts(pair: Pair) -> dict[str, Any]:
             "batches_per_step": pair.entry.get("rate"), "padded": pair.entry.get("padded"),
             "dropout_off_calls": a0.get("dropout_calls"), "batchnorm_on_running_stats": a0.get("batchnorm_eval"),
             "random_in_step": a0.get("random_in_step"), "compared": _when(pair),
+            "sharded": "FSDP2's DTensor shards gathered whole (full_tensor) on every rank" if a0.get("sharded") else None,
             "clipped": {"test": a0.get("clips"), "reference": (pair.b_infos[0] or {}).get("clips")},
             "seconds": {"test": pair.a_seconds, "reference": (pair.entry.get("b") or {}).get("seconds")},
             "steps": [dict(s.summary(), rows=[r.row() for r in (s.departing or s.rows)[:MAX_ROWS]]) for s in pair.steps]}
