@@ -20,6 +20,8 @@ SCRIPTS = ROOT / "examples" / "scripts"
 RANKS = sorted((SCRIPTS / "equiv_ranks").glob("*.py")) + sorted((SCRIPTS / "equiv_ranks_broken").glob("*.py"))
 ACCUM = sorted((SCRIPTS / "equiv_accum").glob("*.py")) + sorted((SCRIPTS / "equiv_accum_broken").glob("*.py"))
 NEEDS = {"transformers": "transformers", "accelerate": "accelerate", "lightning": "lightning"}
+# build_model() targets at world size 2 against one process (each rank runs the target as modelranks.py does)
+MODEL_RANKS = sorted((ROOT / "examples" / "ranks_equivalence").glob("*.py"))
 # batches made without a DataLoader that cannot be fed: refused, never judged
 REFUSED = sorted((SCRIPTS / "equiv_refused").glob("*.py"))
 # custom_ops, storage and packing on a script's first step, under the Trainer, accelerate and a 2-rank DDP script
@@ -119,6 +121,22 @@ async def test_first_step_comparisons_on_a_script(client, path):
     for word in expect["verified"]:
         assert any(word in v for v in report["facts"]["verified"]), (word, report["facts"]["verified"])
     assert not [e for e in report["facts"]["not_run"] if e["cause"] != "not_applicable"], report["facts"]["not_run"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path", MODEL_RANKS, ids=[p.stem for p in MODEL_RANKS])
+async def test_build_model_form_at_two_ranks_against_one_process(client, path):
+    """A build_model() target at world size 2: its ranks (DDP by gradprobe, a batch each) against the same target as
+    one process fed their inputs joined, from the same weights; its other comparisons on the target loaded as one."""
+    expect = example_expect(path)
+    target = {"project_dir": str(path.parent), "model": path.name, "world_size": expect["world_size"], "timeout_s": 300}
+    result = await client.call_tool("check_equivalence", {"target": target})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    _judge(report, expect, path.name)
+    ranks = report["facts"]["comparisons"]["ranks"]
+    assert ranks["applies"] and ranks["facts"]["world_size"] == 2, ranks
+    assert "build_model() target as one process" in ranks["facts"]["reference"], ranks["facts"]
 
 
 @pytest.mark.anyio

@@ -108,9 +108,10 @@ def _call_examples(groups: list[list[dict[str, Any]]]) -> int | None:
     return sum(rows) or None
 
 
-def _one_process(options: dict[str, Any]) -> str:
+def _one_process(target: dict[str, Any], options: dict[str, Any]) -> str:
     extra = (options.get("reference") or {}).get("args")
-    return "the same script as one process (WORLD_SIZE=1" + (f", with the reference's arguments {extra})" if extra else ")")
+    what = "script" if target.get("script") or target.get("module") else "build_model() target"
+    return f"the same {what} as one process (WORLD_SIZE=1" + (f", with the reference's arguments {extra})" if extra else ")")
 
 
 def _reference_args(target: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +148,7 @@ def _ranks_calls_plan(a: SetupRun, target: dict[str, Any], options: dict[str, An
             "feeds": [path], "to_one": False, "joined_batches": len(steps), "padded": False,
             "examples": _call_examples(feed.get(1) or []), "rate": rate_of(a.infos[0] or {}), "feed_mode": "calls",
             "examples_text": "the inputs of the ranks' calls to the model and the loss, joined",
-            "reference": _one_process(options)}
+            "reference": _one_process(target, options)}
 
 
 def _examples(joined: list[Any]) -> int | None:
@@ -198,7 +199,7 @@ def ranks_plan(a: SetupRun, target: dict[str, Any], options: dict[str, Any]) -> 
     path = _save_feed(os.path.join(os.path.dirname(a.out_dir), "feed-ranks.pt"), int(loader or 0), joined, _weights(a))
     return {"target": dict(_reference_args(target, options), world_size=1), "processes": 1, "distributed": True,
             "feeds": [path], "to_one": False, "joined_batches": m, "padded": pads, "examples": _examples(joined),
-            "rate": rate_of(a.infos[0] or {}), "reference": _one_process(options)}
+            "rate": rate_of(a.infos[0] or {}), "reference": _one_process(target, options)}
 
 
 def accumulation_plan(a: SetupRun, target: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:

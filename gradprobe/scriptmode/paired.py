@@ -41,7 +41,11 @@ def _exec_target(target: dict[str, Any]) -> None:
     script, module = target.get("script"), str(target.get("module") or "")
     args = [str(a) for a in (target.get("args") or [])]
     os.chdir(_mirror_cwd(project_dir, os.environ.get("TMPDIR") or os.getcwd()))
-    if script:
+    if not script and not module:  # a build_model() target at N ranks: each rank runs it as scriptmode/modelranks.py does
+        from gradprobe.scriptmode.modelranks import ModelStep
+
+        ModelStep(target)()
+    elif script:
         path = os.path.join(project_dir, script)
         sys.argv = [path, *args]
         sys.path.insert(0, os.path.dirname(path))
@@ -224,7 +228,8 @@ def compare_pairs(target: dict[str, Any], options: dict[str, Any], progress: Pro
     steps = max(2, int(options.get("steps") or 2))
     n = int(target.get("world_size") or 1)
     timeout = float(target.get("timeout_s") or 120.0)
-    todo = [c for c in PAIRED if wanted is None or c in wanted]
+    model_form = not (target.get("script") or target.get("module"))  # its accumulation is compared in one process
+    todo = [c for c in PAIRED if (wanted is None or c in wanted) and not (model_form and c == "accumulation")]
     out: dict[str, Any] = {"steps": steps}
     if not todo:  # only the comparisons run on the script's first step were asked
         return out
