@@ -8,11 +8,13 @@ loss called outside a module. Setup A records, per backward() (a micro-batch's c
 tensors among their arguments that do not require grad (the batch: ids, targets, masks); the tensors that require grad
 are computed by the step itself and left alone. The reference replaces those arguments at the same calls by A's:
 
-- the reference's first optimizer step is a calibration step, neither fed nor compared: it measures how many
-  backward() calls (M) its steps run; from its second step on, its step i is A's step i, each of its M micro-batches
-  fed u = (A's micro-batches of that step, over every rank) / M of them joined, micro-batch-major over the ranks (a
-  script that scales its accumulation with the world size, as nanoGPT does, gets one per micro-batch; one that does
-  not, the N ranks' joined); a tensor equal in every joined part (a mask, a table) keeps the reference's own;
+- the reference's step i is A's step i, each of its M micro-batches (backward() calls) fed u = (A's micro-batches of
+  that step, over every rank) / M of them joined, micro-batch-major over the ranks. M is first guessed (the N ranks'
+  joined per micro-batch: a script whose accumulation does not change with the world size; k joined for the
+  accumulation comparison); when the reference's first step does not fit the guess (a script that scales its
+  accumulation with the world size, as nanoGPT does, runs N times the micro-batches, each fed one), that step measured
+  M instead: it is run again, fed, and the reference takes one step more than the setup under test. A tensor equal in
+  every joined part (a mask, a table) keeps the reference's own;
 - the calls must match (the same callable at each position, every part consumed); anything else is said
   (`feed_error`) and the comparison refused, never judged.
 
@@ -62,7 +64,7 @@ def _nodes(obj: Any) -> list[Any]:
 class CallWatch:
     """The calls' side of a PairWatch (`w`): installed with it; A records, B is fed (see the module docstring)."""
 
-    def __init__(self, w: Any, feed_calls: dict[int, list[list[dict[str, Any]]]] | None):
+    def __init__(self, w: Any, feed_calls: dict[int, list[list[dict[str, Any]]]] | None, guess: int | None = None):
         self.w = w
         self.feed = feed_calls  # B: step -> A's micro-batches (each a list of calls), over every rank
         self.recording = w.role == "A"  # A: until the first backward() shows the batches come from no DataLoader
@@ -77,8 +79,9 @@ class CallWatch:
         # B
         self.group = 0  # micro-batches (backward calls) done in this step
         self.call = 0  # calls made in this micro-batch
-        self.calibration: dict[str, Any] = {"micro_batches": 0, "calls": []}
-        self.u: int | None = None
+        self.calibration: dict[str, Any] | None = None
+        self.u: int | None = guess  # A's micro-batches fed per backward(): first guessed, then measured
+        self.spoiled = False  # the guess was wrong at this step: it is run again, as the calibration
         self.fed = 0
         self.feed_error: str | None = None
 
@@ -146,12 +149,15 @@ class CallWatch:
 
     def _fed(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         step = self.w.step
-        if self.feed is None or step < 1 or self.feed_error is not None or self.u is None:
+        if self.feed is None or self.spoiled or self.feed_error is not None or self.u is None:
             return args, kwargs
         units = self.feed.get(step) or []
         lo, j = self.group * self.u, self.call
         parts = [g[j] for g in units[lo:lo + self.u] if j < len(g)]
         if len(parts) != self.u or lo + self.u > len(units):
+            if self.calibration is None:  # the guess was wrong: this step measures the reference's micro-batches
+                self.spoiled = True
+                return args, kwargs
             self.feed_error = (f"at step {step} the reference's call {j + 1} of micro-batch {self.group + 1} ({what}) "
                                f"has no counterpart among the {len(units)} micro-batches the setup under test ran")
             return args, kwargs
@@ -182,27 +188,36 @@ class CallWatch:
         self.group += 1
         self.call = 0
 
-    def on_step_end(self) -> None:
-        step = self.w.step
-        if self.w.role == "B" and self.feed is not None:
-            if step == 0:
-                self._calibrate()
-            elif self.feed_error is None and self.u is not None and self.group * self.u != len(self.feed.get(step) or []):
+    def on_step_end(self) -> bool:
+        """End of an optimizer step; True when the reference must run this step again (the guess was wrong: this
+        step measured its micro-batches instead, and is not compared)."""
+        step, redo = self.w.step, False
+        if self.w.role == "B" and self.feed is not None and self.feed_error is None:
+            units = len(self.feed.get(step) or [])
+            wrong = self.spoiled or self.u is None or self.group * self.u != units
+            if wrong and self.calibration is None:
+                redo = self._calibrate(units)
+            elif wrong:
                 self.feed_error = (f"at step {step} the reference ran {self.group} backward() call(s) of {self.u} "
-                                   f"micro-batch(es) each where the setup under test ran {len(self.feed.get(step) or [])}")
+                                   f"micro-batch(es) each where the setup under test ran {units}")
+            else:
+                self.calibration = self.calibration or {"micro_batches": self.group, "fed_per_step": units,
+                                                        "guessed": True}
         self.open, self.outputs, self._alive = [], {}, []
         self.group = self.call = 0
+        self.spoiled = False
+        return redo
 
-    def _calibrate(self) -> None:
-        """The reference's own first step: its micro-batches per step, and so how many of A's each is fed."""
+    def _calibrate(self, units: int) -> bool:
+        """The reference's micro-batches per step, measured on a step its guess did not fit; True: run it again."""
         m = self.group
-        units = len(self.feed.get(1) or []) if self.feed else 0
-        self.calibration = {"micro_batches": m, "fed_per_step": units}
+        self.calibration = {"micro_batches": m, "fed_per_step": units, "guessed": False}
         if m < 1 or units % m:
             self.feed_error = (f"the reference runs {m} backward() call(s) per optimizer step, where the setup under test "
                                f"ran {units} micro-batch(es) per step over its processes: they cannot be matched")
-            return
+            return False
         self.u = units // m
+        return True
 
     def stop(self) -> None:
         self.recording = False

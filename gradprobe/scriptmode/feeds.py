@@ -121,12 +121,12 @@ def _reference_args(target: dict[str, Any], options: dict[str, Any]) -> dict[str
 
 
 def _save_feed(path: str, loader: int | None, batches: list[Any], weights: dict[Any, Any],
-               calls: dict[int, Any] | None = None) -> str:
+               calls: dict[int, Any] | None = None, guess: int | None = None) -> str:
     import torch
 
     from gradprobe.scriptmode.pairwatch import Feed
 
-    torch.save(Feed(loader=loader, batches=batches, weights=weights, calls=calls), path)
+    torch.save(Feed(loader=loader, batches=batches, weights=weights, calls=calls, guess=guess), path)
     return path
 
 
@@ -143,7 +143,8 @@ def _ranks_calls_plan(a: SetupRun, target: dict[str, Any], options: dict[str, An
             return _refused("the N-processes comparison", f"at step {s} the processes ran {counts} backward() calls: "
                                                           "their micro-batches cannot be matched")
         feed[s] = [per_rank[i][m] for m in range(counts[0]) for i in range(len(per_rank))]
-    path = _save_feed(os.path.join(os.path.dirname(a.out_dir), "feed-ranks.pt"), None, [], _weights(a), feed)
+    path = _save_feed(os.path.join(os.path.dirname(a.out_dir), "feed-ranks.pt"), None, [], _weights(a), feed,
+                      guess=len(calls))  # the N ranks' micro-batches joined: accumulation that ignores the world size
     return {"target": dict(_reference_args(target, options), world_size=1), "processes": 1, "distributed": True,
             "feeds": [path], "to_one": False, "joined_batches": len(steps), "padded": False,
             "examples": _call_examples(feed.get(1) or []), "rate": rate_of(a.infos[0] or {}), "feed_mode": "calls",
@@ -228,7 +229,7 @@ def accumulation_plan(a: SetupRun, target: dict[str, Any], options: dict[str, An
         return _refused(check, "the script consumed no batch of its DataLoader per optimizer step after the first")
     if source == "calls":
         feeds = [_save_feed(os.path.join(os.path.dirname(a.out_dir), f"feed-accumulation{r}.pt"), None, [], _weights(a),
-                            calls) for r, calls in enumerate(found)]
+                            calls, guess=max(ks)) for r, calls in enumerate(found)]
         how = f"the script with the reference's arguments {(options.get('reference') or {}).get('args')}" if given else \
             f"{FRAMEWORK_KNOBS[framework]} set to 1 by gradprobe (the script asks for {knob})"
         return {"target": _reference_args(target, options), "processes": a.processes, "distributed": a.processes > 1,

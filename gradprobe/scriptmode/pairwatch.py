@@ -60,6 +60,7 @@ class Feed:
     batches: list[Any]
     weights: dict[tuple[int, int], dict[str, torch.Tensor]] = field(default_factory=dict)
     calls: dict[int, list[list[dict[str, Any]]]] | None = None  # batches made without a DataLoader (callfeed.py)
+    guess: int | None = None  # how many of A's micro-batches each of the reference's is fed, until measured
 
 
 def _rng_digest() -> str:
@@ -95,7 +96,7 @@ class PairWatch:
         self.role, self.out_dir, self.index, self.steps, self.user = role, out_dir, index, steps, user
         self.feed, self.trace = feed, trace
         self.main_thread = threading.get_ident()
-        self.step = 0 if feed is not None and feed.calls is not None else 1  # step 0: the fed calls' calibration
+        self.step = 1
         self.loader_ids: dict[int, int] = {}
         self._loaders: list[Any] = []  # kept alive: their ids are the keys above
         self.counts: dict[int, int] = {}  # loader index -> batches yielded
@@ -140,7 +141,7 @@ class PairWatch:
         self._in_backward = False
         self._in_collective = False
         self._anomaly: tuple[bool, bool] | None = None
-        self.calls = CallWatch(self, feed.calls if feed is not None else None)
+        self.calls = CallWatch(self, feed.calls if feed is not None else None, feed.guess if feed is not None else None)
         self.sync = SyncWatch(self)
 
     # ---- install -----------------------------------------------------------------------------------------------
@@ -291,16 +292,28 @@ class PairWatch:
     def _post_step(self, opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self._main() or opt is not self.main_opt:
             return
-        self.calls.on_step_end()
-        if self.step >= 1:
-            self.per_step.append({"step": self.step, "backward_calls": self.bw_in_step,
-                                  "yields": self.counts.get(self.train_loader, 0) if self.train_loader is not None else 0,
-                                  "location": self.user.innermost(skip=3)})
+        if self.calls.on_step_end():  # the reference's step measured its micro-batches (callfeed.py): run it again
+            self._forget(self.step)
+            return
+        self.per_step.append({"step": self.step, "backward_calls": self.bw_in_step,
+                              "yields": self.counts.get(self.train_loader, 0) if self.train_loader is not None else 0,
+                              "location": self.user.innermost(skip=3)})
         self.bw_in_step = 0
         if self.step >= self.steps:
             self.finish("stepped")
             os._exit(0)
         self.step += 1
+
+    def _forget(self, step: int) -> None:
+        """What was recorded at `step`, which runs again (the next optimizer step is the same step)."""
+        self.grads.pop(step, None)
+        self.targets.pop(step, None)
+        self.pre_clip.discard(step)
+        self.backwards = [b for b in self.backwards if b.get("step") != step]
+        self.clips = [c for c in self.clips if c.get("step") != step]
+        self.handled = {k for k in self.handled if k[0] != step}
+        self.loaded = {k: v for k, v in self.loaded.items() if not k.startswith(f"{step}:")}
+        self.bw_in_step = 0
 
     def param_names(self, params: list[torch.Tensor] | None = None) -> dict[int, str]:
         """Names in the outermost module holding most of the parameters (a LightningModule whose training_step calls
