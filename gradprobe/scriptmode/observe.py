@@ -25,10 +25,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gradprobe.wrappers import unwrap_library
-
 from gradprobe.checks.precision.autocast_underflow import autocast_state
 from gradprobe.userframes import UserCode
+from gradprobe.wrappers import unwrap_library
 
 PHASES = ("imports and setup (no module built yet)", "a module built", "an optimizer created",
           "a DataLoader iterated", "a forward pass with grad", "a backward pass", "an optimizer step")
