@@ -29,6 +29,15 @@ CASES = [
      "ranks"),
     ("k micro-batches against one batch (plain loop)", "equiv_accum", "loop_divided.py", 1, [f"--steps={STEPS}"],
      ["--grad-accum", "1"], "accumulation"),
+    # nanoGPT scales its accumulation with the world size: the reference measures its micro-batches on one step more
+    ("N processes against one, batches made without a DataLoader (nanoGPT-style, 2 ranks, accumulation)", "equiv_ranks",
+     "nanogpt_ddp_accum.py", 2, [f"--max_iters={STEPS + 1}"], [], "ranks"),
+    ("N processes against one (Lightning Trainer, strategy=ddp, 2 ranks)", "equiv_ranks",
+     "lightning_contrastive_labels_offset.py", 2, [f"--max_steps={STEPS}"], ["--devices=1"], "ranks"),
+    ("N processes against one (Lightning Fabric, 2 ranks)", "equiv_ranks", "fabric_gather_sync_grads.py", 2,
+     [f"--steps={STEPS}"], ["--devices=1"], "ranks"),
+    ("N processes against one (mp.spawn, 2 workers)", "equiv_launch", "spawn_ddp.py", 1, [f"--steps={STEPS}"],
+     ["--world_size=1"], "ranks"),
 ]
 
 

@@ -1,5 +1,5 @@
 """Library wrappers around a user's model: a compiled module (`torch.compile`'s OptimizedModule),
-DistributedDataParallel, DataParallel. The checks run on the wrapped module, so parameter names
+DistributedDataParallel, DataParallel, Lightning Fabric's _FabricModule. The checks run on the wrapped module, so parameter names
 come without the wrapper's prefix (`_orig_mod.`, `module.`); the wrapper is kept for the checks
 that need it (compiled against eager)."""
 
@@ -8,6 +8,9 @@ from __future__ import annotations
 import torch.nn as nn
 
 _INNER = {"OptimizedModule": "_orig_mod", "DistributedDataParallel": "module", "DataParallel": "module"}
+# Lightning Fabric's module wrapper (`fabric.setup(model)`): the user's module is `_original_module`
+_LIBRARY_INNER = {("_FabricModule", "lightning.fabric."): "_original_module",
+                  ("_FabricModule", "lightning_fabric."): "_original_module"}
 
 
 def is_compiled(m: object) -> bool:
@@ -18,7 +21,12 @@ def is_compiled(m: object) -> bool:
 def _inner(m: nn.Module) -> nn.Module | None:
     for k in type(m).__mro__:
         attr = _INNER.get(k.__name__)
-        if attr is not None and k.__module__.startswith("torch."):
+        if attr is None:
+            attr = next((a for (name, prefix), a in _LIBRARY_INNER.items()
+                         if k.__name__ == name and k.__module__.startswith(prefix)), None)
+        elif not k.__module__.startswith("torch."):
+            attr = None
+        if attr is not None:
             inner = getattr(m, attr, None)
             return inner if isinstance(inner, nn.Module) else None
     return None

@@ -20,11 +20,20 @@ SCRIPTS = ROOT / "examples" / "scripts"
 RANKS = sorted((SCRIPTS / "equiv_ranks").glob("*.py")) + sorted((SCRIPTS / "equiv_ranks_broken").glob("*.py"))
 ACCUM = sorted((SCRIPTS / "equiv_accum").glob("*.py")) + sorted((SCRIPTS / "equiv_accum_broken").glob("*.py"))
 NEEDS = {"transformers": "transformers", "accelerate": "accelerate", "lightning": "lightning"}
+# build_model() targets at world size 2 against one process (each rank runs the target as modelranks.py does)
+MODEL_RANKS = sorted((ROOT / "examples" / "ranks_equivalence").glob("*.py"))
+# batches made without a DataLoader that cannot be fed: refused, never judged
+REFUSED = sorted((SCRIPTS / "equiv_refused").glob("*.py"))
+# custom_ops, storage and packing on a script's first step, under the Trainer, accelerate and a 2-rank DDP script
+OPS = sorted((SCRIPTS / "equiv_ops").glob("*.py")) + sorted((SCRIPTS / "equiv_ops_broken").glob("*.py"))
+# launchers as users run them (a launcher script that starts torchrun, mp.spawn): the entry scripts, those with an EXPECT
+LAUNCH = [p for d in ("equiv_launch", "equiv_launch_broken") for p in sorted((SCRIPTS / d).glob("*.py"))
+          if "\nEXPECT = " in p.read_text()]
 
 # existing script projects of other codes, compared here with expectations of this tool: (project, args, expect)
 OTHERS = [
     ("lightning_accum_broken", ["--max_steps=8"],
-     {"codes": ["GP802"], "culprits": ["body.0.weight"], "line": 53, "ratio_is": "1/k"}),
+     {"codes": ["GP802"], "culprits": ["body.0.weight"], "line": 38, "ratio_is": "1/k"}),  # the division, traced
     ("lightning_accum", ["--max_steps=8"], {"codes": [], "healthy": True, "absent": ["GP802"]}),
     ("hf_trainer_accum_broken", ["--max_steps=8"],
      {"codes": ["GP802"], "culprits": ["head.weight"], "line": 51, "ratio_is": "1/k", "severity": "warning"}),
@@ -82,6 +91,66 @@ async def test_ranks_against_one_process(client, path):
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("path", REFUSED, ids=[p.stem for p in REFUSED])
+async def test_what_cannot_be_fed_is_refused_not_judged(client, path):
+    """Batches made without a DataLoader are fed at the model's and the loss function's calls; a target that enters the
+    loss through neither (refused at its line), or a count the script computes from its own unfed batch (a scalar that
+    varies with the data), cannot be fed: the comparison says so, never reports the difference as the code's."""
+    expect = example_expect(path)
+    report = await _call(client, path.parent, path.name, expect["args"], world_size=expect.get("world_size", 1),
+                         **expect["options"])
+    entry = next(e for e in report["facts"]["not_run"] if expect["refused"] in e["check"])
+    assert entry["cause"] == "refused" and "no DataLoader" in entry["why"], entry
+    if expect.get("line"):
+        assert entry["location"]["line"] == expect["line"], entry
+    assert not report["findings"] and not report["facts"]["verified"], report
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path", OPS, ids=[f"{p.parent.name}/{p.stem}" for p in OPS])
+async def test_first_step_comparisons_on_a_script(client, path):
+    """custom_ops, storage and packing run on the script's first step (as one process, also for a 2-rank script):
+    they apply under the Trainer, accelerate and DDP, say what they verified, and find the broken twin at its line."""
+    needs = _needs(path)
+    if needs and importlib.util.find_spec(needs) is None:
+        pytest.skip(f"needs {needs}")
+    expect = example_expect(path)
+    report = await _call(client, path.parent, path.name, expect["args"], world_size=expect["world_size"],
+                         **expect["options"])
+    assert_expected(report, expect, path.name)
+    for word in expect["verified"]:
+        assert any(word in v for v in report["facts"]["verified"]), (word, report["facts"]["verified"])
+    assert not [e for e in report["facts"]["not_run"] if e["cause"] != "not_applicable"], report["facts"]["not_run"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path", MODEL_RANKS, ids=[p.stem for p in MODEL_RANKS])
+async def test_build_model_form_at_two_ranks_against_one_process(client, path):
+    """A build_model() target at world size 2: its ranks (DDP by gradprobe, a batch each) against the same target as
+    one process fed their inputs joined, from the same weights; its other comparisons on the target loaded as one."""
+    expect = example_expect(path)
+    target = {"project_dir": str(path.parent), "model": path.name, "world_size": expect["world_size"], "timeout_s": 300}
+    result = await client.call_tool("check_equivalence", {"target": target})
+    assert not result.is_error, result.content
+    report = result.structured_content
+    _judge(report, expect, path.name)
+    ranks = report["facts"]["comparisons"]["ranks"]
+    assert ranks["applies"] and ranks["facts"]["world_size"] == 2, ranks
+    assert "build_model() target as one process" in ranks["facts"]["reference"], ranks["facts"]
+
+
+@pytest.mark.anyio
+async def test_a_spawned_world_without_a_one_process_reference_is_refused_with_why(client):
+    """mp.spawn scripts pass their world size to their workers themselves: without the script's own arguments for one
+    process, the reference would spawn N workers again; the comparison says so rather than guessing."""
+    path = SCRIPTS / "equiv_launch" / "spawn_ddp.py"
+    report = await _call(client, path.parent, path.name, ["--steps=2"], compare=["ranks"])
+    entry = next(e for e in report["facts"]["not_run"] if "ranks" in e["check"])
+    assert entry["cause"] == "refused" and "reference" in entry["why"] and "spawn" in entry["why"], entry
+    assert not report["findings"] and not report["facts"]["verified"], report
+
+
+@pytest.mark.anyio
 async def test_hand_written_average_is_the_twin_of_the_sum(client):
     path = SCRIPTS / "equiv_ranks_broken" / "grad_sum_not_divided.py"
     report = await _call(client, path.parent, path.name, ["--steps=4", "--average"], world_size=2)
@@ -95,7 +164,8 @@ async def test_micro_batches_against_one_batch(client, path):
     if needs and importlib.util.find_spec(needs) is None:
         pytest.skip(f"needs {needs}")
     expect = example_expect(path)
-    report = await _call(client, path.parent, path.name, expect.get("args", []), **expect.get("options", {}))
+    report = await _call(client, path.parent, path.name, expect.get("args", []), world_size=expect.get("world_size", 1),
+                         **expect.get("options", {}))
     _judge(report, expect, path.name)
     assert report["facts"]["comparisons"]["accumulation"]["applies"]
 

@@ -44,8 +44,13 @@ def _dispatch(spec: Tool, job: Job, progress: Progress,
 
         return _safe(run_equivalence_job(spec.name, job.target, job.options, progress))
     if spec.name == "check_equivalence" and int(job.target.get("world_size") or 1) > 1:
-        job = Job(tool=job.tool, target=dict(job.target, world_size=1), options=dict(job.options, _world_size=int(
-            job.target.get("world_size") or 1)))  # a build_model() target is compared in one process
+        # a build_model() target: N processes against one by paired runs (each rank runs it as modelranks.py does),
+        # the other comparisons on the target loaded in this process
+        from gradprobe.scriptmode.paired import compare_pairs
+
+        paired = compare_pairs(job.target, job.options, progress)
+        job = Job(tool=job.tool, target=dict(job.target, world_size=1), options=dict(job.options, _paired=paired, _world_size=int(
+            job.target.get("world_size") or 1)))
     elif job.target.get("script") or job.target.get("module") or int(job.target.get("world_size") or 1) > 1:
         # several ranks (a script's, or a build_model() target's), or workers a script spawns; else as one
         from gradprobe.scriptmode.ranks import run_script_ranks

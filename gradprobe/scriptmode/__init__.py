@@ -15,4 +15,11 @@ autograd, modules, ranks) as they happen, then check that step in place.
                    starts with torch.multiprocessing.spawn; each rank runs first_step.py's job
     rankwatch.py   what each rank measures for the checks across ranks (gradprobe/checks/ranks/rules.py)
     rankmerge.py   the ranks' reports merged (each finding says its ranks) and the checks across ranks
+    paired.py      check_equivalence on a script (or a build_model() target at N ranks): the setup under test and
+                   its reference, each in processes forked from the child; feeds.py plans what the reference is fed
+    pairwatch.py   what one process of a paired run records or is fed (batches, weights, gradients, losses);
+                   callfeed.py feeds batches made without a DataLoader at the model's and the loss's calls,
+                   ddpsync.py records DDP's sync flag per micro-batch, dtensors.py gathers FSDP2's shards whole,
+                   knobs.py sets the frameworks' own accumulation and device settings for the reference
+    launchers.py   a launcher script that starts torchrun, and mp.spawn, followed in the paired runs
 """

@@ -4,7 +4,9 @@ gradprobe sets accumulation only through each framework's own API, as a user wou
 `TrainingArguments.gradient_accumulation_steps`, Lightning's `Trainer(accumulate_grad_batches=...)`, accelerate's
 `Accelerator(gradient_accumulation_steps=...)`. The patch is applied when the framework's module is imported (a
 post-import hook on `sys.meta_path`, so a script that never imports a framework pays nothing), and records the value
-the script asked for in `seen`.
+the script asked for in `seen`. The reference of N processes against one runs as one process under torchrun's
+environment (WORLD_SIZE=1); Lightning's Trainer and Fabric check their `devices` x `num_nodes` against it, so there
+both are set to 1 (the script's own device count is what ran at N processes).
 """
 
 from __future__ import annotations
@@ -63,8 +65,20 @@ class AfterImport(importlib.abc.MetaPathFinder):
         return None
 
 
-def accumulation_hooks(seen: dict[str, Any], to_one: bool) -> AfterImport:
-    """Hooks that record each framework's accumulation setting in `seen` and, with `to_one`, set it to 1."""
+def _one_device(kwargs: dict[str, Any], seen: dict[str, Any], name: str) -> None:
+    """Lightning's and Fabric's own device setting for a one-process reference: `devices` names the processes of the
+    run (Lightning checks devices x num_nodes against torchrun's WORLD_SIZE), so the reference asks for one."""
+    devices = kwargs.get("devices", "auto")
+    seen[f"{name}_devices"] = devices if isinstance(devices, (int, str)) else len(devices)
+    if devices != "auto" and devices not in (1, "1"):
+        kwargs["devices"] = 1
+    if kwargs.get("num_nodes", 1) != 1:
+        kwargs["num_nodes"] = 1
+
+
+def accumulation_hooks(seen: dict[str, Any], to_one: bool, one_process: bool = False) -> AfterImport:
+    """Hooks that record each framework's accumulation setting in `seen` and, with `to_one`, set it to 1; with
+    `one_process` (the reference of N processes against one), Lightning's and Fabric's `devices` set to 1."""
 
     def trainer_args(module: ModuleType) -> None:
         cls = module.TrainingArguments
@@ -86,6 +100,19 @@ def accumulation_hooks(seen: dict[str, Any], to_one: bool) -> AfterImport:
             seen["lightning"] = kwargs.get("accumulate_grad_batches", 1)
             if to_one:
                 kwargs["accumulate_grad_batches"] = 1
+            if one_process:
+                _one_device(kwargs, seen, "lightning")
+            orig(self, *args, **kwargs)
+
+        cls.__init__ = init
+
+    def fabric(module: ModuleType) -> None:
+        cls = module.Fabric
+        orig = cls.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            if one_process:
+                _one_device(kwargs, seen, "fabric")
             orig(self, *args, **kwargs)
 
         cls.__init__ = init
@@ -107,4 +134,5 @@ def accumulation_hooks(seen: dict[str, Any], to_one: bool) -> AfterImport:
         cls.__init__ = init
 
     return AfterImport({"transformers.training_args": trainer_args, "lightning.pytorch.trainer.trainer": lightning_trainer,
-                        "pytorch_lightning.trainer.trainer": lightning_trainer, "accelerate.accelerator": accelerator})
+                        "pytorch_lightning.trainer.trainer": lightning_trainer, "accelerate.accelerator": accelerator,
+                        "lightning.fabric.fabric": fabric, "lightning_fabric.fabric": fabric})

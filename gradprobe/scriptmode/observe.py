@@ -27,6 +27,7 @@ import torch.nn as nn
 
 from gradprobe.checks.precision.autocast_underflow import autocast_state
 from gradprobe.userframes import UserCode
+from gradprobe.wrappers import unwrap_library
 
 PHASES = ("imports and setup (no module built yet)", "a module built", "an optimizer created",
           "a DataLoader iterated", "a forward pass with grad", "a backward pass", "an optimizer step")
@@ -66,6 +67,7 @@ class ModuleCall:
     method_kwargs: dict = field(default_factory=dict)
     autocast: tuple[str, str] | None = None  # (device, dtype) of the autocast the call ran under (amp watch only)
     out_grads: dict[tuple, torch.Tensor] = field(default_factory=dict)  # output path -> the gradient backward sent it
+    redirected: Any = None  # the forward set on the module's instance (inside its wrappers) for this call only
 
 
 @dataclass
@@ -178,6 +180,8 @@ class StepWatch:
                 watch.reached(4)
                 watch.seq += 1
                 rec = ModuleCall(module, args, kwargs, watch.seq, watch.user.innermost(skip=2))
+                # Lightning's DDP strategy runs training_step through the wrapper by setting it as the instance's forward
+                rec.redirected = vars(unwrap_library(module)[0]).get("forward")
                 watch._note_method(rec, sys._getframe(1))
                 watch._amp_call = rec if watch.amp else None
             watch.depth += 1

@@ -37,8 +37,13 @@ def _exec_target(target: dict[str, Any]) -> None:
 
     project_dir = os.path.realpath(target["project_dir"])
     os.chdir(_mirror_cwd(project_dir, scratch_dir()))
-    exec_script(project_dir, target.get("script"), str(target.get("module") or ""),
-                [str(a) for a in (target.get("args") or [])])
+    script, module = target.get("script"), str(target.get("module") or "")
+    if not script and not module:  # a build_model() target at N ranks: each rank runs it as scriptmode/modelranks.py does
+        from gradprobe.scriptmode.modelranks import ModelStep
+
+        ModelStep(target)()
+        return
+    exec_script(project_dir, script, module, [str(a) for a in (target.get("args") or [])])
 
 
 def _setup_process(target: dict[str, Any], role: str, index: int, env: dict[str, str], out_dir: str, steps: int,
@@ -48,9 +53,11 @@ def _setup_process(target: dict[str, Any], role: str, index: int, env: dict[str,
 
     from gradprobe.loading import seed_everything
     from gradprobe.scriptmode.knobs import accumulation_hooks
-    from gradprobe.scriptmode.pairwatch import PairWatch, SpawnedWorkers
+    from gradprobe.scriptmode.launchers import LaunchFollow, run_watched
+    from gradprobe.scriptmode.pairwatch import PairWatch
     from gradprobe.userframes import UserCode
 
+    os.environ.update(target.get("launch_env") or {})  # what a launcher the script was started by adds (launchers.py)
     os.environ.update(env)
     if int(env.get("WORLD_SIZE", "1")) > 1:
         torch.set_num_threads(1)  # as torchrun does for several ranks on one machine
@@ -58,30 +65,30 @@ def _setup_process(target: dict[str, Any], role: str, index: int, env: dict[str,
     seed_everything(int(target.get("seed") or 0))
     feed = torch.load(feed_path, weights_only=False) if feed_path else None
     watch = PairWatch(role, out_dir, index, steps, user, feed)
-    hooks = accumulation_hooks(watch.knobs, to_one=accumulation_to_one)
+    hooks = accumulation_hooks(watch.knobs, to_one=accumulation_to_one,
+                               one_process=role == "B" and env.get("WORLD_SIZE") == "1")
 
-    def on_alarm(signum: int, frame: Any) -> None:
-        watch.finish("timeout", location=user.innermost(frame))
-        os._exit(0)
+    def fork_worker(rank: int, body: Callable[[], Any]) -> int:
+        """A worker the script spawns (mp.spawn, in setup A): forked, with its own watch for its rank's files."""
+        pid = os.fork()
+        if pid == 0:
+            try:
+                torch.set_num_threads(1)
+                watch.finished = True  # the spawning process's watch never writes
+                watch.uninstall()
+                worker = PairWatch(role, out_dir, rank, steps, user, None)
+                worker.spawned = watch.spawned  # where the script spawned it
+                worker.install()
+                LaunchFollow(worker, fork_worker).install()
+                run_watched(worker, user, deadline, body)
+            finally:
+                os._exit(70)
+        return pid
 
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic() - 1.0, 1.0))
     hooks.install()
     watch.install()
-    ended, error, loc = "finished", None, None
-    try:
-        _exec_target(target)
-    except SpawnedWorkers:
-        ended = "spawned"
-    except SystemExit as exc:
-        ended, error = "exited", f"sys.exit({exc.code!r})"
-        loc = user.innermost_of_traceback(exc)
-    except BaseException as exc:  # the script's own error
-        ended, error = "raised", user.trimmed_traceback(exc)[-3000:]
-        loc = user.innermost_of_traceback(exc)
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    watch.finish(ended, error, loc)
-    os._exit(0)
+    LaunchFollow(watch, fork_worker).install()
+    run_watched(watch, user, deadline, lambda: _exec_target(target))
 
 
 def run_setup(target: dict[str, Any], role: str, processes: int, steps: int, out_dir: str, seconds: float,
@@ -111,7 +118,13 @@ def run_setup(target: dict[str, Any], role: str, processes: int, steps: int, out
         pids.append(pid)
     _wait(run, pids, deadline)
     run.seconds = time.monotonic() - t0
-    run.infos = [_read_info(out_dir, i) for i in range(processes)]
+    from gradprobe.scriptmode.launchers import read_spawned
+
+    spawned = read_spawned(out_dir) if processes == 1 else None
+    if spawned is not None:  # the script spawned its workers (launchers.py): they are the setup's processes
+        run.processes = int(spawned["nprocs"])
+        run.exits = {int(k): v for k, v in (spawned.get("exits") or {}).items()}
+    run.infos = [_read_info(out_dir, i) for i in range(run.processes)]
     return run
 
 
@@ -176,9 +189,10 @@ def _failed_a(run: SetupRun, steps: int) -> str | None:
                 ", killed at the deadline" if i in run.killed else "")
         if info.get("ended") == "spawned":
             loc = info.get("spawned") or {}
-            return (f"the script starts its own worker processes (torch.multiprocessing at line {loc.get('line')} of "
-                    f"{os.path.basename(str(loc.get('file')))}), whose steps gradprobe does not watch: run it "
-                    "torchrun-style (world_size, the script reading RANK and WORLD_SIZE) to compare it")
+            return (f"the script starts {loc.get('nprocs')} worker processes with torch.multiprocessing.spawn at line "
+                    f"{loc.get('line')} of {os.path.basename(str(loc.get('file')))}, where the reference is one process: "
+                    "a script that passes its world size to its workers itself is compared with its own arguments for "
+                    "one process, `reference: {\"args\": [...]}` (e.g. [\"--world_size\", \"1\"])")
         if info.get("ended") != "stepped":
             how = {"timeout": "ran out of its share of the time", "exited": "exited", "raised": "raised",
                    "finished": "ended"}.get(str(info.get("ended")), str(info.get("ended")))
@@ -202,12 +216,30 @@ def compare_pairs(target: dict[str, Any], options: dict[str, Any], progress: Pro
     steps = max(2, int(options.get("steps") or 2))
     n = int(target.get("world_size") or 1)
     timeout = float(target.get("timeout_s") or 120.0)
+    model_form = not (target.get("script") or target.get("module"))  # its accumulation is compared in one process
+    todo = [c for c in PAIRED if (wanted is None or c in wanted) and not (model_form and c == "accumulation")]
+    out: dict[str, Any] = {"steps": steps}
+    if not todo:  # only the comparisons run on the script's first step were asked
+        return out
     root = rank_dir()
     progress(Phase.RUNNING_SCRIPT)
     a = run_setup(target, "A", n, steps, os.path.join(root, "A"), timeout * A_SHARE, distributed=n > 1)
-    out: dict[str, Any] = {"steps": steps, "world_size": n, "a": a.public(), "a_infos": a.infos}
+    launched = (a.infos[0] or {}).get("launched") if a.infos else None
+    if launched is not None:  # a launcher that starts torchrun: the comparisons run on what it starts (launchers.py)
+        from gradprobe.scriptmode.launchers import retarget
+
+        out["launched"] = launched
+        follow = retarget(target, launched) if "error" not in launched else str(launched["error"])
+        if isinstance(follow, str):
+            for c in todo:
+                out[c] = _not_run(f"the {c} comparison", f"the script is a launcher ({launched.get('command')}) and "
+                                  f"gradprobe cannot follow it: {follow}", "refused")
+            return out
+        target, n = follow, int(follow["world_size"])
+        a = run_setup(target, "A", n, steps, os.path.join(root, "A-launched"), timeout * A_SHARE, distributed=n > 1)
+    n = a.processes  # the workers a script spawns (launchers.py) are its processes
+    out.update({"target": target, "world_size": n, "a": a.public(), "a_infos": a.infos})
     why = _failed_a(a, steps)
-    todo = [c for c in PAIRED if wanted is None or c in wanted]
     if why is not None:
         for c in todo:
             out[c] = _not_run(f"the {c} comparison", f"the setup under test did not run its {steps} steps: {why}",
@@ -215,7 +247,13 @@ def compare_pairs(target: dict[str, Any], options: dict[str, Any], progress: Pro
         return out
     from gradprobe.scriptmode.feeds import accumulation_plan, ranks_plan
 
+    spawned = (a.infos[0] or {}).get("spawned")
     for c in todo:
+        if c == "accumulation" and spawned and n > 1:
+            out[c] = _not_run("the accumulation comparison", "the script starts its workers with torch.multiprocessing."
+                              "spawn: its accumulation is compared at one process (nprocs 1, through its arguments)",
+                              "refused")
+            continue
         plan = ranks_plan(a, target, options) if c == "ranks" else accumulation_plan(a, target, options)
         if "not_run" in plan or "why_not" in plan:
             out[c] = plan
@@ -223,11 +261,20 @@ def compare_pairs(target: dict[str, Any], options: dict[str, Any], progress: Pro
         b = run_setup(plan["target"], "B", plan["processes"], steps, os.path.join(root, f"B-{c}"), timeout * B_SHARE,
                       distributed=plan["distributed"], feeds=plan["feeds"], accumulation_to_one=plan["to_one"])
         out[c] = {"b": b.public(), "b_infos": b.infos, **{k: v for k, v in plan.items() if k not in ("target", "feeds")}}
+        out[c]["reference"] = str(plan.get("reference")) + _devices_set(b)
         bad = _failed_a(b, steps)
         if bad is not None:
             out[c]["reference_failed"] = {"why": bad, "cause": _cause_of(b)}
     progress(Phase.CHECKING)
     return out
+
+
+def _devices_set(b: SetupRun) -> str:
+    """The reference's device setting, where gradprobe set Lightning's or Fabric's `devices` to 1 (knobs.py)."""
+    knobs = ((b.infos[0] if b.infos else None) or {}).get("knobs") or {}
+    asked = [(k.split("_")[0], v) for k, v in knobs.items() if k.endswith("_devices") and v not in (1, "1", "auto")]
+    return "".join(f", {'Lightning' if name == 'lightning' else 'Fabric'}'s devices set to 1 by gradprobe (the script "
+                   f"asks for {v})" for name, v in asked[:1])
 
 
 def run_equivalence_job(tool: str, target: dict[str, Any], options: dict[str, Any],
@@ -239,6 +286,7 @@ def run_equivalence_job(tool: str, target: dict[str, Any], options: dict[str, An
     from gradprobe.tools import run_tool
 
     paired = compare_pairs(target, options, progress)
+    target = paired.get("target") or target  # what a launcher starts (launchers.py)
     opts = dict(options, _paired=paired, _script=True)
     wanted = selected(options)
     others = [c for c in registered() if c not in ENGINE_PAIRED and (wanted is None or c in wanted)]
@@ -247,18 +295,34 @@ def run_equivalence_job(tool: str, target: dict[str, Any], options: dict[str, An
     from gradprobe.scriptmode.first_step import run_script_job
     from gradprobe.scriptmode.ranks import free_port
 
+    if (paired.get("a_infos") or [None])[0] and (paired["a_infos"][0] or {}).get("spawned"):
+        return _without_first_step(tool, opts, others, "the script starts its workers with torch.multiprocessing.spawn; "
+                                   "the comparisons run on a script's first step take a torchrun-style script")
+    os.environ.update(target.get("launch_env") or {})
     if int(target.get("world_size") or 1) > 1:  # the first step of a torchrun-style script, as one process
+        from gradprobe.scriptmode.knobs import accumulation_hooks
+
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
                           WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+        accumulation_hooks({}, to_one=False, one_process=True).install()  # Lightning's and Fabric's devices: 1
     report = run_script_job(tool, dict(target, world_size=1), opts, progress)
     if isinstance(report, ToolError) or "comparisons" in (report.get("facts") or {}):
         return report
     # the script's first step did not load (GP112, a replay failure): the paired comparisons still stand
-    out = run_tool(tool, None, opts)
     why = (report.get("summary") or "the script's first step could not be loaded").splitlines()[0][:400]
-    for name in others:
-        out["facts"].setdefault("not_run", []).append({"check": f"the {name} comparison", "why": why, "cause": "gradprobe"})
+    out = _without_first_step(tool, opts, others, why, "gradprobe")
     out["findings"] += [f for f in report.get("findings") or [] if f.get("code") in ("GP112", "GP113")]
+    return out
+
+
+def _without_first_step(tool: str, opts: dict[str, Any], others: list[str], why: str,
+                        cause: str = "refused") -> dict[str, Any]:
+    """The paired comparisons alone; the comparisons run on the script's first step said not run, with why."""
+    from gradprobe.tools import run_tool
+
+    out: dict[str, Any] = run_tool(tool, None, opts)
+    for name in others:
+        out["facts"].setdefault("not_run", []).append({"check": f"the {name} comparison", "why": why, "cause": cause})
     return out
 
 

@@ -36,18 +36,19 @@ import torch.nn as nn
 from gradprobe.checks.equivalence.batches import detached_copy, like, nbytes
 from gradprobe.checks.equivalence.determinism import SameComputation
 from gradprobe.checks.equivalence.graph import read_loss
+from gradprobe.scriptmode.callfeed import CallWatch
+from gradprobe.scriptmode.ddpsync import SyncWatch
+from gradprobe.scriptmode.dtensors import is_dtensor, load_into, whole
 from gradprobe.scriptmode.observe import undo
 from gradprobe.scriptmode.rankwatch import write_json
 from gradprobe.userframes import UserCode
 
 MAX_RECORDED_BYTES = 1 << 30  # batches recorded per process
 MAX_EVENTS = 200
-FRAMEWORKS = (("transformers", os.sep + "transformers" + os.sep + "trainer"), ("lightning", os.sep + "lightning"),
+FRAMEWORKS = (("transformers", os.sep + "transformers" + os.sep + "trainer"),
+              ("fabric", os.sep + "lightning" + os.sep + "fabric" + os.sep), ("fabric", os.sep + "lightning_fabric" + os.sep),
+              ("lightning", os.sep + "lightning"),
               ("lightning", os.sep + "pytorch_lightning" + os.sep), ("accelerate", os.sep + "accelerate" + os.sep))
-
-
-class SpawnedWorkers(BaseException):
-    """Raised into a script that starts its own workers (not an Exception: its `except Exception` lets it pass)."""
 
 
 @dataclass
@@ -58,6 +59,8 @@ class Feed:
     loader: int | None
     batches: list[Any]
     weights: dict[tuple[int, int], dict[str, torch.Tensor]] = field(default_factory=dict)
+    calls: dict[int, list[list[dict[str, Any]]]] | None = None  # batches made without a DataLoader (callfeed.py)
+    guess: int | None = None  # how many of A's micro-batches each of the reference's is fed, until measured
 
 
 def _rng_digest() -> str:
@@ -125,8 +128,9 @@ class PairWatch:
         self.framework: str | None = None
         self.knobs: dict[str, Any] = {}
         self.same = SameComputation()
-        self.sharded = False  # a gradient the optimizer sees is a shard (FSDP2, DTensor): not comparable whole
-        self.spawned: dict[str, Any] | None = None  # the script started its own workers (torch.multiprocessing)
+        self.sharded = False  # the gradients the optimizer sees are DTensor shards (FSDP2), gathered whole to compare
+        self.spawned: dict[str, Any] | None = None  # the script started its own workers (launchers.py)
+        self.extra: dict[str, Any] = {}  # what launchers.py adds to the record (the launcher's command)
         self.clips: list[dict[str, Any]] = []  # clip_grad_norm_ calls: max_norm, the norm before, the line
         self.pre_clip: set[int] = set()  # steps whose gradients were taken before a clip_grad_norm_
         self._names: dict[int, str] | None = None
@@ -135,7 +139,10 @@ class PairWatch:
         self.finished = False
         self._undo: list[Any] = []
         self._in_backward = False
+        self._in_collective = False
         self._anomaly: tuple[bool, bool] | None = None
+        self.calls = CallWatch(self, feed.calls if feed is not None else None, feed.guess if feed is not None else None)
+        self.sync = SyncWatch(self)
 
     # ---- install -----------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -150,12 +157,22 @@ class PairWatch:
         self._patch_backward()
         self._patch_collectives()
         self._patch_clipping()
-        self._patch_spawn()
+        self.calls.install()
+        self.sync.install()
         self.same.install()
         self._undo.append(self.same)
         if self.trace:
             self._anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
-            torch.set_anomaly_enabled(True, False)  # the forward's tracebacks on the graph: the lines of the loss's ops
+            orig_set = torch.set_anomaly_enabled
+            orig_set(True, False)  # the forward's tracebacks on the graph: the lines of the loss's ops
+
+            def keep_tracing(mode: bool, check_nan: bool = True) -> None:
+                # a framework that turns anomaly mode off around its loop (Lightning's detect_anomaly=False) keeps the
+                # tracebacks on; the NaN check only when the script asks for it
+                orig_set(True, bool(mode and check_nan))
+
+            torch.set_anomaly_enabled = keep_tracing  # type: ignore[assignment]
+            self._undo.append((torch, "set_anomaly_enabled", orig_set))
 
     def uninstall(self) -> None:
         undo(self._undo)
@@ -219,6 +236,7 @@ class PairWatch:
             return
         if self.depth == 0 and torch.is_grad_enabled():
             self._top_call(module)
+            self.sync.on_top_call(module)
         self.depth += 1
         if self.step == 1 and torch.is_grad_enabled() and id(module) not in self._order_seen:
             self._order_seen.add(id(module))
@@ -238,8 +256,12 @@ class PairWatch:
         if key in self.handled:
             return
         self.handled.add(key)
-        if self.role == "A" and self.index == 0:
-            self.weights[key] = {k: t.detach().to("cpu", copy=True) for k, t in named_state(module).items()}
+        if self.role == "A":
+            state = named_state(module)
+            if self.index == 0 or any(is_dtensor(t) for t in state.values()):  # every rank gathers FSDP2's shards
+                copies = {k: whole(t.detach()).to("cpu", copy=True) for k, t in state.items()}
+                if self.index == 0:
+                    self.weights[key] = copies
         elif self.role == "B" and self.feed is not None and key in self.feed.weights:
             self.loaded[f"{key[0]}:{key[1]}"] = _load(module, self.feed.weights[key])
 
@@ -270,6 +292,9 @@ class PairWatch:
     def _post_step(self, opt: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not self._main() or opt is not self.main_opt:
             return
+        if self.calls.on_step_end():  # the reference's step measured its micro-batches (callfeed.py): run it again
+            self._forget(self.step)
+            return
         self.per_step.append({"step": self.step, "backward_calls": self.bw_in_step,
                               "yields": self.counts.get(self.train_loader, 0) if self.train_loader is not None else 0,
                               "location": self.user.innermost(skip=3)})
@@ -278,6 +303,17 @@ class PairWatch:
             self.finish("stepped")
             os._exit(0)
         self.step += 1
+
+    def _forget(self, step: int) -> None:
+        """What was recorded at `step`, which runs again (the next optimizer step is the same step)."""
+        self.grads.pop(step, None)
+        self.targets.pop(step, None)
+        self.pre_clip.discard(step)
+        self.backwards = [b for b in self.backwards if b.get("step") != step]
+        self.clips = [c for c in self.clips if c.get("step") != step]
+        self.handled = {k for k in self.handled if k[0] != step}
+        self.loaded = {k: v for k, v in self.loaded.items() if not k.startswith(f"{step}:")}
+        self.bw_in_step = 0
 
     def param_names(self, params: list[torch.Tensor] | None = None) -> dict[int, str]:
         """Names in the outermost module holding most of the parameters (a LightningModule whose training_step calls
@@ -314,10 +350,8 @@ class PairWatch:
                 name = names.get(id(p), f"group{gi}.param{pi}")
                 g = p.grad
                 if g is not None:
-                    to_local = getattr(g, "to_local", None)
-                    if callable(to_local) and any(type(pl).__name__ == "Shard" for pl in getattr(g, "placements", ())):
-                        self.sharded = True
-                    local: torch.Tensor = to_local() if callable(to_local) else g
+                    self.sharded = self.sharded or is_dtensor(g)
+                    local = whole(g)  # FSDP2's shards gathered on every rank (dtensors.py)
                     self.grad_dtypes.add(str(local.dtype).replace("torch.", ""))
                     out[name] = local.detach().to("cpu", torch.float64 if local.dtype == torch.float64 else torch.float32,
                                                   copy=True)
@@ -360,6 +394,8 @@ class PairWatch:
             self.train_loader = self.last_loader
             self.records = {k: v for k, v in self.records.items() if k == self.train_loader}
         self.bw_in_step += 1
+        self.calls.on_backward(loss)
+        self.sync.on_backward()
         if self.framework is None:
             self.framework = _framework_on_stack()
         rec: dict[str, Any] = {"step": self.step, "location": self.user.innermost(skip=4)}
@@ -383,31 +419,52 @@ class PairWatch:
 
     # ---- collectives and randomness ------------------------------------------------------------------------------------
     def _patch_collectives(self) -> None:
+        """The collectives the script calls itself (torch.distributed's, and the differentiable gather of
+        torch.distributed.nn, which frameworks call under no_grad when asked for no gradient: Lightning's and Fabric's
+        all_gather with sync_grads=False)."""
         import torch.distributed as dist
 
         if not dist.is_available():
             return
-        watch = self
         for name, pos in (("all_reduce", 0), ("all_gather", 1), ("all_gather_into_tensor", 1), ("reduce_scatter", 1)):
             orig = getattr(dist, name, None)
-            if orig is None:
-                continue
+            if orig is not None:
+                setattr(dist, name, self._collective(orig, name, pos, dist, differentiable=False))
+                self._undo.append((dist, name, orig))
+        try:
+            import torch.distributed.nn.functional as dist_fn
+        except ImportError:
+            return
+        orig = getattr(dist_fn, "all_gather", None)
+        if orig is not None:
+            dist_fn.all_gather = self._collective(orig, "all_gather", 0, dist_fn, differentiable=True)
+            self._undo.append((dist_fn, "all_gather", orig))
 
-            def wrapped(*args: Any, _orig: Callable[..., Any] = orig, _name: str = name, _pos: int = pos,
-                        **kwargs: Any) -> Any:
-                t = args[_pos] if len(args) > _pos else kwargs.get("tensor")
-                if watch._main() and len(watch.collectives) < MAX_EVENTS and isinstance(t, torch.Tensor):
-                    op = kwargs.get("op", args[1] if _name == "all_reduce" and len(args) > 1 else None)
-                    rec = {"kind": _name, "step": watch.step, "location": watch.user.innermost(skip=2),
-                           "requires_grad": bool(t.requires_grad), "grad_enabled": torch.is_grad_enabled(),
-                           "op": str(op).rsplit(".", 1)[-1] if op is not None else ("SUM" if _name == "all_reduce" else None)}
-                    watch.collectives.append(rec)
-                    if _name == "all_reduce":
-                        watch.reduced[id(t)] = rec
-                return _orig(*args, **kwargs)
+    def _collective(self, orig: Callable[..., Any], name: str, pos: int, owner: Any, differentiable: bool) -> Callable[..., Any]:
+        watch = self
 
-            setattr(dist, name, wrapped)
-            self._undo.append((dist, name, orig))
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            t = args[pos] if len(args) > pos else kwargs.get("tensor")
+            if watch._in_collective or not (watch._main() and len(watch.collectives) < MAX_EVENTS and
+                                            isinstance(t, torch.Tensor)):
+                return orig(*args, **kwargs)
+            op = kwargs.get("op", args[1] if name == "all_reduce" and len(args) > 1 else None)
+            rec = {"kind": name, "step": watch.step, "location": watch.user.innermost(skip=2),
+                   "requires_grad": bool(t.requires_grad), "grad_enabled": torch.is_grad_enabled(),
+                   # copies without gradient: torch.distributed's own gather with grad on (inside a custom Function's
+                   # forward grad is off and its backward may carry it), the differentiable one under no_grad
+                   "copies_without_grad": bool(t.requires_grad) and torch.is_grad_enabled() != differentiable,
+                   "op": str(op).rsplit(".", 1)[-1] if op is not None else ("SUM" if name == "all_reduce" else None)}
+            watch.collectives.append(rec)
+            if name == "all_reduce":
+                watch.reduced[id(t)] = rec
+            watch._in_collective = True  # the torch.distributed call inside the differentiable gather is the same one
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                watch._in_collective = False
+
+        return wrapped
 
     def _patch_clipping(self) -> None:
         """clip_grad_norm_ and clip_grads_with_norm_ (what accelerate and the Trainer call): the gradients are taken
@@ -437,26 +494,6 @@ class PairWatch:
             setattr(nn_utils, name, clip)
             self._undo.append((nn_utils, name, orig))
 
-    def _patch_spawn(self) -> None:
-        """A script that starts its own workers (torch.multiprocessing.spawn / start_processes): their steps happen in
-        interpreters this watch is not in; the run is ended there and says so."""
-        import importlib
-
-        import torch.multiprocessing as tmp
-
-        module = importlib.import_module("torch.multiprocessing.spawn")
-        orig = module.start_processes
-        watch = self
-
-        def start_processes(*args: Any, **kwargs: Any) -> Any:
-            watch.spawned = watch.user.innermost(skip=2) or {"file": "", "line": 0, "function": "", "code": ""}
-            raise SpawnedWorkers("the script starts its own worker processes")
-
-        for owner in (module, tmp):
-            if getattr(owner, "start_processes", None) is orig:
-                owner.start_processes = start_processes  # type: ignore[attr-defined]
-                self._undo.append((owner, "start_processes", orig))
-
     # ---- the end ---------------------------------------------------------------------------------------------------
     def module_order(self) -> list[str]:
         names: dict[int, str] = {}
@@ -476,14 +513,17 @@ class PairWatch:
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else None
         batches = self.records.get(self.train_loader, []) if self.train_loader is not None else []
+        if self.calls.mode and self.random_in_step is None:
+            self.random_in_step = self.calls.random_in_call
         torch.save({"grads": self.grads, "weights": self.weights, "batches": batches,
+                    "calls": self.calls.steps if self.role == "A" and self.calls.mode else {},
                     "targets": {s: [t for _, t in v] for s, v in self.targets.items()}},
                    os.path.join(self.out_dir, f"rank{self.index}.pt"))
         info = {"index": self.index, "rank": rank, "world_size": world, "ended": ended, "error": error,
                 "location": location, "steps_done": len(self.per_step), "per_step": self.per_step,
                 "backwards": self.backwards, "collectives": self.collectives, "train_loader": self.train_loader,
                 "loaders": len(self.loader_ids), "yields": self.counts, "recorded": len(batches),
-                "record_refused": self.record_refused, "fed": self.fed, "loaded": self.loaded,
+                "record_refused": self.record_refused, "fed": self.fed + self.calls.fed, "loaded": self.loaded,
                 "module_order": self.module_order(), "optimizer": type(self.main_opt).__name__ if self.main_opt else None,
                 "optimizer_module": type(self.main_opt).__module__ if self.main_opt else None,
                 "grad_dtypes": sorted(self.grad_dtypes), "autocast": self.autocast, "framework": self.framework,
@@ -491,7 +531,8 @@ class PairWatch:
                 "knobs": self.knobs, "clips": self.clips, "pre_clip": sorted(self.pre_clip),
                 "random_in_step": self.random_in_step, "dropout_calls": self.same.dropout_calls,
                 "batchnorm_eval": len(self.same.batchnorm),
-                "target_lines": {str(s): [line for line, _ in v] for s, v in self.targets.items()}}
+                "target_lines": {str(s): [line for line, _ in v] for s, v in self.targets.items()},
+                "ddp_sync": self.sync.events, **self.calls.facts(), **self.extra}
         write_json(os.path.join(self.out_dir, f"rank{self.index}.json"), info)
 
 
@@ -501,7 +542,7 @@ def _load(module: nn.Module, state: dict[str, torch.Tensor]) -> int:
         for name, t in named_state(module).items():
             src = state.get(name)
             if src is not None and tuple(src.shape) == tuple(t.shape):
-                t.copy_(src.to(t.device, t.dtype))
+                load_into(t, src)
                 n += 1
     return n
 

@@ -235,6 +235,13 @@ def replay_one(watch: StepWatch, user: UserCode, outer: list[nn.Module] | None =
     wrapper = root if root is not model else None
     call = _call_of(watch, model)
     notes: list[str] = []
+    if call is not None and callable(call.redirected):
+        # the call ran a forward set on the instance for it (Lightning's DDP strategy runs training_step that way):
+        # replayed by calling that forward again, with the arguments the call got
+        facts.update(replay="the forward the wrapper ran for the call (the model's training step), with its arguments",
+                     call_location=call.location)
+        return Replay(model, None, None, _method_step(call.redirected, _detached(tuple(call.args), notes),
+                                                      _detached(dict(call.kwargs), notes)), facts, wrapper)
     if call is not None:
         loss_fn, how = loss_from_output(call, roots)
         batch = (_detached(tuple(call.args), notes), _detached(dict(call.kwargs), notes))
@@ -246,9 +253,15 @@ def replay_one(watch: StepWatch, user: UserCode, outer: list[nn.Module] | None =
     method = _method_of(watch, model)
     if method is None:
         return Replay(model, None, None, None, dict(facts, replay=None), wrapper)
-    args = _detached(method.method_args, notes)
-    kwargs = _detached(method.method_kwargs, notes)
     fn = method.method
+    train_step = _method_step(fn, _detached(method.method_args, notes), _detached(method.method_kwargs, notes))
+    facts.update(replay=f"the user's method {getattr(fn, '__qualname__', '?')}, with the arguments it got",
+                 call_location=method.location)
+    return Replay(model, None, None, train_step, facts, wrapper)
+
+
+def _method_step(fn: Callable[..., Any], args: Any, kwargs: Any) -> Callable[..., Any]:
+    """A train_step that calls the user's method (or the forward a wrapper ran) again and backpropagates its loss."""
 
     def train_step(m: nn.Module, batch: Any, optimizer: Any) -> Any:
         if optimizer is not None and hasattr(optimizer, "zero_grad"):
@@ -262,9 +275,7 @@ def replay_one(watch: StepWatch, user: UserCode, outer: list[nn.Module] | None =
             optimizer.step()
         return out
 
-    facts.update(replay=f"the user's method {getattr(fn, '__qualname__', '?')}, with the arguments it got",
-                 call_location=method.location)
-    return Replay(model, None, None, train_step, facts, wrapper)
+    return train_step
 
 
 def _call_of(watch: StepWatch, model: nn.Module) -> ModuleCall | None:

@@ -26,6 +26,16 @@ class Unjoinable(ValueError):
     """The parts cannot be joined into one batch (the reason is the message)."""
 
 
+class _Keep:
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+# joining with keep_equal: a tensor equal in every part is not per-example (a mask, a table, a scalar passed with the
+# batch); the reference keeps its own value there (`merge`)
+KEEP: Any = _Keep()
+
+
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor], depth: int = 0) -> Any:
     """`obj` with every tensor replaced by fn(tensor), containers rebuilt as the same type where they can be."""
     if isinstance(obj, torch.Tensor):
@@ -87,33 +97,58 @@ def _is_leaf_list(obj: Any) -> bool:
     return isinstance(obj, list) and all(not isinstance(v, (torch.Tensor, Mapping, list, tuple)) for v in obj)
 
 
-def join(parts: list[Any], where: str = "batch") -> Any:
-    """The parts (same structure) joined along the batch dimension into one batch (see the module docstring)."""
+def join(parts: list[Any], where: str = "batch", keep_equal: bool = False) -> Any:
+    """The parts (same structure) joined along the batch dimension into one batch (see the module docstring); with
+    `keep_equal`, a tensor equal in every part is KEEP."""
     if not parts:
         raise Unjoinable("nothing to join")
-    return _join(parts, where, 0, None)
+    return _join(parts, where, 0, None, keep_equal)
 
 
-def _join(parts: list[Any], where: str, depth: int, padding: dict[str, Any] | None) -> Any:
+def merge(own: Any, fed: Any, depth: int = 0) -> Any:
+    """`own` (what the reference's code passed) with each tensor that `fed` holds at the same place put in its stead
+    (moved to the device of the tensor it replaces); KEEP, None and anything else keep the reference's own."""
+    if isinstance(fed, torch.Tensor):
+        return fed.to(own.device) if isinstance(own, torch.Tensor) else own
+    if depth > MAX_DEPTH or fed is None or fed is KEEP:
+        return own
+    if isinstance(own, Mapping) and isinstance(fed, Mapping):
+        out = dict(own) if not hasattr(own, "copy") else own.copy()
+        for k in own.keys():
+            if k in fed:
+                out[k] = merge(own[k], fed[k], depth + 1)
+        return out
+    if isinstance(own, (list, tuple)) and isinstance(fed, (list, tuple)) and len(own) == len(fed):
+        items = [merge(o, f, depth + 1) for o, f in zip(own, fed, strict=True)]
+        return type(own)(*items) if hasattr(own, "_fields") else type(own)(items)
+    if dataclasses.is_dataclass(own) and not isinstance(own, type) and type(fed) is type(own):
+        return dataclasses.replace(own, **{f.name: merge(getattr(own, f.name), getattr(fed, f.name), depth + 1)
+                                           for f in dataclasses.fields(own) if f.init})
+    return own
+
+
+def _join(parts: list[Any], where: str, depth: int, padding: dict[str, Any] | None, keep: bool = False) -> Any:
     first = parts[0]
     if any(type(p) is not type(first) for p in parts):
         raise Unjoinable(f"{where}: the parts are of different types ({', '.join(sorted({type(p).__name__ for p in parts}))})")
     if isinstance(first, torch.Tensor):
+        if keep and len(parts) > 1 and all(p.shape == first.shape and torch.equal(p, first) for p in parts[1:]):
+            return KEEP
         return _join_tensors(parts, where, padding)
     if depth > MAX_DEPTH:
         raise Unjoinable(f"{where}: nested deeper than {MAX_DEPTH} levels")
     if isinstance(first, Mapping):
-        return _join_mapping(parts, where, depth)
+        return _join_mapping(parts, where, depth, keep)
     if _is_leaf_list(first):
         return type(first)(v for p in parts for v in p)
     if isinstance(first, (list, tuple)):
         if any(len(p) != len(first) for p in parts):
             raise Unjoinable(f"{where}: the parts have {sorted({len(p) for p in parts})} fields")
-        fields = [_join([p[i] for p in parts], f"{where}[{i}]", depth + 1, padding) for i in range(len(first))]
+        fields = [_join([p[i] for p in parts], f"{where}[{i}]", depth + 1, padding, keep) for i in range(len(first))]
         return type(first)(*fields) if hasattr(first, "_fields") else type(first)(fields)
     if dataclasses.is_dataclass(first) and not isinstance(first, type):
         return dataclasses.replace(first, **{
-            f.name: _join([getattr(p, f.name) for p in parts], f"{where}.{f.name}", depth + 1, padding)
+            f.name: _join([getattr(p, f.name) for p in parts], f"{where}.{f.name}", depth + 1, padding, keep)
             for f in dataclasses.fields(first) if f.init})
     if all(_same(p, first) for p in parts):
         return first
@@ -127,14 +162,14 @@ def _same(a: Any, b: Any) -> bool:
         return a is b
 
 
-def _join_mapping(parts: list[Any], where: str, depth: int) -> Any:
+def _join_mapping(parts: list[Any], where: str, depth: int, keep: bool = False) -> Any:
     first = parts[0]
     keys = list(first.keys())
     if any(list(p.keys()) != keys for p in parts):
         raise Unjoinable(f"{where}: the parts have different keys")
     padding = _token_padding(parts)
     out = copy.copy(first)
-    joined = {k: _join([p[k] for p in parts], f"{where}[{k!r}]", depth + 1, padding.get(k) if padding else None)
+    joined = {k: _join([p[k] for p in parts], f"{where}[{k!r}]", depth + 1, padding.get(k) if padding else None, keep)
               for k in keys}
     try:
         for k, v in joined.items():

@@ -115,7 +115,8 @@ def accumulation_in_process(loaded: Any, options: dict[str, Any]) -> dict[str, A
         return result(False, "the target's train_step needs the target's optimizer, which it does not give")
     if int(options.get("_world_size") or 1) > 1:
         return result(True, not_run=[{"check": "the accumulation comparison at several ranks", "cause": "not_applicable",
-                                      "why": "a build_model() target is compared as one process"}])
+                                      "why": "a build_model() target's accumulation is compared at world_size 1 (at "
+                                             "world_size N its ranks are compared against one process)"}])
     from gradprobe.checks.core.step import param_names
 
     model, steps = loaded.model, int(options.get("steps") or 2)

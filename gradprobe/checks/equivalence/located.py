@@ -4,12 +4,15 @@ script called itself. Each probe states a measured difference between the setups
 
 - targets: the setup under test's cross-entropy targets, taken in order (ranks, or micro-batches), differ from the
   reference's on the same examples (labels built for rank 0, a cached label tensor reused at a later step);
-- a gather: torch.distributed.all_gather called with grad enabled on a tensor that requires grad (its output holds
-  copies without gradient) when the gradient's direction changed;
+- a gather: a tensor that requires grad gathered into copies without gradient (torch.distributed.all_gather, or the
+  differentiable gather of torch.distributed.nn called under no_grad, as Lightning's and Fabric's all_gather do
+  without sync_grads) when the gradient's direction changed;
 - a per-part count: each rank's (micro-batch's) loss divided by a number that differs between them, where the
   reference divides by one number for all (a token count of its own);
 - a sum all-reduce: the script's own all_reduce of parameter gradients with SUM, when the ratio is N;
-- the reduction: a loss that is a sum (not a mean) over its part of the batch, when the ratio is 1/N or k.
+- the reduction: a loss that is a sum (not a mean) over its part of the batch, when the ratio is 1/N or k;
+- DDP's sync: the forward of a step's last micro-batch ran with require_backward_grad_sync False (set after it, or
+  the last micro-batch inside no_sync()), so its gradient was never all-reduced.
 """
 
 from __future__ import annotations
@@ -74,17 +77,45 @@ def _short(t: torch.Tensor) -> str:
 def gather_cause(a_infos: list[dict[str, Any] | None], step: int) -> Cause | None:
     for info in a_infos:
         for c in (info or {}).get("collectives") or []:
-            if c.get("kind", "").startswith("all_gather") and c.get("requires_grad") and c.get("grad_enabled"):
-                line = c.get("location")
-                return Cause(
-                    text=(f" The script gathers a tensor that requires grad with torch.distributed.{c['kind']} at "
-                          f"{at(line)}: the gathered copies carry no gradient, so what the other ranks' examples "
-                          "contribute through them (a contrastive loss's negatives) is missing from this rank's "
-                          "gradient."),
-                    remedy=(f"Gather with gradient at {at(line)}: torch.distributed.nn.functional.all_gather (its "
-                            "backward sums the gathered gradients back to each rank). Putting this rank's own tensor "
-                            "back in place of its gathered copy keeps only the gradient through the local rows."),
-                    location=line, evidence={"collective": c})
+            bare = c.get("copies_without_grad", c.get("requires_grad") and c.get("grad_enabled"))
+            if not (c.get("kind", "").startswith("all_gather") and bare):
+                continue
+            line = c.get("location")
+            how = "the differentiable all_gather under no_grad" if not c.get("grad_enabled") else \
+                f"torch.distributed.{c['kind']}"
+            return Cause(
+                text=(f" The script gathers a tensor that requires grad at {at(line)} into copies without gradient "
+                      f"({how}): what the other ranks' examples contribute through them (a contrastive loss's negatives) "
+                      "is missing from this rank's gradient."),
+                remedy=(f"Gather with gradient at {at(line)}: torch.distributed.nn.functional.all_gather (its backward "
+                        "sums the gathered gradients back to each rank; Lightning's and Fabric's all_gather with "
+                        "sync_grads=True). Putting this rank's own tensor back in place of its gathered copy keeps only "
+                        "the gradient through the local rows."),
+                location=line, evidence={"collective": c})
+    return None
+
+
+def sync_cause(a_infos: list[dict[str, Any] | None], step: int) -> Cause | None:
+    """DistributedDataParallel's sync off for the forward of a step's last micro-batch (scriptmode/ddpsync.py): its
+    backward did not all-reduce, so that micro-batch's gradient stayed local on each rank."""
+    for info in a_infos:
+        events = [e for e in (info or {}).get("ddp_sync") or [] if e.get("step") == step]
+        if not events or events[-1].get("forward_sync"):
+            continue
+        last, line = events[-1], events[-1].get("set_at")
+        synced = [i + 1 for i, e in enumerate(events) if e.get("forward_sync")]
+        where = f" (the script sets it at {at(line)})" if line else ""
+        also = (f"; micro-batch {', '.join(map(str, synced))} ran with it True, so the gradient accumulated up to it was "
+                "averaged and the rest was not" if synced else "")
+        return Cause(
+            text=(f" DistributedDataParallel all-reduces in the backward of a forward that ran with "
+                  f"require_backward_grad_sync True: at step {step} the forward of the last of its {len(events)} "
+                  f"micro-batch(es) ran with it False{where}, so that micro-batch's gradient stayed local on each "
+                  f"rank{also}."),
+            remedy=(f"Set require_backward_grad_sync before the forward of each micro-batch{' at ' + at(line) if line else ''} "
+                    "(True for the last one), or run the forward and backward of every micro-batch but the last inside "
+                    "model.no_sync(), as nanoGPT does."),
+            location=line, evidence={"ddp_sync": events, "last": last})
     return None
 
 
@@ -167,22 +198,24 @@ def reduction_cause(a_infos: list[dict[str, Any] | None], step: int, named: str 
     if kind == "ranks" and s.get("reduction") == "sum" and named == "1/N":
         return Cause(
             text=(f" Each rank's loss is a sum over its local batch ({s.get('stopped_at')} at {at(line)}) and "
-                  "DistributedDataParallel averages the ranks' gradients: each example weighs 1/N of what it weighs "
-                  "in one process."),
+                  "data parallelism (DistributedDataParallel, FSDP) averages the ranks' gradients: each example weighs "
+                  "1/N of what it weighs in one process."),
             remedy=(f"Average the loss over the local batch at {at(line)} (reduction=\"mean\"), or multiply the summed "
                     "loss by the world size: DDP divides the sum of the ranks' gradients by N."),
             location=line, evidence={"reduction": s})
     if kind == "accumulation" and named == "k":
         ops = f", multiplied by {factor:.4g}" if abs(factor - 1) > 1e-12 else " with no division"
-        by = {"plain loop": "the loop", "transformers": "the Trainer", "lightning": "Lightning"}.get(framework, framework)
-        where = bw.get("location") if framework == "plain loop" else line
+        by = {"plain loop": "the loop", "transformers": "the Trainer", "lightning": "Lightning",
+              "fabric": "Fabric"}.get(framework, framework)
+        own = framework in ("plain loop", "fabric")  # the script calls backward() itself; nothing divides for it
+        where = bw.get("location") if own else line
         return Cause(
             text=(f" The micro-batch losses are added into one step{ops} by {by} (each a "
                   f"{s.get('reduction') or s.get('stopped_at')} at {at(line)}; backward() at {at(bw.get('location'))}): "
                   "k micro-batches give k times the one-batch gradient (GP601 is the same pattern, judged there from "
                   "the losses)."),
             remedy=(f"Divide each micro-batch loss by the number of micro-batches before backward() at {at(where)}"
-                    if framework == "plain loop" else
+                    if own else
                     f"Make the loss at {at(line)} its share of the accumulated batch: divide its sum by the example or "
                     f"token count of the whole accumulated batch (the Trainer passes it as num_items_in_batch to a "
                     "forward that takes **kwargs, and then no longer divides by gradient_accumulation_steps itself), or "

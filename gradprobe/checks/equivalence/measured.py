@@ -37,6 +37,7 @@ class Pair:
     k: int = 1
     steps: list[StepDiff] = field(default_factory=list)
     a_seconds: float | None = None  # the setup under test's run (the reference's is in entry["b"])
+    started: str = ""  # how its processes were started, when a launcher or mp.spawn started them
 
     @property
     def optimizer(self) -> str:
@@ -60,8 +61,17 @@ def _load(path: str) -> dict[str, Any]:
 
 def _setup_text(pair: Pair) -> str:
     if pair.kind == "ranks":
-        return f"{pair.n} processes against one"
-    return f"{pair.k} micro-batches against one batch" + (f" (at {pair.n} processes)" if pair.n > 1 else "")
+        return f"{pair.n} processes{pair.started} against one"
+    return f"{pair.k} micro-batches against one batch" + (f" (at {pair.n} processes{pair.started})" if pair.n > 1 else "")
+
+
+def _started(paired: dict[str, Any]) -> str:
+    """How the setup under test's processes were started, when not torchrun-style by gradprobe (launchers.py)."""
+    launched = paired.get("launched")
+    if launched:
+        return f" started by the launcher's `{str(launched.get('command'))[:160]}` at {located.at(launched.get('by'))}"
+    spawned = ((paired.get("a_infos") or [None])[0] or {}).get("spawned")
+    return f" started by torch.multiprocessing.spawn at {located.at(spawned)}" if spawned else ""
 
 
 def load(kind: str, paired: dict[str, Any]) -> Pair | dict[str, Any]:
@@ -82,17 +92,18 @@ def load(kind: str, paired: dict[str, Any]) -> Pair | dict[str, Any]:
     a_infos, b_infos = paired.get("a_infos") or [], entry.get("b_infos") or []
     pair = Pair(kind=kind, entry=entry, a_infos=a_infos, b_infos=b_infos, a=_load(os.path.join(a_dir, "rank0.pt")),
                 b=_load(os.path.join(b_dir, "rank0.pt")), n=int(paired.get("world_size") or 1),
-                k=int(entry.get("k") or 1), a_seconds=paired["a"].get("seconds"))
+                k=int(entry.get("k") or 1), a_seconds=paired["a"].get("seconds"), started=_started(paired))
     pair.a_targets = [_load(os.path.join(a_dir, f"rank{i}.pt")).get("targets") or {} for i in range(len(a_infos))] \
         if kind == "ranks" else [pair.a.get("targets") or {}]
-    if any((i or {}).get("sharded") for i in a_infos):
-        return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "refused",
-                                      "why": "the optimizer sees sharded gradients (FSDP2 / DTensor shards): each rank "
-                                             "holds a slice, not comparable whole with one process's gradient yet"}])
     b0 = b_infos[0] if b_infos else None
     b_ks = [int(s.get("backward_calls") or 0) for s in (b0 or {}).get("per_step") or []]
     want = 1 if kind == "accumulation" else int(entry.get("rate") or 1)
-    got = _rate(b0)
+    got = _rate(b0) if entry.get("feed_mode") != "calls" else None
+    fed_wrong = next((i.get("feed_error") for i in b_infos if i and i.get("feed_error")), None)
+    if fed_wrong:
+        return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "refused",
+                                      "why": f"the reference ({entry.get('reference')}) was fed the inputs the setup under "
+                                             f"test's model and loss received, and {fed_wrong}"}])
     if got is not None and got != want:
         return result(True, not_run=[{"check": f"the {kind} comparison", "cause": "refused",
                                       "why": f"the reference ({entry.get('reference')}) consumed {got} batch(es) of its "
@@ -169,6 +180,16 @@ def evaluate(pair: Pair, steps: int) -> dict[str, Any]:
                     f"setups run off), so the two setups cannot draw the same ones: step {bad.step} differs (largest "
                     f"relative difference {w.rel if w else 0:.2g} on {w.name if w else '-'}) and that difference is not "
                     "attributed to the code")}])
+    varying = _data_scalars(pair) if bad is not None and pair.entry.get("feed_mode") == "calls" else None
+    if varying is not None:  # a number computed from the script's own, unfed, batch scales the loss: not attributable
+        w = bad.worst if bad is not None else None
+        return result(True, facts=facts, not_run=[{
+            "check": f"the {kind} comparison", "cause": "refused",
+            "why": (f"the script's batches come from no DataLoader and its loss is scaled, outside the model's calls, by "
+                    f"numbers that vary with its data ({varying}): a count the reference computes from its own batch, "
+                    f"which gradprobe does not feed. Step {bad.step if bad else '?'} differs (largest relative difference "
+                    f"{w.rel if w else 0:.2g} on {w.name if w else '-'}) and that difference is not attributed to the "
+                    "code: compute such counts inside the model's forward or the loss function, or use a DataLoader")}])
     if bad is None and pair.kind == "accumulation":
         twice = located.divided_twice_graph(pair.a_infos, 1)
         if twice is not None:
@@ -180,10 +201,22 @@ def evaluate(pair: Pair, steps: int) -> dict[str, Any]:
     return result(True, findings=[finding], verified=verified, facts=facts)
 
 
+def _data_scalars(pair: Pair) -> str | None:
+    """The scalars of the setup under test's losses outside the model's calls (scriptmode/callfeed.py) when they vary
+    between its ranks, micro-batches or steps (a count of the data, not a constant): a few of them, as text."""
+    seen = [tuple(b) for info in pair.a_infos for per in ((info or {}).get("loss_scalars") or {}).values() for b in per]
+    if len(set(seen)) < 2:
+        return None
+    values = sorted({v for b in seen for v in b})
+    return ", ".join(f"{v:g}" for v in values[:6]) + (" ..." if len(values) > 6 else "")
+
+
 def _examples(pair: Pair) -> str:
     n = pair.entry.get("examples")
     how = pair.entry.get("examples_text") or ("the ranks' batches joined" if pair.kind == "ranks"
                                               else "the micro-batches joined")
+    if pair.entry.get("feed_mode") == "calls":
+        return (f"{n} examples a step" if n else "examples") + f" ({how})"
     if pair.kind == "ranks" and int(pair.entry.get("rate") or 1) > 1:  # the script accumulates: several batches a step
         return f"batches ({n} examples each, the ranks' batches joined; {pair.entry.get('rate')} per step)"
     return (f"{n} examples" if n else "examples") + f" ({how})"
@@ -222,6 +255,8 @@ def _by_design(pair: Pair) -> str:
     parts = []
     if a0.get("dropout_calls"):
         parts.append("dropout off in both")
+    if a0.get("sharded"):
+        parts.append("FSDP2's gradient and weight shards gathered whole on every rank")
     if a0.get("batchnorm_eval"):
         parts.append(f"{a0['batchnorm_eval']} BatchNorm layer(s) on their running statistics in both (per-part batch "
                      "statistics differ by design)")
@@ -245,7 +280,8 @@ def _cause(pair: Pair, bad: StepDiff, named: str | None, turned: bool) -> locate
         a_targets = [t.get(bad.step) or [] for t in pair.a_targets]
         lines = ((a[0] or {}).get("target_lines") or {}).get(str(bad.step)) or []
         per_part = a_targets if pair.kind == "ranks" else _split_micro(a_targets[0], pair.k)
-        for probe in (lambda: located.targets_cause(bad.step, per_part, b_targets, lines, part),
+        for probe in (lambda: located.sync_cause(a, bad.step),
+                      lambda: located.targets_cause(bad.step, per_part, b_targets, lines, part),
                       lambda: located.gather_cause(a, bad.step) if pair.kind == "ranks" else None,
                       lambda: located.count_cause(a if pair.kind == "ranks" else a[:1], b, bad.step, part, reference)):
             found = probe()
@@ -309,7 +345,7 @@ def _departure(pair: Pair, situation: str | None, **kw: Any) -> Finding:
 
 def _both_divide(pair: Pair, twice: dict[str, Any]) -> Finding:
     worst = max((r.rel for s in pair.steps for r in s.rows), default=0.0)
-    framework = {"transformers": "the Trainer", "lightning": "Lightning", "accelerate": "accelerate"}.get(
+    framework = {"transformers": "the Trainer", "lightning": "Lightning", "fabric": "Fabric", "accelerate": "accelerate"}.get(
         str((pair.a_infos[0] or {}).get("framework")), "the framework")
     return GP802.finding("both_divide", parameters=[r.name for r in pair.steps[0].rows], location=twice["location"],
                          evidence={"steps": [s.summary() for s in pair.steps], "graph": twice},
@@ -351,6 +387,7 @@ def _facts(pair: Pair) -> dict[str, Any]:
             "batches_per_step": pair.entry.get("rate"), "padded": pair.entry.get("padded"),
             "dropout_off_calls": a0.get("dropout_calls"), "batchnorm_on_running_stats": a0.get("batchnorm_eval"),
             "random_in_step": a0.get("random_in_step"), "compared": _when(pair),
+            "sharded": "FSDP2's DTensor shards gathered whole (full_tensor) on every rank" if a0.get("sharded") else None,
             "clipped": {"test": a0.get("clips"), "reference": (pair.b_infos[0] or {}).get("clips")},
             "seconds": {"test": pair.a_seconds, "reference": (pair.entry.get("b") or {}).get("seconds")},
             "steps": [dict(s.summary(), rows=[r.row() for r in (s.departing or s.rows)[:MAX_ROWS]]) for s in pair.steps]}

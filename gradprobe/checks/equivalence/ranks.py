@@ -15,7 +15,7 @@ from gradprobe.checks.equivalence.measured import judge, result
 
 
 def run(loaded: Any, options: dict[str, Any]) -> dict[str, Any]:
-    if not options.get("_script"):
-        return result(False, "measured on a script target run at world_size 2-4 (the build_model() form is compared "
-                             "at one process only)")
+    if not options.get("_paired"):
+        return result(False, "measured on a target run at world_size 2-4 (a script, or a build_model() target) against "
+                             "the same target as one process")
     return judge("ranks", options.get("_paired") or {})
