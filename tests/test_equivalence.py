@@ -103,7 +103,9 @@ async def test_what_cannot_be_fed_is_refused_not_judged(client, path):
     assert entry["cause"] == "refused" and "no DataLoader" in entry["why"], entry
     if expect.get("line"):
         assert entry["location"]["line"] == expect["line"], entry
-    assert not report["findings"] and not report["facts"]["verified"], report
+    # what was refused is said first (GP121, docs/verdicts.md), nothing is judged, and the verdict is no OK
+    assert {f["code"] for f in report["findings"]} == {"GP121"} and not report["facts"]["verified"], report
+    assert report["verdict"]["status"] != "verified", report["verdict"]
 
 
 @pytest.mark.anyio
@@ -147,7 +149,9 @@ async def test_a_spawned_world_without_a_one_process_reference_is_refused_with_w
     report = await _call(client, path.parent, path.name, ["--steps=2"], compare=["ranks"])
     entry = next(e for e in report["facts"]["not_run"] if "ranks" in e["check"])
     assert entry["cause"] == "refused" and "reference" in entry["why"] and "spawn" in entry["why"], entry
-    assert not report["findings"] and not report["facts"]["verified"], report
+    # what was refused is said first (GP121, docs/verdicts.md), nothing is judged, and the verdict is no OK
+    assert {f["code"] for f in report["findings"]} == {"GP121"} and not report["facts"]["verified"], report
+    assert report["verdict"]["status"] != "verified", report["verdict"]
 
 
 @pytest.mark.anyio

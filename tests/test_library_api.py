@@ -45,6 +45,9 @@ class UsesDoubler(nn.Module):
 
 
 def test_trace_grad_path_names_the_cut_and_this_files_line():
+    # seeded: about 1 draw in 5,000 of a 4-unit ReLU on 5 rows is dead on every row, and then b.weight's gradient is
+    # exactly zero too (it reads only the detached zeros), which the finding rightly lists beside a.weight and a.bias
+    torch.manual_seed(0)
     report = trace_grad_path(Cut(), torch.randn(5, 4))
     f = report["findings"][0]
     assert f["code"] == "GP302" and set(f["parameters"]) == {"a.weight", "a.bias"}
