@@ -42,6 +42,17 @@ class _Op:
     out: torch.Tensor
 
 
+def frame_line(code: CodeType | None, depth: int) -> int | None:
+    """The line that `code`'s frame is at, looking outwards from the caller's frame `depth` levels up (a torch-function
+    mode's hook asks for the user's line in the function it watches, through helpers that function calls)."""
+    f = sys._getframe(depth + 1)
+    while f is not None:
+        if f.f_code is code:
+            return f.f_lineno
+        f = f.f_back  # type: ignore[assignment]
+    return None
+
+
 class _Recorder(TorchFunctionMode):
     """Records the float ops run by one function's own frame (or helpers it calls), with that frame's line."""
 
@@ -52,12 +63,7 @@ class _Recorder(TorchFunctionMode):
         self.by_id: dict[int, _Op] = {}
 
     def _line(self) -> int | None:
-        f = sys._getframe(2)
-        while f is not None:
-            if f.f_code is self.code:
-                return f.f_lineno
-            f = f.f_back  # type: ignore[assignment]
-        return None
+        return frame_line(self.code, 2)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))

@@ -22,7 +22,6 @@ bf16-internal Function is checked coarsely, and the tolerance in the facts says 
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any
@@ -31,7 +30,7 @@ import torch
 from torch.autograd.function import Function
 from torch.overrides import TorchFunctionMode
 
-from gradprobe.checks.gradcheck.backward_lines import _code_of, _tensors
+from gradprobe.checks.gradcheck.backward_lines import _code_of, _tensors, frame_line
 from gradprobe.userframes import location
 
 C = 4.0
@@ -71,12 +70,7 @@ class _Dtypes(TorchFunctionMode):
         self.line: int | None = None
 
     def _forward_line(self) -> int | None:
-        f = sys._getframe(2)
-        while f is not None:
-            if f.f_code is self.code:
-                return f.f_lineno
-            f = f.f_back  # type: ignore[assignment]
-        return None
+        return frame_line(self.code, 2)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
