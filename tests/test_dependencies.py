@@ -303,6 +303,44 @@ def test_a_prefix_lm_is_measured_only_where_its_loss_predicts():
     assert "GP901" in {f["code"] for f in leaky["findings"]}
 
 
+@pytest.mark.anyio
+async def test_a_similarity_matrix_is_judged_per_entry_not_per_row(client):
+    """A contrastive model's (B, B) output: row i reads every example by design, entry (i, j) reads examples i and j
+    only. The healthy two-tower model is verified per entry (it was a false GP902, per row, in the sweep); its twin
+    whose towers scramble the batch with a view is GP902 at that view's line."""
+    healthy = await _call(client, "healthy_deps_contrastive_pairs.py")
+    assert not healthy["findings"] and healthy["verdict"]["status"] == "verified", healthy["findings"]
+    (line,) = [v for v in healthy["facts"]["verified"] if v.startswith("example independence")]
+    assert "pairs the examples (4 x 4" in line and "entries (i, j) depend on examples i and j only" in line, line
+    broken = await _call(client, "gp902_contrastive_tower_view_mixes_batch.py")
+    (f,) = _errors(broken)
+    assert f["code"] == "GP902" and f["location"]["line"] == line_of(EXAMPLES / "gp902_contrastive_tower_view_mixes_batch.py",
+                                                                     "h.view(h.shape[1], h.shape[0], DIM)"), f
+
+
+def test_a_square_output_whose_rows_are_their_own_keeps_the_row_claim():
+    """A classifier with as many classes as the batch has examples: where its rows are their own, the row claim (the
+    stronger one) is what is verified; where a row reads another example, the entries are measured too, and one that
+    reads a third example is GP902."""
+    from gradprobe.checks.dependencies import check_dependencies
+
+    torch.manual_seed(0)
+    clean = check_dependencies(nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Linear(8, 4)), torch.randn(4, 5))
+    (line,) = [v for v in clean["facts"]["verified"] if v.startswith("example independence")]
+    assert "depend on their own example only" in line and "pairs" not in line, line
+
+    class Neighbour(nn.Module):  # row i also reads example i + 1 (a roll where a per-example op was meant)
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(5, 4)
+
+        def forward(self, x):
+            return self.fc(x + x.roll(1, dims=0))
+
+    report = check_dependencies(Neighbour(), torch.randn(4, 5))
+    assert [f["code"] for f in _errors(report)] == ["GP902"], report["findings"]
+
+
 def test_cross_attention_to_an_encoder_and_a_pooled_classifier_stay_clean():
     from transformers import BertConfig, BertForSequenceClassification, T5Config, T5ForConditionalGeneration
 

@@ -7,7 +7,8 @@
   the loss reads have the next input as their target, the claim holds on those positions (a prefix the loss does not
   read, as in a prefix-LM, carries no claim). A target equal to the input at the same position (a masked LM, an
   autoencoder) is no next-element claim.
-- **Examples.** A batch of several rows: each output row from its own input row.
+- **Examples.** A batch of several rows: each output row from its own input row; on an output that pairs the
+  examples (B, B, ...), each entry (i, j) from examples i and j (jacobian.pair_leaks).
 - **Packed rows.** Segments told by the batch's values (segments.py): each packed example from itself.
 """
 

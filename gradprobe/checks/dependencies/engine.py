@@ -20,7 +20,16 @@ import torch.nn as nn
 from gradprobe.checks.dependencies.claims import Layout, NextClaim, layout, loss_grad, next_element
 from gradprobe.checks.dependencies.explain import Context, explain, outside_training
 from gradprobe.checks.dependencies.harness import probed, untouched
-from gradprobe.checks.dependencies.jacobian import Leak, Sample, alone, choose, dependency_maps, judge, plan
+from gradprobe.checks.dependencies.jacobian import (
+    Leak,
+    Sample,
+    alone,
+    choose,
+    dependency_maps,
+    judge,
+    pair_leaks,
+    plan,
+)
 from gradprobe.checks.dependencies.rules import RULES, DepFacts, LeakFact
 from gradprobe.checks.dependencies.segments import Segments, find_padding, find_segments
 from gradprobe.checks.core.watches import patched
@@ -47,6 +56,7 @@ class Run:
     leaks: list[Leak]
     passes: int
     keep: torch.Tensor | None = None
+    pairs: int = 0  # entries (i, j) of an output pairing the examples, measured to read examples i and j only
 
 
 @dataclass
@@ -139,8 +149,10 @@ def _measure_untouched(loaded: Any, checks: tuple[str, ...], n: int | None, seed
     leaks = judge(lay, samples, dependency_maps(lay, samples, lay.token_leaves, groups, seed), seg, groups, cl)
     if any(len(g) > 1 for g in groups) and leaks:
         leaks = alone(lay, samples, lay.token_leaves, seg, leaks, seed, cl)
+    leaks, pairs = pair_leaks(lay, leaks, lay.token_leaves, seed)
     wanted = {"future": "causality", "example": "examples", "packed": "packed"}
-    return Run(lay, claim, why, seg, samples, [lk for lk in leaks if wanted[lk.kind] in checks], len(groups), keep)
+    return Run(lay, claim, why, seg, samples, [lk for lk in leaks if wanted[lk.kind] in checks], len(groups), keep,
+               pairs)
 
 
 def claim_leaf(lay: Layout, claim: NextClaim | None) -> int | None:
@@ -233,8 +245,13 @@ def _verified(run: Run, facts: DepFacts, out: Outcome, checks: tuple[str, ...]) 
         elif "example" not in kinds:
             n = len(run.samples)
             how = " (through BatchNorm in train mode, by design: GP904)" if facts.batchnorm_leaks else ""
-            out.verified.append(f"example independence: {n} sampled output(s) depend on their own example only{how} "
-                                f"(batch of {run.lay.B})")
+            if run.pairs:  # a (B, B) output: its rows read every example by design, each entry its own two
+                out.verified.append(f"example independence: the output pairs the examples ({run.lay.B} x {run.lay.B}, a "
+                                    f"similarity matrix); {run.pairs} sampled entries (i, j) depend on examples i and j "
+                                    f"only{how}")
+            else:
+                out.verified.append(f"example independence: {n} sampled output(s) depend on their own example only{how} "
+                                    f"(batch of {run.lay.B})")
     if "packed" in checks:
         packed = [s for s in run.samples if s.packed]
         if run.seg is None:

@@ -220,3 +220,42 @@ def alone(lay: Layout, samples: list[Sample], leaves: list[Leaf], seg: Segments 
         return leaks
     mine = [samples[i] for i in idx]
     return judge(lay, mine, dependency_maps(lay, mine, leaves, None, seed), seg, None, claim_leaf)
+
+
+def pairs_examples(lay: Layout) -> bool:
+    """An output that pairs the batch's examples: (B, B, ...) per example (a contrastive model's similarity matrix,
+    logits[i, j] = f(image i) . g(text j)), where row i reads every example by design and each entry reads its two."""
+    return not lay.positions and lay.B >= 2 and lay.output.dim() >= 2 and lay.output.shape[1] == lay.B
+
+
+def pair_leaks(lay: Layout, leaks: list[Leak], leaves: list[Leaf], seed: int = 0) -> tuple[list[Leak], int]:
+    """On an output that pairs examples, a row that reads other examples measured again entry by entry: entry (i, j)
+    may read examples i and j only. Returns the leaks that remain (an entry reading a third example, with the rows
+    it reads) and how many entries were measured. Other outputs: the leaks as they are, 0."""
+    rows = sorted({lk.b for lk in leaks if lk.kind == "example"})
+    if not rows or not pairs_examples(lay):
+        return leaks, 0
+    gen = torch.Generator().manual_seed(seed)
+    tensors = [lf.tensor for lf in leaves]
+    kept = [lk for lk in leaks if lk.kind != "example"]
+    measured = 0
+    for i in rows:
+        for j in sorted({(i + 1) % lay.B, lay.B - 1 if i != lay.B - 1 else 0}):
+            entry = lay.output[i, j]
+            r = torch.randn(entry.shape, generator=gen).to(device=entry.device, dtype=entry.dtype)
+            grads = torch.autograd.grad((entry * r).sum(), tensors, retain_graph=True, allow_unused=True)
+            dep = torch.zeros(lay.B)
+            for grad in grads:
+                if grad is not None:
+                    dep += grad.detach().abs().float().reshape(lay.B, -1).sum(-1).cpu()
+            measured += 1
+            allowed = torch.zeros(lay.B, dtype=torch.bool)
+            allowed[[i, j]] = True
+            ok = float(dep[allowed].max())
+            hit = (dep > NOISE * ok) & ~allowed
+            if bool(hit.any()):
+                worst = float(dep[hit].max())
+                kept.append(Leak("example", i, 0, [(int(b), 0) for b in hit.nonzero().flatten().tolist()],
+                                 worst / ok if ok > 0 else float("inf")))
+                break
+    return kept, measured
