@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+import torch.nn as nn
 
 from gradprobe.userframes import UserCode
 
@@ -34,6 +35,7 @@ RANDOM_FACTORIES = ("randn", "rand", "randint", "normal", "randperm", "randn_lik
 CONSTANT_FACTORIES = ("zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "eye")
 _INIT_FILE = ("nn/init.py",)  # torch.nn.init's own copies (orthogonal_) are an initialiser's, not a load
 MAX_WRITES = 200_000
+_STATE_DICT_COPY = nn.Module._load_from_state_dict.__code__  # where load_state_dict copies each value in
 
 
 @dataclass
@@ -91,9 +93,14 @@ class InitWrites:
             if torch.compiler.is_compiling():  # inside a graph being compiled: nothing to note, nothing to trace
                 return out
             k: Kind = kind
-            if kind == "load" and sys._getframe(1).f_code.co_filename.replace("\\", "/").endswith(_INIT_FILE):
-                k = "random"  # orthogonal_ copies its random matrix in
-            log.note(t, k, name, where() if k != "constant" else None)
+            op = name
+            if kind == "load":
+                caller = sys._getframe(1).f_code
+                if caller.co_filename.replace("\\", "/").endswith(_INIT_FILE):
+                    k = "random"  # orthogonal_ copies its random matrix in
+                elif caller is _STATE_DICT_COPY:
+                    op = "load_state_dict"  # a state dict's value put in (load_state_dict, safetensors' load_model)
+            log.note(t, k, op, where() if k != "constant" else None)
             return out
         return functools.update_wrapper(wrapped, orig)  # its name: modes that read the op's name see the method's
 

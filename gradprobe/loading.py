@@ -85,9 +85,14 @@ class BuildRecorder:
                 rec.setattr_sites[(id(module), name)] = (rec.seq, stack[0])
                 rec.setattr_stacks[(id(module), name)] = stack
                 rec.keep.append(module)
-            if writes and isinstance(value, nn.Parameter) and module.__dict__.get("_parameters", {}).get(name) is not None \
-                    and rec.writes.last(value) is None:  # a loader sets a new Parameter (a tie sets one already noted)
-                rec.writes.note(value, "load", "replaced", stack[0] if stack else None)
+            old = module.__dict__.get("_parameters", {}).get(name) if writes else None
+            if old is not None and isinstance(value, nn.Parameter) and rec.writes.last(value) is None:
+                # a loader sets a new Parameter (a tie sets one already noted): over a meta placeholder, as loaders
+                # build and fill ("replaced"); over a real one, a load or an adapter re-initialising itself from a
+                # tensor the build drew (peft's HRA: nn.Parameter(repeat_interleave(...))): "assigned"
+                op = ("load_state_dict" if sys._getframe(1).f_code is nn.Module._load_from_state_dict.__code__
+                      else "replaced" if old.device.type == "meta" else "assigned")  # load_state_dict(assign=True)
+                rec.writes.note(value, "load", op, stack[0] if stack else None)
             return orig_setattr(module, name, value)
 
         def recording_init(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:

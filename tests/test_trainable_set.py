@@ -181,3 +181,32 @@ async def test_script_mode_finds_the_frozen_head_at_the_freezing_line(client, tm
     [f] = _gp123(result.structured_content)
     assert f["severity"] == "error" and f["parameters"] == ["fc.weight", "fc.bias"]
     assert f["location"]["code"] == 'p.requires_grad = name.startswith("stage2")'
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("adapter", ["HRAConfig(r=4, target_modules=['q', 'v'], task_type='SEQ_2_SEQ_LM')",
+                                     "DeftConfig(r=4, target_modules=['q', 'v'], task_type='SEQ_2_SEQ_LM')"])
+async def test_an_adapter_initialising_itself_is_no_load_of_the_model(client, tmp_path, adapter):
+    """A T5 built from a tiny config (nothing loaded) wrapped by peft: HRA sets new Parameters made from tensors it drew
+    (nn.Parameter(repeat_interleave(...))), DEFT copies a product of the base weights into its trainable tensors.
+    Neither is a load of the model: the random frozen lm_head of a model built from scratch is no GP123 error (the
+    sweep's hra@t5, gralora@t5 and deft@t5 were)."""
+    (tmp_path / "case.py").write_text(textwrap.dedent(f'''
+        import torch
+        import peft
+        from peft import get_peft_model
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        def build_model():
+            torch.manual_seed(0)
+            base = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                                       num_heads=2, decoder_start_token_id=0, pad_token_id=0))
+            return get_peft_model(base, peft.{adapter})
+
+        def make_inputs():
+            ids = torch.randint(1, 64, (2, 6))
+            return {{"input_ids": ids, "labels": ids.clone()}}
+    '''))
+    report = await _report(client, str(tmp_path), "case.py")
+    loud = [f for f in _gp123(report) if f["severity"] != "info"]
+    assert not loud, [(f["severity"], f["message"][:300]) for f in loud]

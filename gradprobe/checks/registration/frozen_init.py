@@ -10,14 +10,14 @@ Measured, never read from names:
 - *last*: on some path from the loss to its output, no other module that holds parameters (the output layer).
 
 The unit is the outermost module whose parameters are all frozen at their initialisation. Design and accident are
-told apart by two more measured facts: whether the rest of the model was loaded during the build (some parameter's
-last write was a load), and whether the module is last. A random frozen head of a loaded model (a classification
-head created by the model class while an adapter froze everything else, peft's LoRA without `modules_to_save`) is an
-error at the line that froze it, with the adapter config's key when there is one; a random frozen module inside a
-loaded model is a warning (a load that missed it, or a random projection by design); in a model where nothing was
-loaded (built from scratch, or a small stand-in for a pretrained one frozen around a trained prompt or adapter) it is
-info, said with what was measured: a frozen random output layer, or a frozen random projection that trainable modules
-read (random features, a fixed hash embedding).
+told apart by two more measured facts: whether the rest of the model was loaded during the build (some frozen
+parameter's last write was a load, or a trainable one's was a loader's; adapters' own copies are no load), and whether
+the module is last. A random frozen head of a loaded model (a classification head created by the model class while an
+adapter froze everything else, peft's LoRA without `modules_to_save`) is an error at the line that froze it, with the
+adapter config's key when there is one; a random frozen module inside a loaded model is a warning (a load that missed
+it, or a random projection by design); in a model where nothing was loaded (built from scratch, or a small stand-in for
+a pretrained one frozen around a trained prompt or adapter) it is info, said with what was measured: a frozen random
+output layer, or a frozen random projection that trainable modules read (random features, a fixed hash embedding).
 
 Written from peft's docs on `modules_to_save` and the issues about new heads left frozen or random:
 https://github.com/huggingface/peft/issues/577 (`modules_to_save=lora_target_modules.append("score")` is None: the
@@ -129,7 +129,7 @@ class Unit:
 @dataclass
 class FrozenInitFacts:
     units: list[Unit] = field(default_factory=list)
-    loaded: int = 0  # tensors of the model whose last write in the build was a load
+    loaded: int = 0  # tensors of the model whose last write in the build was a load (_loaded)
     adapter: dict[str, Any] | None = None  # the adapter config's declared targets, where an adapter froze the model
     adapter_units: set[int] = field(default_factory=set)  # id(module) of the units library code froze
 
@@ -160,6 +160,17 @@ def _all_at_init(module: nn.Module, at_init: set[int], record: Any) -> Any:
     return next((w for p in params if (w := _init_write(record, p)) is not None and w.kind == "random"), None)
 
 
+_LOADER_OPS = ("load_state_dict", "replaced", "set_")  # a state dict's copy, a Parameter over a meta placeholder
+
+
+def _loaded(w: Any, p: nn.Parameter) -> bool:
+    """A tensor the build loaded: by a loader's own write (a state dict's value, a Parameter over a meta placeholder),
+    or, for a frozen one, by any copy. A new Parameter set over a real one outside a loader is an adapter initialising
+    itself from tensors the build drew (peft's HRA: nn.Parameter(repeat_interleave(...)); CPT: a prompt from the word
+    embeddings), as is a copy into a trainable tensor (DEFT's copy_): no load of the model."""
+    return w is not None and w.kind == "load" and (w.op in _LOADER_OPS or (w.op != "assigned" and not p.requires_grad))
+
+
 def measure_units(model: nn.Module, record: Any, lines: bool = True) -> FrozenInitFacts:
     """The frozen-at-init units (outermost), how many tensors were loaded, the freezing lines."""
     facts = FrozenInitFacts()
@@ -178,8 +189,7 @@ def measure_units(model: nn.Module, record: Any, lines: bool = True) -> FrozenIn
         facts.units.append(Unit(path, module, [n for n, _ in named], [p for _, p in named], first.op, first.location))
     inside = {id(p) for u in facts.units for p in u.params}
     writes = record.writes
-    facts.loaded = sum(1 for p in model.parameters() if id(p) not in inside
-                       and (w := writes.last(p)) is not None and w.kind == "load")
+    facts.loaded = sum(1 for p in model.parameters() if id(p) not in inside and _loaded(writes.last(p), p))
     if lines:
         _freezing_lines(model, record, facts)
     return facts
