@@ -5,6 +5,7 @@ clean, what the probe leaves behind)."""
 from __future__ import annotations
 
 import json
+import textwrap
 import subprocess
 import sys
 
@@ -533,3 +534,34 @@ async def test_a_leak_computed_outside_the_attention_names_the_module_and_line_n
     window = await _call(client, "gp901_sliding_window_off_by_one.py")
     g = one_finding(window["findings"], "GP901")
     assert g["evidence"]["attention"].startswith("scaled_dot_product_attention") and "not the cause" not in g["message"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("causal", [True, False])
+async def test_a_checkpointed_model_with_dropout_is_measured(client, tmp_path, causal):
+    """Gradient checkpointing (transformers' default, non-reentrant) with dropout in train mode: the probe turns dropout
+    off for its forward, and the backward's recomputation would run the forward unchanged (CheckpointError: different
+    metadata: every check not run, cause gradprobe). Checkpoints run as plain calls inside the probe, so the model is
+    measured: the healthy causal GPT-2 verified, the same model with its causal mask off (a bidirectional flag) GP901."""
+    (tmp_path / "case.py").write_text(textwrap.dedent(f'''
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        def build_model():
+            torch.manual_seed(0)
+            model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=16, n_layer=2, n_head=2, n_positions=32))
+            model.gradient_checkpointing_enable()
+            for block in model.transformer.h:
+                block.attn.is_causal = {causal}
+            return model.train()
+
+        def make_inputs():
+            ids = torch.randint(1, 64, (2, 8))
+            return {{"input_ids": ids, "labels": ids.clone()}}
+    '''))
+    result = await client.call_tool("check_dependencies", {"target": {"project_dir": str(tmp_path), "model": "case.py"}})
+    report = result.structured_content
+    gaps = [e for e in report["facts"]["not_run"] if e["cause"] != "not_applicable"]
+    assert not gaps, gaps
+    codes = [f["code"] for f in _errors(report)]
+    assert codes == ([] if causal else ["GP901"]), report["findings"]

@@ -28,6 +28,37 @@ def untraced() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def checkpoints_run_plainly() -> Iterator[None]:
+    """torch.utils.checkpoint.checkpoint() as a plain call of its function while the block runs (both forms: the
+    non-reentrant generator and the reentrant CheckpointFunction, which checkpoint() looks up as module globals at
+    each call). Checkpointing changes memory, never the math: a probe that changes what a forward runs (dropout off)
+    would otherwise meet a recomputation, in its backward, that runs the unchanged forward (CheckpointError:
+    different metadata)."""
+    import torch.utils.checkpoint as ckpt
+
+    def generator(*args: Any, **kwargs: Any) -> Iterator[None]:
+        yield
+
+    class PlainCall:
+        @staticmethod
+        def apply(function: Any, preserve: Any, *args: Any) -> Any:
+            return function(*args)
+
+    saved = {name: ckpt.__dict__[name] for name in ("_checkpoint_without_reentrant_generator", "CheckpointFunction")
+             if name in ckpt.__dict__}
+    if len(saved) < 2:  # another torch: checkpoints run as they are
+        yield
+        return
+    ckpt._checkpoint_without_reentrant_generator = generator  # type: ignore[assignment]
+    ckpt.CheckpointFunction = PlainCall  # type: ignore[assignment, misc]
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(ckpt, name, value)
+
+
 def is_grad_mode_decorator_frame(code: Any) -> bool:
     """A frame/code of the wrapper that torch's no_grad/inference_mode decorators put around a function."""
     return code is not None and code.co_name == "decorate_context" and code.co_filename.endswith("_contextlib.py")

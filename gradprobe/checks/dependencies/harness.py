@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from gradprobe.checks.core.torchcompat import checkpoints_run_plainly
 from gradprobe.checks.core.step import call_model, compute_loss, floating_outputs, tensors_in
 from gradprobe.userframes import UserCode, is_gradprobe_file
 
@@ -248,7 +249,7 @@ def probed(model: nn.Module, batch: Any, loss_fn: Any, user: UserCode, record: b
         leafed = _leaf_batch(batch, leaves)
         if record or blocks:
             es.enter_context(_module_paths(model, stack, blocks or set(), outputs, calls if record else None, user))
-        with mode:
+        with mode, checkpoints_run_plainly():  # the forward the mode changes is the one the backward reads
             out = call(model, leafed)
         loss, loss_error = None, None
         try:

@@ -24,6 +24,7 @@ import torch.nn as nn
 from gradprobe.checks.core.step import backward_grads, call_model, compute_loss, param_names
 from gradprobe.checks.dependencies.claims import ce_targets
 from gradprobe.checks.dependencies.explain import _kwargs, accepts, blocks_of
+from gradprobe.checks.core.torchcompat import checkpoints_run_plainly
 from gradprobe.checks.dependencies.harness import ProbeMode, outputs_of, untouched
 from gradprobe.checks.dependencies.segments import Segments, restarting_positions
 from gradprobe.findings import Rule
@@ -183,7 +184,7 @@ def _side(model: nn.Module, batch: Any, loss_fn: Any, user: Any, params: list[tu
         for n in blocks]
     try:
         with torch.enable_grad(), untouched(model):
-            with ProbeMode(user, leaves=False):
+            with ProbeMode(user, leaves=False), checkpoints_run_plainly():  # the changed forward is the one read
                 out = call_model(model, batch)
                 loss = compute_loss(loss_fn, out, batch)
             if not (isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad):
