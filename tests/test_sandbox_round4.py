@@ -685,3 +685,21 @@ def test_one_inside_a_root_test_and_slash_is_never_a_root(tmp_path):
     out = subprocess.run([sys.executable, "-m", "gradprobe", "serve", "--allow-root", "/"], capture_output=True, text=True,
                          timeout=60, stdin=subprocess.DEVNULL)
     assert out.returncode == 2 and "--allow-root /" in out.stderr, out.stderr
+
+
+@pytest.mark.anyio
+async def test_a_project_that_holds_the_calls_scratch_dirs_is_refused_with_what_to_give(client):
+    """A file saved straight into /tmp makes /tmp the project: bound into the view, it held this call's scratch (the
+    sandbox could not be built: 'File exists') and every other call's. It is refused with the folder to give instead,
+    and the server goes on."""
+    marker = Path("/tmp") / f"gp_scratch_case_{os.getpid()}.py"
+    marker.write_text("import torch\n\ndef build_model():\n    return torch.nn.Linear(2, 1)\n")
+    try:
+        r = await client.call_tool("inspect_parameters", {"target": {"project_dir": "/tmp", "model": marker.name}})
+        assert r.is_error and "holds the scratch directories of gradprobe's calls" in _text(r), _text(r)
+        assert "folder of their own" in _text(r), _text(r)
+        r = await client.call_tool("inspect_parameters", {"target": {"project_dir": str(ROOT / "examples" / "broken"),
+                                                                     "model": "healthy_cnn.py"}})
+        assert not r.is_error, _text(r)
+    finally:
+        marker.unlink()

@@ -185,6 +185,15 @@ def _readable_as_nobody(policy: Policy, fd: int, what: str) -> None:
                       f"owner uid {st.st_uid}); make it readable to others (chmod o+rX) if the call is to read it")
 
 
+def _holds_no_scratch(policy: Policy, real: str, what: str) -> None:
+    """A directory bound into the view must not hold the calls' scratch directories (/tmp itself): the call's own
+    scratch could not be made there, and other calls' would be in view."""
+    if policy.scratch and inside(os.path.realpath(policy.scratch), [real]):
+        raise Refused(f"{what} holds the scratch directories of gradprobe's calls ({os.path.dirname(policy.scratch)}/"
+                      "gradprobe-call-*), which no call may see: put the project's files in a folder of their own "
+                      f"(e.g. {os.path.join(real, 'myproject')}) and give that folder")
+
+
 def open_project(policy: Policy, clone: bool = True) -> tuple[int | None, str]:
     """Open the project directory and check *that* directory against the allowed roots; with `clone`, a detached
     copy of its mount tree (what gets bound into the view)."""
@@ -198,6 +207,7 @@ def open_project(policy: Policy, clone: bool = True) -> tuple[int | None, str]:
         roots = policy.allowed_roots
         if roots and not inside(real, roots):
             raise Refused(f"project_dir {want!r} is outside the roots this server may read")
+        _holds_no_scratch(policy, real, f"project_dir {want!r}")
         _readable_as_nobody(policy, fd, f"project_dir {want!r}")
         return (_clone_tree(fd) if clone else None), real
     finally:
@@ -219,6 +229,7 @@ def open_read_paths(policy: Policy, clone: bool = True) -> list[tuple[str, int]]
                 roots = policy.allowed_roots
                 if (roots and not inside(real, roots)) or real == "/":
                     raise Refused(f"read_paths: {want!r} is outside the roots this server may read")
+                _holds_no_scratch(policy, real, f"read_paths: {want!r}")
                 _readable_as_nobody(policy, fd, f"read_paths: {want!r}")
                 out.append((real, _clone_tree(fd) if clone else -1))
             finally:
