@@ -276,6 +276,20 @@ def tool_line(tool: str, summary: dict) -> str:
             f"median {_median(secs)} s / model")
 
 
+def verdict_line(results: list[dict]) -> str:
+    """Each tool's verdicts over the models that train (docs/verdicts.md), and how many said more than was verified
+    (gradprobe.verdict.inconsistencies: an OK while a check that applies did not run)."""
+    by_tool: dict[str, Counter] = {}
+    wrong: Counter = Counter()
+    for r in results:
+        for tool, t in (r.get("tools") or {}).items():
+            by_tool.setdefault(tool, Counter())[t.get("verdict") or "none"] += 1
+            wrong[tool] += bool(t.get("verdict_problems"))
+    parts = [f"{tool} " + ", ".join(f"{n} {status}" for status, n in sorted(c.items())) + f" ({wrong[tool]} inconsistent)"
+             for tool, c in by_tool.items()]
+    return "verdicts: " + "; ".join(parts)
+
+
 def print_table(summary: dict, results: list[dict], wall_s: float, by_tool: dict | None = None) -> None:
     tools = list(by_tool or {})
     if len(tools) > 1:
@@ -300,5 +314,7 @@ def print_table(summary: dict, results: list[dict], wall_s: float, by_tool: dict
     if deps:
         print(f"diagnose's dependency check (after its step, where a claim is measured): ran on {len(deps)} models, "
               f"median {_median(deps)} s, median share of diagnose's time {_median([100 * x for x in share])} %")
+    if any(r.get("tools") for r in results):
+        print(verdict_line(results))
     if any(r.get("steps_audited") is not None for r in results):
         print(f"steps: the several-steps audit did not run on {tot['steps_not_audited']} of the {tot['built']} built models")
