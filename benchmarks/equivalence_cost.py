@@ -47,9 +47,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def plain(project: Path, script: str, world: int, args: list[str]) -> float:
+def plain(project: Path, script: str, world: int, args: list[str], tries: int = 3) -> float:
     """The script run as a user runs it: `world` processes with torchrun's environment when > 1 (or WORLD_SIZE=1 for a
-    distributed script's one-process run), all at once; the wall time until the last ends."""
+    distributed script's one-process run), all at once; the wall time until the last ends. A run where a process died
+    by a signal (plain torch's gloo sometimes aborts at exit here: "terminate called without an active exception") is
+    said and run again, up to `tries` times."""
+    for _ in range(tries - 1):
+        try:
+            return _plain_once(project, script, world, args)
+        except SystemExit as exc:
+            if "-6" not in str(exc):
+                raise
+            print(f"({exc}: run again)", flush=True)
+    return _plain_once(project, script, world, args)
+
+
+def _plain_once(project: Path, script: str, world: int, args: list[str]) -> float:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world),
             "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1" if world > 1 else env.get("OMP_NUM_THREADS", "")}
@@ -66,14 +79,15 @@ def plain(project: Path, script: str, world: int, args: list[str]) -> float:
 def compared(project: Path, script: str, world: int, args: list[str], ref: list[str],
              compare: str) -> tuple[float, float]:
     """The tool's wall time (the CLI, the sandboxed child, both runs, the comparison), and its two runs' own."""
-    cmd = [sys.executable, "-m", "gradprobe", "check_equivalence", "--script", str(project / script), "--json",
+    # typed as the user types it, from the script's folder (the plain runs' working directory: relative data paths)
+    cmd = [sys.executable, "-m", "gradprobe", "check_equivalence", "--script", script, "--json",
            "--compare", compare, "--steps", str(STEPS), "--timeout", "600"]
     if world > 1:
         cmd += ["--world-size", str(world)]
     if ref:
         cmd.append("--reference-args=" + " ".join(ref))
     t0 = time.perf_counter()
-    out = subprocess.run([*cmd, "--", *args], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([*cmd, "--", *args], cwd=project, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     seconds = time.perf_counter() - t0
     import json
