@@ -97,6 +97,9 @@ def classify(report: dict) -> dict:
             limits.append(entry)
         elif f["severity"] == "error":
             entry["frame"] = ", ".join(raise_sites(f["code"])[:4])
+            # what diagnose folded into it (one cause, one finding: a GP902 at the GP901's site)
+            entry["related"] = [r.get("code") for r in (f.get("evidence") or {}).get("related", []) or []
+                                if isinstance(r, dict)]
             errors.append(entry)
         elif f["severity"] == "warning":
             warnings[f["code"]] += 1
@@ -129,7 +132,7 @@ def judge_leaks(res: dict, sees: dict | None, measures: tuple[str, ...]) -> None
     true = [e for e in res["errors"] if sees.get(LEAK_CODES.get(e["code"], "")) is True]
     res["found"] = true
     res["errors"] = [e for e in res["errors"] if e not in true]
-    reported = {LEAK_CODES[e["code"]] for e in true}
+    reported = {LEAK_CODES[c] for e in true for c in [e["code"], *e.get("related", [])] if c in LEAK_CODES}
     res["missed"] = [{"code": "/".join(c for c, w in LEAK_CODES.items() if w == what),
                       "message": f"plain PyTorch measures that the outputs see {what} (relative change "
                                  f"{sees.get(what + '_rel', 0):.2g}); not reported"}
