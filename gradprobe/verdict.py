@@ -138,7 +138,8 @@ def _is_outcome(f: Finding) -> bool:
     if f["code"] in _OUTCOMES:
         return True
     ev = f.get("evidence") or {}
-    return f["code"] == "GP112" and (ev.get("ended") == "timeout" or ev.get("timed_out") is True)
+    return f["code"] == "GP112" and (ev.get("ended") == "timeout" or ev.get("timed_out") is True
+                                     or ev.get("read_only_project") is True)
 
 
 def _first_line(text: str, n: int = 300) -> str:
@@ -154,7 +155,7 @@ def _derived(findings: list[Finding]) -> list[NotRun]:
         ev = f.get("evidence") or {}
         code = f["code"]
         if _is_outcome(f):
-            cause: Cause = _OUTCOMES.get(code, "timeout")
+            cause: Cause = _OUTCOMES.get(code, "gradprobe" if ev.get("read_only_project") is True else "timeout")
             check = _STOPPED.get(code, "the checks of the script's step")
         elif code == "GP100":
             cause = "user_code"

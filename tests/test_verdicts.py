@@ -122,6 +122,34 @@ def test_a_watch_of_gradprobes_that_raises_in_the_script_is_never_the_scripts_er
     assert report["verdict"]["status"] == "not_checked" and report["verdict"]["not_run"][0]["cause"] == "gradprobe"
 
 
+@pytest.mark.anyio
+async def test_a_write_into_the_projects_existing_folder_is_gradprobes_limit_not_the_scripts_error(client, tmp_path):
+    """A script that writes into an output folder the project already has (left by an earlier plain run, as minGPT's
+    `out/`): plainly the write succeeds; under gradprobe the project is read-only. Not checked, cause gradprobe, with
+    the path and where to point the outputs, never "fix the error in the traceback". A new folder is written fine."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "args.txt").write_text("from an earlier run\n")
+    (tmp_path / "train.py").write_text(
+        "import os, sys, torch\n"
+        "out = sys.argv[1]\n"
+        "os.makedirs(out, exist_ok=True)\n"
+        "open(os.path.join(out, 'args.txt'), 'w').write(' '.join(sys.argv))\n"
+        "model = torch.nn.Linear(3, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(2):\n"
+        "    model(torch.randn(4, 3)).pow(2).mean().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n")
+    assert subprocess.run([sys.executable, "train.py", "out"], cwd=tmp_path).returncode == 0  # plainly it works
+    report = await call(client, "diagnose", {"project_dir": str(tmp_path), "script": "train.py", "args": ["out"]})
+    [f] = [f for f in report["findings"] if f["code"] == "GP112"]
+    assert f["evidence"]["read_only_project"] is True and "`out/args.txt`" in f["message"], f["message"]
+    assert "traceback" not in f["fix"] and "`out`" in f["fix"], f["fix"]
+    assert report["verdict"]["status"] == "not_checked" and blocking(report)[0]["cause"] == "gradprobe", report["verdict"]
+    fresh = await call(client, "diagnose", {"project_dir": str(tmp_path), "script": "train.py", "args": ["new_out"]})
+    assert fresh["verdict"]["status"] == "verified", fresh["verdict"]
+
+
 def test_settle_is_idempotent_and_reads_any_engines_entries():
     """The verdict reads facts.verified/facts.not_run generically (a new tool's too), not_applicable never blocks, a
     malformed cause is gradprobe's, and settling twice changes nothing."""

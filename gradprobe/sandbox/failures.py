@@ -89,6 +89,15 @@ GP112: Rule[Any] = Rule(
             message="{name} failed before any training step while {phase}: {exception}: {error}",
             fix="Fix the error in the traceback (evidence.traceback); the script must reach loss.backward() and "
                 "optimizer.step()."),
+        "read_only_project": Situation(
+            when="the script wrote into a file or folder the project already has, which gradprobe shows it read-only "
+                 "(plainly the write succeeds: gradprobe's limit, not the script's error)",
+            message="{name} could not write `{path}` before its first training step: under gradprobe the project's "
+                    "existing files and folders are read-only (the script's new files and folders go to a scratch "
+                    "copy of its working directory, gone after the call). Run plainly, this write succeeds; the "
+                    "checks did not run.",
+            fix="Point the script's outputs at a folder the project does not have yet, or outside it (e.g. an output "
+                "directory under /tmp), or move the existing `{top}` aside, and call again."),
         "forward_error": Situation(
             when="the model's forward raised and the script caught that error and went on",
             message="{name} {ended} without a training step: its forward raised {exception}: {error}, "

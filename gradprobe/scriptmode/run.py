@@ -9,6 +9,7 @@ that ends, exits or fails first gets GP112 with how far it got.
 
 from __future__ import annotations
 
+import errno
 import os
 import runpy
 import signal
@@ -69,6 +70,7 @@ class ScriptRun:
         self.seconds = 0.0
         self.t0 = time.monotonic()
         self.replayed: Replay | None = None  # the step the checks replayed (scriptmode/step.py), once built
+        self.cwd = ""  # the working directory the script ran in (the project's mirror in scratch)
 
     def restore(self) -> None:
         """Stop the timer and the observers (the checks run next)."""
@@ -121,7 +123,8 @@ def run_script(target: dict, watch: StepWatch, progress: Callable[[str], None],
     old_handler = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, max(budget, 1.0), 1.0)  # repeats: a swallowed stop comes back
     saved_argv, saved_path, saved_cwd = list(sys.argv), list(sys.path), os.getcwd()
-    os.chdir(_mirror_cwd(project_dir, scratch))
+    run.cwd = _mirror_cwd(project_dir, scratch)
+    os.chdir(run.cwd)
     run.t0 = t0
     watch.install()
     progress(Phase.RUNNING_SCRIPT)
@@ -181,12 +184,26 @@ def no_step_finding(run: ScriptRun, target: dict[str, Any]) -> Finding:
             f"running {name} before its first training step ({phase})", limit,
             location=watch.user.innermost_of_traceback(stopped_by),
             evidence={**evidence, "traceback": watch.user.trimmed_traceback(stopped_by)})
-    situation, loc, fields = _how_it_ended(run, evidence)
+    project = str(target.get("project_dir") or "")
+    situation, loc, fields = _how_it_ended(run, evidence, os.path.realpath(project) if project else "")
     return script_no_step(situation, location=cast(Location | None, loc), evidence=evidence, name=name, phase=phase,
                           **fields)
 
 
-def _how_it_ended(run: ScriptRun, evidence: dict[str, Any]) -> tuple[str, dict[str, Any] | None, dict[str, Any]]:
+def _project_path_written(exc: BaseException, cwd: str, project_dir: str) -> str | None:
+    """The project-relative path of a write the read-only view refused (EROFS on a file the project has, reached
+    through the working directory's mirror), or None for any other error."""
+    if not (isinstance(exc, OSError) and exc.errno == errno.EROFS and isinstance(exc.filename, str) and cwd
+            and project_dir):
+        return None
+    real = os.path.realpath(os.path.join(cwd, exc.filename))
+    if real != project_dir and not real.startswith(project_dir + os.sep):
+        return None
+    return os.path.relpath(real, project_dir)
+
+
+def _how_it_ended(run: ScriptRun, evidence: dict[str, Any],
+                  project_dir: str) -> tuple[str, dict[str, Any] | None, dict[str, Any]]:
     """GP112's situation, the location and the template fields for how the script ended (adds to `evidence`)."""
     watch = run.watch
     if run.ended == "timeout":
@@ -199,6 +216,11 @@ def _how_it_ended(run: ScriptRun, evidence: dict[str, Any]) -> tuple[str, dict[s
     if run.ended == "raised" and run.exc is not None:
         evidence.update(exception=type(run.exc).__name__, traceback=watch.user.trimmed_traceback(run.exc))
         loc = watch.user.innermost_of_traceback(run.exc)
+        written = _project_path_written(run.exc, run.cwd, project_dir)
+        if written is not None:  # the project's view is read-only: gradprobe's limit, never the script's error
+            evidence.update(read_only_project=True, path=written)
+            return "read_only_project", cast("dict[str, Any] | None", loc), {"path": written,
+                                                                               "top": written.split(os.sep)[0]}
         return "raised", cast("dict[str, Any] | None", loc), {"exception": type(run.exc).__name__, "error": run.exc}
     if watch.forward_error is not None:
         exc, floc = watch.forward_error
