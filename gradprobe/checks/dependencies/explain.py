@@ -27,7 +27,7 @@ import torch.nn as nn
 
 from gradprobe.checks.dependencies.claims import layout
 from gradprobe.checks.dependencies.harness import Call, Op, Probe, probed, untouched
-from gradprobe.checks.dependencies.jacobian import Leak, Sample, dependency_maps, judge
+from gradprobe.checks.dependencies.jacobian import Leak, Sample, dependency_maps, judge, starts_example
 from gradprobe.checks.dependencies.rules import Explained
 from gradprobe.checks.dependencies.segments import Segments
 from gradprobe.wrappers import unwrap_library
@@ -438,7 +438,7 @@ def outside_training(ctx: Context, samples: list[Sample]) -> Leak | None:
     """A packed example's first token that sees another packed example only when the model is called with
     use_cache=True (its generation default): one forward, the first tokens in one backward pass."""
     kw = _kwargs(ctx.batch)
-    starts = [s for s in samples if s.packed and _first_token(s, ctx.seg)]
+    starts = [s for s in samples if starts_example(s, ctx.seg)]
     if kw is None or not starts or not accepts(ctx.model, "use_cache") or kw.get("use_cache") is True:
         return None
     try:
@@ -453,6 +453,3 @@ def outside_training(ctx: Context, samples: list[Sample]) -> Leak | None:
         return None
     return next((lk for lk in found if lk.kind == "packed"), None)
 
-
-def _first_token(s: Sample, seg: Segments | None) -> bool:
-    return seg is not None and int(seg.ids[s.b, s.t]) >= 0 and (s.t == 0 or int(seg.ids[s.b, s.t - 1]) != int(seg.ids[s.b, s.t]))

@@ -95,7 +95,7 @@ def choose(lay: Layout, claim: NextClaim | None, seg: Segments | None, keep: tor
     return list(unique.values())
 
 
-def _starts_example(s: Sample, seg: Segments | None) -> bool:
+def starts_example(s: Sample, seg: Segments | None) -> bool:
     """A packed example's first token: what it may see is itself (causal or not), so several of them share a pass."""
     if seg is None or not s.packed or int(seg.ids[s.b, s.t]) < 0:
         return False
@@ -114,7 +114,7 @@ def plan(samples: list[Sample], B: int, seg: Segments | None, passes: int | None
         for gi, g in enumerate(groups):
             if gi == 0 and B >= 2:
                 continue
-            if all(samples[j].b != s.b or (_starts_example(samples[j], seg) and _starts_example(s, seg)) for j in g):
+            if all(samples[j].b != s.b or (starts_example(samples[j], seg) and starts_example(s, seg)) for j in g):
                 g.append(i)
                 break
         else:
