@@ -35,7 +35,7 @@ RANDOM_FACTORIES = ("randn", "rand", "randint", "normal", "randperm", "randn_lik
 CONSTANT_FACTORIES = ("zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "eye")
 _INIT_FILE = ("nn/init.py",)  # torch.nn.init's own copies (orthogonal_) are an initialiser's, not a load
 MAX_WRITES = 200_000
-_STATE_DICT_COPY = nn.Module._load_from_state_dict.__code__  # where load_state_dict copies each value in
+STATE_DICT_COPY = nn.Module._load_from_state_dict.__code__  # where load_state_dict copies each value in
 
 
 @dataclass
@@ -98,7 +98,7 @@ class InitWrites:
                 caller = sys._getframe(1).f_code
                 if caller.co_filename.replace("\\", "/").endswith(_INIT_FILE):
                     k = "random"  # orthogonal_ copies its random matrix in
-                elif caller is _STATE_DICT_COPY:
+                elif caller is STATE_DICT_COPY:
                     op = "load_state_dict"  # a state dict's value put in (load_state_dict, safetensors' load_model)
             log.note(t, k, op, where() if k != "constant" else None)
             return out

@@ -24,7 +24,7 @@ import torch.nn as nn
 from gradprobe.errors import TargetError, TargetRefError
 from gradprobe.phases import Phase
 from gradprobe.checks.core.torchcompat import data_descriptor, requires_grad_descriptor, settle_device_constructors
-from gradprobe.initwrites import InitWrites, WriteLog
+from gradprobe.initwrites import STATE_DICT_COPY, InitWrites, WriteLog
 from gradprobe.userframes import SETUP_FILENAME, UserCode
 from gradprobe.wrappers import unwrap_library
 
@@ -90,7 +90,7 @@ class BuildRecorder:
                 # a loader sets a new Parameter (a tie sets one already noted): over a meta placeholder, as loaders
                 # build and fill ("replaced"); over a real one, a load or an adapter re-initialising itself from a
                 # tensor the build drew (peft's HRA: nn.Parameter(repeat_interleave(...))): "assigned"
-                op = ("load_state_dict" if sys._getframe(1).f_code is nn.Module._load_from_state_dict.__code__
+                op = ("load_state_dict" if sys._getframe(1).f_code is STATE_DICT_COPY
                       else "replaced" if old.device.type == "meta" else "assigned")  # load_state_dict(assign=True)
                 rec.writes.note(value, "load", op, stack[0] if stack else None)
             return orig_setattr(module, name, value)
