@@ -42,7 +42,7 @@ LOSSES = ("cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", 
           "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss", "multilabel_soft_margin_loss",
           "multi_margin_loss", "triplet_margin_loss", "ctc_loss")
 MAX_WALK = 20000  # graph nodes outside the recorded calls
-MAX_RECORDED_BYTES = 1 << 30  # as pairwatch.py's, for the calls' inputs
+MAX_RECORDED_BYTES = 1 << 30  # recorded per process: the calls' inputs here, the batches in pairwatch.py
 MAX_SCALARS = 32
 _LEAF = "torch::autograd::AccumulateGrad"
 

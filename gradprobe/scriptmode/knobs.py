@@ -47,10 +47,6 @@ class AfterImport(importlib.abc.MetaPathFinder):
                 del self.hooks[name]
         sys.meta_path.insert(0, self)
 
-    def uninstall(self) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-
     def find_spec(self, name: str, path: Any = None, target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         hook = self.hooks.get(name)
         if hook is None:

@@ -127,21 +127,16 @@ def retarget(target: dict[str, Any], launched: dict[str, Any]) -> dict[str, Any]
 
 
 class LaunchFollow:
-    """The launcher's and mp.spawn's calls, replaced for the length of a paired run (see the module docstring)."""
+    """The launcher's and mp.spawn's calls, replaced for the rest of a paired run's process (see the module docstring):
+    the run owns its forked process, so nothing is put back."""
 
     def __init__(self, watch: Any, fork_worker: Callable[[int, Callable[[], Any]], int]):
         self.w = watch
         self.fork_worker = fork_worker  # A: runs the worker's body in a forked process with its own watch
-        self._undo: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
         self._patch_popen()
         self._patch_spawn()
-
-    def uninstall(self) -> None:
-        for owner, name, value in reversed(self._undo):
-            setattr(owner, name, value)
-        self._undo.clear()
 
     def _patch_popen(self) -> None:
         follow = self
@@ -157,7 +152,6 @@ class LaunchFollow:
 
         subprocess.Popen.__init__ = popen_init  # type: ignore[method-assign,assignment]
         os.system = system  # type: ignore[assignment]
-        self._undo += [(subprocess.Popen, "__init__", orig_init), (os, "system", orig_system)]
 
     def _check(self, cmd: Any, cwd: Any, env: Any) -> None:
         if not self.w._main():
@@ -183,7 +177,6 @@ class LaunchFollow:
         for owner in (module, tmp):
             if getattr(owner, "start_processes", None) is orig:
                 owner.start_processes = start_processes  # type: ignore[attr-defined]
-                self._undo.append((owner, "start_processes", orig))
 
     def _spawn(self, fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> Any:
         w = self.w

@@ -23,10 +23,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gradprobe.checks.equivalence.engine import PAIRED
 from gradprobe.sandbox.protocol import Phase, ToolError
 from gradprobe.scriptmode.feeds import SetupRun
+from gradprobe.scriptmode.rankmerge import load_rank_file
 
-PAIRED = ("ranks", "accumulation")  # the comparisons that need paired runs of a script (the others take one Loaded)
 A_SHARE, B_SHARE = 0.4, 0.25  # of the call's timeout: the setup under test, each reference
 Progress = Callable[[str], None]
 
@@ -124,7 +125,7 @@ def run_setup(target: dict[str, Any], role: str, processes: int, steps: int, out
     if spawned is not None:  # the script spawned its workers (launchers.py): they are the setup's processes
         run.processes = int(spawned["nprocs"])
         run.exits = {int(k): v for k, v in (spawned.get("exits") or {}).items()}
-    run.infos = [_read_info(out_dir, i) for i in range(run.processes)]
+    run.infos = [load_rank_file(out_dir, "rank", i) for i in range(run.processes)]
     return run
 
 
@@ -138,7 +139,7 @@ def _wait(run: SetupRun, pids: list[int], deadline: float) -> None:
             if done:
                 run.exits[i] = os.waitstatus_to_exitcode(status)
                 del alive[i]
-                info = _read_info(run.out_dir, i)
+                info = load_rank_file(run.out_dir, "rank", i)
                 if grace is None and (info is None or info.get("ended") != "stepped"):
                     grace = time.monotonic() + 5.0
         now = time.monotonic()
@@ -157,17 +158,6 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _read_info(out_dir: str, index: int) -> dict[str, Any] | None:
-    import json
-
-    try:
-        with open(os.path.join(out_dir, f"rank{index}.json"), encoding="utf-8") as fh:
-            data: dict[str, Any] = json.load(fh)
-            return data
-    except (OSError, ValueError):
-        return None
 
 
 # ---- the plan ------------------------------------------------------------------------------------------------------
@@ -282,14 +272,14 @@ def run_equivalence_job(tool: str, target: dict[str, Any], options: dict[str, An
     """check_equivalence on a script in the child: the paired runs, then the engine. When a comparison that takes a
     loaded target is registered and asked, the script is run once more to its first step (as one process) and the
     engine runs there, on that step; else the engine runs here on the paired runs alone."""
-    from gradprobe.checks.equivalence.engine import PAIRED as ENGINE_PAIRED, registered
+    from gradprobe.checks.equivalence.engine import registered
     from gradprobe.tools import run_tool
 
     paired = compare_pairs(target, options, progress)
     target = paired.get("target") or target  # what a launcher starts (launchers.py)
     opts = dict(options, _paired=paired, _script=True)
     wanted = selected(options)
-    others = [c for c in registered() if c not in ENGINE_PAIRED and (wanted is None or c in wanted)]
+    others = [c for c in registered() if c not in PAIRED and (wanted is None or c in wanted)]
     if not others:
         return run_tool(tool, None, opts)
     from gradprobe.scriptmode.first_step import run_script_job

@@ -22,7 +22,6 @@ nothing unwinds through the user's code) after `steps` steps, once this process'
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import threading
@@ -36,14 +35,13 @@ import torch.nn as nn
 from gradprobe.checks.equivalence.batches import detached_copy, like, nbytes
 from gradprobe.checks.equivalence.determinism import SameComputation
 from gradprobe.checks.equivalence.graph import read_loss
-from gradprobe.scriptmode.callfeed import CallWatch
+from gradprobe.scriptmode.callfeed import MAX_RECORDED_BYTES, CallWatch, rng_digest
 from gradprobe.scriptmode.ddpsync import SyncWatch
 from gradprobe.scriptmode.dtensors import is_dtensor, load_into, whole
 from gradprobe.scriptmode.observe import undo
 from gradprobe.scriptmode.rankwatch import write_json
 from gradprobe.userframes import UserCode
 
-MAX_RECORDED_BYTES = 1 << 30  # batches recorded per process
 MAX_EVENTS = 200
 FRAMEWORKS = (("transformers", os.sep + "transformers" + os.sep + "trainer"),
               ("fabric", os.sep + "lightning" + os.sep + "fabric" + os.sep), ("fabric", os.sep + "lightning_fabric" + os.sep),
@@ -61,11 +59,6 @@ class Feed:
     weights: dict[tuple[int, int], dict[str, torch.Tensor]] = field(default_factory=dict)
     calls: dict[int, list[list[dict[str, Any]]]] | None = None  # batches made without a DataLoader (callfeed.py)
     guess: int | None = None  # how many of A's micro-batches each of the reference's is fed, until measured
-
-
-def _rng_digest() -> str:
-    state = torch.default_generator.get_state()
-    return hashlib.blake2b(bytes(state.numpy()), digest_size=8).hexdigest()
 
 
 def _clean(name: str) -> str:
@@ -227,7 +220,7 @@ class PairWatch:
         elif self.role == "B" and self.feed is not None and index == self.feed.loader and n < len(self.feed.batches):
             batch = like(self.feed.batches[n], batch)
             self.fed += 1
-        self.rng_after_yield = _rng_digest()
+        self.rng_after_yield = rng_digest()
         return batch
 
     # ---- modules and weights ---------------------------------------------------------------------------------------
@@ -402,7 +395,7 @@ class PairWatch:
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             rec["value"] = float(loss.detach().float())
             rec.update(self._read_graph(loss))
-        if self.rng_after_yield is not None and self.random_in_step is None and _rng_digest() != self.rng_after_yield:
+        if self.rng_after_yield is not None and self.random_in_step is None and rng_digest() != self.rng_after_yield:
             self.random_in_step = {"step": self.step, "backward": rec["location"]}
         if len(self.backwards) < MAX_EVENTS:
             self.backwards.append(rec)

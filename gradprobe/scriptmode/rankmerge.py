@@ -30,7 +30,8 @@ class RankOutcome:
     seconds: float = 0.0
 
 
-def _load(out_dir: str, kind: str, i: int) -> Any:
+def load_rank_file(out_dir: str, kind: str, i: int) -> Any:
+    """`{kind}{i}.json` that process i wrote in out_dir, or None (not written, or cut off)."""
     try:
         with open(os.path.join(out_dir, f"{kind}{i}.json"), encoding="utf-8") as fh:
             return json.load(fh)
@@ -100,15 +101,15 @@ def merge_ranks(tool: str, target: dict[str, Any], outcome: RankOutcome, how: st
                 spawn_location: dict[str, Any] | None = None) -> ToolError | dict[str, Any]:
     user = UserCode(os.path.realpath(target["project_dir"]))
     n = outcome.count
-    obs = {i: _load(outcome.out_dir, "obs", i) for i in range(n)}
+    obs = {i: load_rank_file(outcome.out_dir, "obs", i) for i in range(n)}
     labels = {i: _label(obs[i], i) for i in range(n)}
-    results = {i: _load(outcome.out_dir, "result", i) for i in range(n)}
+    results = {i: load_rank_file(outcome.out_dir, "result", i) for i in range(n)}
     reports = {labels[i]: r for i, r in results.items() if isinstance(r, dict) and "findings" in r}
     errors = [r for r in results.values() if isinstance(r, dict) and "tool_error" in r]
     if not reports and errors and not outcome.stuck:
         return ToolError(**errors[0])
     facts = RankFacts(world_size=n, observations={labels[i]: o for i, o in obs.items() if isinstance(o, dict)},
-                      used={labels[i]: u for i in range(n) if isinstance(u := _load(outcome.out_dir, "pre", i), dict)},
+                      used={labels[i]: u for i in range(n) if isinstance(u := load_rank_file(outcome.out_dir, "pre", i), dict)},
                       stuck=_stuck(outcome, labels, user),
                       reached={labels[i]: (o or {}).get("step_location") for i, o in obs.items() if o},
                       unfinished=[labels[i] for i in outcome.unfinished],

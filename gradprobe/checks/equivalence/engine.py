@@ -24,7 +24,7 @@ COMPARISONS: dict[str, str] = {
     "storage": "gradprobe.checks.registration.shared_storage",
     "packing": "gradprobe.checks.equivalence.packing",
 }
-PAIRED = ("ranks", "accumulation")  # as in scriptmode/paired.py: measured by paired runs of a script
+PAIRED = ("ranks", "accumulation")  # measured by paired runs of a script (scriptmode/paired.py reads this one)
 DEFAULT_STEPS = 2
 
 
