@@ -7,12 +7,12 @@ mode couples the examples of a batch, by design.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from gradprobe.findings import Finding, Rule, Situation
+from gradprobe.checks.core.rule_text import and_more, file_line
 
 
 @dataclass
@@ -65,14 +65,11 @@ class DepFacts:
     outside_how: str = ""
 
 
-def at(loc: dict | None) -> str:
-    return f"{os.path.basename(loc['file'])}:{loc['line']}" if loc else "a line outside the project"
+at = file_line
 
 
 def _positions(seen: list[tuple[int, int]], limit: int = 6) -> str:
-    ts = sorted({t for _, t in seen})
-    shown = ", ".join(str(t) for t in ts[:limit])
-    return shown + (f" and {len(ts) - limit} more" if len(ts) > limit else "")
+    return and_more([str(t) for t in sorted({t for _, t in seen})], limit)
 
 
 def _where(e: Explained) -> str:
@@ -249,7 +246,7 @@ GP904: Rule[DepFacts] = Rule(
 def detect_batchnorm(facts: DepFacts) -> Iterator[Finding]:
     if facts.batchnorm and facts.batchnorm_leaks:
         first = facts.batchnorm_leaks[0]
-        shown = ", ".join(facts.batchnorm[:4]) + (f" and {len(facts.batchnorm) - 4} more" if len(facts.batchnorm) > 4 else "")
+        shown = and_more(facts.batchnorm, 4)
         yield GP904.finding(evidence={"modules": facts.batchnorm[:16], "row": first.b,
                                       "depends_on_rows": sorted({b for b, _ in first.seen})},
                             b=first.b, names=shown)

@@ -41,6 +41,7 @@ from torch.overrides import TorchFunctionMode
 from gradprobe.checks.core.step import tensors_in
 from gradprobe.findings import Finding, Rule, Situation
 from gradprobe.userframes import location
+from gradprobe.checks.core.rule_text import and_more
 
 Loc = dict[str, Any]
 MAX_NODES = 50000
@@ -366,7 +367,7 @@ def _line(loc: Loc | None) -> str:
 
 
 def _listed(names: list[str], cap: int = 3) -> str:
-    return ", ".join(names[:cap]) + (f" and {len(names) - cap} more" if len(names) > cap else "")
+    return and_more(names, cap)
 
 
 def _situation(facts: FrozenInitFacts, u: Unit) -> str | None:

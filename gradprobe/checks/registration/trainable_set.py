@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch.nn as nn
+from gradprobe.checks.core.rule_text import and_more
 
 MAX_LINES = 12  # lines of the tree printed in a summary; the facts hold every stack and region
 MAX_NAMES = 4
@@ -124,7 +125,7 @@ def _indices(ix: list[int]) -> str:
 
 
 def _names(names: list[str]) -> str:
-    return ", ".join(names[:MAX_NAMES]) + (f" and {len(names) - MAX_NAMES} more" if len(names) > MAX_NAMES else "")
+    return and_more(names, MAX_NAMES)
 
 
 def stack_line(s: Stack) -> str:

@@ -8,9 +8,9 @@ then gives each parameter its verdict over the steps.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
+from gradprobe.checks.core.rule_text import and_more, file_line
 
 
 @dataclass
@@ -324,11 +324,8 @@ def derive(facts: AuditFacts) -> None:
         facts.verdicts[pid] = v
 
 
-def at(loc: dict | None) -> str:
-    """A user line as `file.py:LINE`."""
-    return f"{os.path.basename(loc['file'])}:{loc['line']}" if loc else "a line outside the project"
+at = file_line  # the steps family's name for it
 
 
 def listed(names: list[str], limit: int = 4) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    return and_more(names, limit)
