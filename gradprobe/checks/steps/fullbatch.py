@@ -31,7 +31,7 @@ import torch
 from gradprobe.checks.core.step import call_model
 from gradprobe.checks.steps.accumulation import described, divided_twice_at
 from gradprobe.checks.steps.facts import AuditFacts, FullBatch, OptStep, at
-from gradprobe.checks.steps.gradients import MEASURED_ONE
+from gradprobe.checks.steps.gradients import MEASURED_ONE, is_one_over_k
 from gradprobe.findings import Finding, Rule, Situation
 
 GP611: Rule[AuditFacts] = Rule(
@@ -69,8 +69,6 @@ FULL_BATCH_RULES: tuple[Rule[AuditFacts], ...] = (GP611,)
 # per group, the parameters nearest the loss holding this share of its elements are compared (nearest)
 NEAR_SHARE = 0.05
 MAX_NODES = 1_000_000  # a larger graph is not walked: every parameter's gradient is then taken
-# a ratio within this band of 1/k is 1/k (dropout and BatchNorm make the two gradients differ a little)
-LOW, HIGH = 0.75, 1.33
 
 
 @GP611.detector
@@ -81,7 +79,7 @@ def detect_divided_twice(facts: AuditFacts) -> Iterator[Finding]:
         return
     if fb.k < 2 or fb.zeroed_inside or fb.ratio is None:
         return
-    if LOW <= fb.ratio * fb.k <= HIGH:
+    if is_one_over_k(fb.ratio, fb.k):
         factor = _factor_text(fb)
         yield GP611.finding(location=fb.location, evidence=_evidence(fb), k=fb.k, line=at(fb.location),
                             step_line=at(fb.step_location), loss=fb.loss + _over(fb), full=fb.full, accumulated=fb.accumulated,
